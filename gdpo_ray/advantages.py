@@ -1,0 +1,456 @@
+"""Group-relative advantages for several rewards: GDPO and GRPO (pure array math).
+
+For prompt group i with rollouts j and K rewards r_k (weights w_k, default 1):
+
+    grpo          t_ij = sum_k w_k r_k,ij          A_ij = (t_ij - mean_j t) / (std_j t + eps)
+    grpo_no_std   A_ij = t_ij - mean_j t           (no std, no batch normalization)
+    gdpo          A_k,ij = (r_k,ij - mean_j r_k) / (std_j r_k + eps)     each reward in its group
+                  S_ij   = sum_k w_k A_k,ij                              weights act on normalized A
+                  Â_ij   = (S_ij - mean_batch S) / (std_batch S + eps)   one scalar per rollout
+    gdpo_no_std   per-reward centering only (A_k,ij = r_k,ij - mean_j r_k), then the same sum
+                  and batch normalization.
+
+Conventions (DESIGN.md §1):
+- std is unbiased (ddof = 1): a group (0, 1) normalizes to (-0.7071, 0.7071).
+- Zero spread: when every valid value of a column in a group is equal (max == min, exactly), or
+  fewer than two values are valid, the column contributes exactly 0 for that group.
+- NaN means "could not be computed": left out of its column's group statistics, contributes 0.
+  For GRPO a NaN in any reward makes the rollout unscorable (advantage 0, out of the statistics).
+- A rollout with no valid reward gets advantage 0 and is left out of the batch statistics.
+- Batch std of 0 (every S equal, or fewer than two scored rollouts): Â = 0, no division.
+- "The batch" is every rollout passed in one call: pass the whole training step.
+- Every group must have at least two rollouts; groups may differ in size and rows may come in
+  any order (groups whose rows are contiguous and equally sized take the fast path).
+
+Precision: float64 input is computed in float64; anything else in float32. Exactness of the zero
+spread rule does not depend on rounding: values are shifted by a member of their group before
+any statistic is taken, so equal values give exactly zero deviations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from gdpo_ray.registry import Registry
+
+__all__ = [
+    "ESTIMATORS",
+    "AdvantageDetails",
+    "compute_advantages",
+    "compute_advantage_details",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageDetails:
+    """Advantages with the intermediate values, for metrics (numpy arrays, whatever came in).
+
+    C is the number of normalized columns: K for gdpo*, 1 (the weighted total) for grpo*.
+    """
+
+    advantages: Any  # [N] final advantages, the type of the input (what compute_advantages returns)
+    summed: np.ndarray  # [N] before batch normalization (S for gdpo*, equal to advantages for grpo*)
+    reward_advantages: np.ndarray  # [N, C] unweighted group-normalized values (0 where NaN/degenerate)
+    scored: np.ndarray  # [N] bool: the rollout entered the statistics (has a valid reward)
+    group_labels: np.ndarray  # [B] the group_index value of each group
+    group_sizes: np.ndarray  # [B] rollouts per group
+    group_count: np.ndarray  # [B, C] valid values per group and column
+    group_mean: np.ndarray  # [B, C] mean of the valid values (NaN where none)
+    group_std: np.ndarray  # [B, C] unbiased std of the valid values (NaN where fewer than two)
+    zero_spread: np.ndarray  # [B, C] bool: the column contributes 0 for the group
+    batch_mean: float  # mean of S over scored rollouts (NaN for grpo*)
+    batch_std: float  # unbiased std of S over scored rollouts (NaN for grpo*)
+
+
+# --------------------------------------------------------------------------------------------
+# Group layouts: the few reductions the estimators need, for contiguous groups.
+
+
+class _UniformGroups:
+    """B contiguous groups of G rows each: reductions are small matrix products (BLAS)."""
+
+    def __init__(self, num_groups: int, group_size: int) -> None:
+        self.num_groups, self.group_size = num_groups, group_size
+        self.sizes = np.full(num_groups, group_size)
+
+    def _fold(self, cols: int, dtype: np.dtype) -> np.ndarray:
+        # [G*C, C]: row g*C + c has a 1 in column c, so Y.reshape(B, G*C) @ fold sums over g.
+        return np.tile(np.eye(cols, dtype=dtype), (self.group_size, 1))
+
+    def sum(self, y: np.ndarray) -> np.ndarray:  # [N, C] -> [B, C]
+        b, c = self.num_groups, y.shape[1]
+        return y.reshape(b, self.group_size * c) @ self._fold(c, y.dtype)
+
+    def sum_squares(self, y: np.ndarray) -> np.ndarray:  # [N, C] -> [B, C], no temporary
+        y3 = y.reshape(self.num_groups, self.group_size, -1)
+        return np.einsum("bgc,bgc->bc", y3, y3)
+
+    def expand(self, z: np.ndarray) -> np.ndarray:  # [B, C] -> [N, C]
+        c = z.shape[1]
+        return (z @ self._fold(c, z.dtype).T).reshape(-1, c)
+
+    def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:  # v[n] -= z[g(n)]
+        v.reshape(self.num_groups, self.group_size)[...] -= z[:, None]
+
+    def row_dot(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:  # sum_c y[n, c] z[g(n), c]
+        b, g, c = self.num_groups, self.group_size, y.shape[1]
+        return np.matmul(y.reshape(b, g, c), z[:, :, None]).reshape(-1)
+
+    def first(self, y: np.ndarray) -> np.ndarray:
+        return y[:: self.group_size]
+
+    def nanmin(self, y: np.ndarray) -> np.ndarray:
+        return np.fmin.reduce(y.reshape(self.num_groups, self.group_size, -1), axis=1)
+
+
+class _RaggedGroups:
+    """Contiguous groups of unequal sizes: rows starts[b] .. starts[b] + sizes[b] - 1."""
+
+    def __init__(self, starts: np.ndarray, sizes: np.ndarray) -> None:
+        self.starts, self.sizes = starts, sizes
+        self.num_groups = len(starts)
+
+    def sum(self, y: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(y, self.starts, axis=0)
+
+    def sum_squares(self, y: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(y * y, self.starts, axis=0)
+
+    def expand(self, z: np.ndarray) -> np.ndarray:
+        return np.repeat(z, self.sizes, axis=0)
+
+    def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:
+        v -= np.repeat(z, self.sizes)
+
+    def row_dot(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        return np.einsum("nc,nc->n", y, self.expand(z))
+
+    def first(self, y: np.ndarray) -> np.ndarray:
+        return y[self.starts]
+
+    def nanmin(self, y: np.ndarray) -> np.ndarray:
+        return np.fmin.reduceat(y, self.starts, axis=0)
+
+
+def _layout(group_index: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, Any]:
+    """Returns (order, labels, groups): rows ``order`` (None = as given) form contiguous groups."""
+    n = len(group_index)
+    if group_index.dtype.kind not in "iub":
+        labels, codes = np.unique(group_index, return_inverse=True)
+        order = np.argsort(codes, kind="stable")
+        return order, labels, _contiguous(codes[order], labels)
+    starts = np.flatnonzero(group_index[1:] != group_index[:-1]) + 1
+    starts = np.concatenate(([0], starts)) if n else starts
+    run_labels = group_index[starts]
+    if np.all(run_labels[1:] > run_labels[:-1]) or len(np.unique(run_labels)) == len(run_labels):
+        return None, run_labels, _contiguous(group_index, run_labels, starts)
+    order = np.argsort(group_index, kind="stable")
+    return order, *_sorted_layout(group_index[order])
+
+
+def _sorted_layout(sorted_index: np.ndarray) -> tuple[np.ndarray, Any]:
+    starts = np.concatenate(([0], np.flatnonzero(sorted_index[1:] != sorted_index[:-1]) + 1))
+    labels = sorted_index[starts]
+    return labels, _contiguous(sorted_index, labels, starts)
+
+
+def _contiguous(index: np.ndarray, labels: np.ndarray, starts: np.ndarray | None = None) -> Any:
+    n = len(index)
+    if starts is None:
+        starts = np.concatenate(([0], np.flatnonzero(index[1:] != index[:-1]) + 1))
+    sizes = np.diff(np.append(starts, n))
+    if len(sizes) and sizes.min() < 2:
+        b = int(np.argmin(sizes))
+        raise ValueError(
+            f"group_index: group {labels[b].tolist()!r} has {sizes[b]} rollout; every prompt group needs "
+            "at least 2 rollouts to be normalized (use group_size >= 2)"
+        )
+    if len(sizes) and sizes[0] * len(sizes) == n and np.all(sizes == sizes[0]):
+        return _UniformGroups(len(sizes), int(sizes[0]))
+    return _RaggedGroups(starts, sizes)
+
+
+# --------------------------------------------------------------------------------------------
+# Normalization within groups, and across the batch.
+
+
+@dataclasses.dataclass
+class _GroupNormalized:
+    """Column c of row n contributes valid[n, c] * (d[n, c] - mean_d[g, c]) * inv_std[g, c]."""
+
+    d: np.ndarray  # [N, C] value minus a member of its group (its first, or its min); 0 where NaN
+    valid: np.ndarray | None  # [N, C] bool, None when every value is valid
+    ref: np.ndarray  # [B, C] the subtracted member
+    count: np.ndarray  # [B, C] valid values
+    mean_d: np.ndarray  # [B, C]
+    std: np.ndarray  # [B, C] unbiased, 0 where degenerate
+    degenerate: np.ndarray  # [B, C] bool: zero spread or fewer than two valid values
+    inv_std: np.ndarray  # [B, C] 1 / (std + eps), or 1 without std; 0 where degenerate
+
+    def contributions(self, groups: Any, scale: np.ndarray) -> np.ndarray:
+        """[N]: sum over columns of the normalized values times ``scale`` [B, C]."""
+        coef = self.inv_std * scale
+        if self.valid is None:
+            out = groups.row_dot(self.d, coef)
+            groups.subtract_per_group(out, np.einsum("bc,bc->b", self.mean_d, coef))
+            return out
+        return groups.row_dot(self.d, coef) - groups.row_dot(
+            self.valid.astype(self.d.dtype), self.mean_d * coef
+        )
+
+    def per_column(self, groups: Any) -> np.ndarray:
+        """[N, C]: each column's group-normalized value (0 where NaN or degenerate)."""
+        out = (self.d - groups.expand(self.mean_d)) * groups.expand(self.inv_std)
+        if self.valid is not None:
+            out[~self.valid] = 0.0
+        return out
+
+
+def _normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -> _GroupNormalized:
+    """Normalizes each column of x [N, C] (NaN = missing) within its group."""
+    if np.isfinite(x).all():
+        valid = None
+        ref = groups.first(x)
+        count = np.broadcast_to(groups.sizes[:, None], ref.shape).astype(x.dtype)
+    else:
+        _reject_infinite(x, "rewards")
+        valid = ~np.isnan(x)
+        ref = groups.nanmin(x)
+        ref[np.isnan(ref)] = 0.0  # a column with no valid value in the group
+        count = groups.sum(valid.astype(x.dtype))
+    d = groups.expand(ref)
+    np.subtract(x, d, out=d)  # exact 0 wherever a value equals its group's reference
+    if valid is not None:
+        d[~valid] = 0.0
+    s, q = groups.sum(d), groups.sum_squares(d)
+    n = np.maximum(count, 1)
+    mean_d = s / n
+    # Sum of squared deviations from shifted sums: shifting by a group member bounds the
+    # cancellation by the group size, and q == 0 holds exactly when every value is equal.
+    ss = np.maximum(q - s * mean_d, 0.0)
+    degenerate = (q == 0) | (count < 2)
+    std = np.where(degenerate, 0.0, np.sqrt(ss / np.maximum(count - 1, 1))).astype(x.dtype)
+    if use_std:
+        with np.errstate(divide="ignore"):
+            inv_std = np.where(degenerate, 0.0, 1.0 / (std + eps)).astype(x.dtype)
+    else:
+        inv_std = np.where(degenerate, 0.0, 1.0).astype(x.dtype)
+    return _GroupNormalized(d, valid, ref, count, mean_d, std, degenerate, inv_std)
+
+
+def _normalize_batch(s: np.ndarray, scored: np.ndarray | None, eps: float):
+    """(S - mean) / (std + eps) over the scored rollouts; 0 elsewhere and when std is 0."""
+    values = s if scored is None else s[scored]
+    if values.size < 2 or values.max() == values.min():
+        mean = float(values.mean()) if values.size else float("nan")
+        return np.zeros_like(s), mean, 0.0
+    mean = values.mean()
+    out = s - mean
+    centred = out if scored is None else out[scored]
+    std = np.sqrt(np.dot(centred, centred) / (values.size - 1))
+    out *= 1.0 / (std + eps)
+    if scored is not None:
+        out[~scored] = 0.0
+    return out, float(mean), float(std)
+
+
+# --------------------------------------------------------------------------------------------
+# Estimators. Each takes the rewards [N, K] in contiguous group layout and returns
+# (summed [N], advantages [N], details) with details in _EstimatorOutput.
+
+
+@dataclasses.dataclass
+class _EstimatorOutput:
+    advantages: np.ndarray
+    summed: np.ndarray
+    scored: np.ndarray | None
+    normalized: _GroupNormalized
+    batch_mean: float
+    batch_std: float
+
+
+Estimator = Callable[[np.ndarray, Any, np.ndarray, float], _EstimatorOutput]
+ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+
+
+def _gdpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, use_std: bool):
+    norm = _normalize_in_groups(rewards, groups, use_std, eps)
+    summed = norm.contributions(groups, np.broadcast_to(weights, norm.mean_d.shape))
+    scored = None if norm.valid is None else norm.valid.any(axis=1)
+    advantages, mean, std = _normalize_batch(summed, scored, eps)
+    return _EstimatorOutput(advantages, summed, scored, norm, mean, std)
+
+
+def _grpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, use_std: bool):
+    total = (rewards @ weights)[:, None]
+    if not np.isfinite(rewards).all():
+        _reject_infinite(rewards, "rewards")
+        total[np.isnan(rewards).any(axis=1)] = np.nan  # a NaN reward makes the rollout unscorable
+    norm = _normalize_in_groups(total, groups, use_std, eps)
+    advantages = norm.contributions(groups, np.ones_like(norm.mean_d))
+    scored = None if norm.valid is None else norm.valid[:, 0]
+    return _EstimatorOutput(advantages, advantages, scored, norm, float("nan"), float("nan"))
+
+
+@ESTIMATORS.register("gdpo")
+def gdpo(rewards, groups, weights, eps):
+    """Each reward normalized in its group (std), weighted sum, batch normalization."""
+    return _gdpo(rewards, groups, weights, eps, use_std=True)
+
+
+@ESTIMATORS.register("gdpo_no_std")
+def gdpo_no_std(rewards, groups, weights, eps):
+    """Each reward centred in its group, weighted sum, batch normalization."""
+    return _gdpo(rewards, groups, weights, eps, use_std=False)
+
+
+@ESTIMATORS.register("grpo")
+def grpo(rewards, groups, weights, eps):
+    """Weighted sum of the rewards, normalized in its group (std)."""
+    return _grpo(rewards, groups, weights, eps, use_std=True)
+
+
+@ESTIMATORS.register("grpo_no_std")
+def grpo_no_std(rewards, groups, weights, eps):
+    """Weighted sum of the rewards, centred in its group; no batch normalization."""
+    return _grpo(rewards, groups, weights, eps, use_std=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Public entry points.
+
+
+def compute_advantages(
+    rewards: Any,
+    group_index: Any,
+    *,
+    estimator: str,
+    weights: Any = None,
+    eps: float = 1e-6,
+) -> Any:
+    """One advantage per rollout.
+
+    Args:
+        rewards: [N, K] rewards of N rollouts (a [N] vector means K = 1); NaN = could not be
+            computed. numpy array or torch tensor.
+        group_index: [N] the prompt group of each rollout (integers, or any labels numpy can
+            sort). Groups need >= 2 rollouts, may differ in size, rows may come in any order.
+        estimator: a name in ``ESTIMATORS``: "gdpo", "gdpo_no_std", "grpo", "grpo_no_std".
+        weights: [K] finite reward weights (default all 1).
+        eps: added to every std before dividing (>= 0; 0 reproduces the paper's numbers).
+
+    Returns:
+        [N] advantages, a torch tensor (on the input's device) if ``rewards`` is one, else a
+        numpy array; float64 for float64 input, else float32.
+    """
+    run = _Run(rewards, group_index, estimator, weights, eps)
+    return run.like(run.rows(run.out.advantages))
+
+
+def compute_advantage_details(
+    rewards: Any,
+    group_index: Any,
+    *,
+    estimator: str,
+    weights: Any = None,
+    eps: float = 1e-6,
+) -> AdvantageDetails:
+    """Like ``compute_advantages``, with per-reward advantages and group statistics.
+
+    Everything but ``advantages`` is a numpy array, in the input's row order (rows) or in group
+    order (``group_labels``: first appearance for contiguous groups, sorted labels otherwise).
+    """
+    run = _Run(rewards, group_index, estimator, weights, eps)
+    out, norm = run.out, run.out.normalized
+    count = np.asarray(norm.count)
+    with np.errstate(invalid="ignore"):
+        group_mean = np.where(count > 0, norm.ref + norm.mean_d, np.nan)
+    return AdvantageDetails(
+        advantages=run.like(run.rows(out.advantages)),
+        summed=run.rows(out.summed),
+        reward_advantages=run.rows(norm.per_column(run.groups)),
+        scored=run.rows(np.ones(len(out.summed), bool) if out.scored is None else out.scored),
+        group_labels=run.labels,
+        group_sizes=np.asarray(run.groups.sizes),
+        group_count=count.astype(np.int64),
+        group_mean=group_mean,
+        group_std=np.where(count >= 2, norm.std, np.nan),
+        zero_spread=norm.degenerate,
+        batch_mean=out.batch_mean,
+        batch_std=out.batch_std,
+    )
+
+
+class _Run:
+    """Checks the arguments, lays the rows out in contiguous groups and runs the estimator."""
+
+    def __init__(self, rewards: Any, group_index: Any, estimator: str, weights: Any, eps: float):
+        fn = ESTIMATORS.get(estimator)
+        x, self.like = _to_numpy(rewards, "rewards")
+        if x.ndim == 1:
+            x = x[:, None]
+        if x.ndim != 2:
+            raise ValueError(f"rewards must be [N, K] (N rollouts, K rewards); got shape {x.shape}")
+        x = np.asarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+        index, _ = _to_numpy(group_index, "group_index")
+        if index.shape != (x.shape[0],):
+            raise ValueError(
+                f"group_index must be [N] with N = {x.shape[0]} (one group per rollout of "
+                f"rewards); got shape {index.shape}"
+            )
+        w = _check_weights(weights, x.shape[1], x.dtype)
+        if not (np.isfinite(eps) and eps >= 0):
+            raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
+        if x.shape[0] == 0:
+            raise ValueError("rewards is empty: there must be at least one group of rollouts")
+        self.order, self.labels, self.groups = _layout(index)
+        self.out = fn(x if self.order is None else x[self.order], self.groups, w, float(eps))
+
+    def rows(self, a: np.ndarray) -> np.ndarray:
+        """Back from group layout to the caller's row order."""
+        if self.order is None:
+            return a
+        out = np.empty_like(a)
+        out[self.order] = a
+        return out
+
+
+def _check_weights(weights: Any, k: int, dtype: np.dtype) -> np.ndarray:
+    if weights is None:
+        return np.ones(k, dtype=dtype)
+    w, _ = _to_numpy(weights, "weights")
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    if w.shape != (k,):
+        raise ValueError(f"weights must have one entry per reward (K = {k}); got {w.size}")
+    if not np.isfinite(w).all():
+        raise ValueError(f"weights must be finite numbers; got {w.tolist()}")
+    return w.astype(dtype)
+
+
+def _reject_infinite(x: np.ndarray, name: str) -> None:
+    bad = np.argwhere(np.isinf(x))
+    if len(bad):
+        row, col = (int(v) for v in bad[0])
+        raise ValueError(
+            f"{name}[{row}, {col}] is {x[row, col]}: rewards must be finite, or NaN where a "
+            f"reward could not be computed ({len(bad)} infinite values in all)"
+        )
+
+
+def _to_numpy(a: Any, name: str) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
+    """(numpy view of a, function that returns a result in a's array type)."""
+    if type(a).__module__.startswith("torch"):
+        import torch
+
+        device = a.device
+        t = a.detach()
+        if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
+            t = t.float()
+        return t.cpu().numpy(), lambda r: torch.from_numpy(r).to(device)
+    try:
+        return np.asarray(a), lambda r: r
+    except Exception as err:  # pragma: no cover - numpy's own conversion errors
+        raise ValueError(f"{name} must be a numpy array or torch tensor: {err}") from err
