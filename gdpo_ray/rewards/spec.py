@@ -1,0 +1,136 @@
+"""A reward as configured: ``{name, fn, params, weight, condition, timeout_s}``; conditions."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """The paper's conditioned reward: paid only when reward ``on`` is >= ``min``."""
+
+    on: str  # name of the gating reward
+    min: float  # threshold t
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSpec:
+    """One reward column."""
+
+    name: str  # column name, unique; metrics are rewards/<name>/...
+    fn: str | Callable | None = None  # built-in name, "package.module:function" or a callable; default: name
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # keywords of the function
+    weight: float = 1.0  # w_k of DESIGN.md §1
+    condition: Condition | None = None  # paid only when another reward is >= a threshold
+    timeout_s: float | None = None  # per sample and call; default: 30 s, or more for code rewards
+
+    _KEYS = ("name", "fn", "params", "weight", "condition", "timeout_s")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | "RewardSpec") -> "RewardSpec":
+        if isinstance(d, RewardSpec):
+            return d
+        unknown = sorted(set(d) - set(cls._KEYS))
+        if unknown:
+            raise ValueError(f"reward {d.get('name', '?')!r}: unknown key(s) {unknown}; allowed: {list(cls._KEYS)}")
+        if "name" not in d:
+            raise ValueError(f"a reward needs a name: {dict(d)}")
+        cond = d.get("condition")
+        if cond is not None and not isinstance(cond, Condition):
+            if not isinstance(cond, Mapping) or set(cond) != {"on", "min"}:
+                raise ValueError(f"reward {d['name']!r}: condition must be {{on: <reward name>, min: <threshold>}}; got {cond!r}")
+            cond = Condition(on=str(cond["on"]), min=float(cond["min"]))
+        return cls(name=str(d["name"]), fn=d.get("fn"), params=dict(d.get("params") or {}),
+                   weight=float(d.get("weight", 1.0)), condition=cond, timeout_s=d.get("timeout_s"))
+
+    def resolve(self) -> Callable:
+        """The reward function, params bound (fails now on unknown names or params)."""
+        from gdpo_ray.rewards import get
+        from gdpo_ray.rewards.adapters import bind_params
+
+        fn = self.fn if self.fn is not None else self.name
+        if callable(fn):
+            return bind_params(fn, dict(self.params), self.name)
+        return get(fn, **self.params)
+
+    def call_timeout_s(self, fn: Callable) -> float:
+        """Per-sample timeout: configured, or a default above the function's own bound."""
+        floor = getattr(fn, "min_timeout_s", 0.0)
+        if self.timeout_s is None:
+            return max(30.0, floor + 10.0)
+        if self.timeout_s <= floor:
+            raise ValueError(
+                f"reward {self.name!r}: timeout_s ({self.timeout_s}) must exceed {floor:.0f} s, the "
+                "sandbox's worst case, so that a misbehaving program never becomes a reward "
+                "timeout; raise timeout_s or lower the sandbox limits (wall_s, max_tests)"
+            )
+        return float(self.timeout_s)
+
+
+def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
+    """Validates a reward list (before any worker starts); returns the resolved functions."""
+    if not specs:
+        raise ValueError("rewards: at least one reward is needed")
+    names = [s.name for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"rewards: names must be unique; repeated: {dupes}")
+    for s in specs:
+        if not math.isfinite(s.weight):
+            raise ValueError(f"reward {s.name!r}: weight must be a finite number; got {s.weight}")
+        if s.timeout_s is not None and not s.timeout_s > 0:
+            raise ValueError(f"reward {s.name!r}: timeout_s must be > 0; got {s.timeout_s}")
+        if s.condition is not None:
+            if s.condition.on == s.name or s.condition.on not in names:
+                others = [n for n in names if n != s.name]
+                raise ValueError(f"reward {s.name!r}: condition.on must name another reward {others}; got {s.condition.on!r}")
+            if not math.isfinite(s.condition.min):
+                raise ValueError(f"reward {s.name!r}: condition.min must be finite; got {s.condition.min}")
+    _condition_order(specs)
+    fns = [s.resolve() for s in specs]
+    for s, fn in zip(specs, fns):
+        s.call_timeout_s(fn)
+    return fns
+
+
+def _condition_order(specs: Sequence[RewardSpec]) -> list[int]:
+    """Column indices with every gate before the rewards it gates; cycles are errors."""
+    index = {s.name: i for i, s in enumerate(specs)}
+    order: list[int] = []
+    state: dict[int, str] = {}
+
+    def visit(i: int, path: list[str]) -> None:
+        if state.get(i) == "done":
+            return
+        if state.get(i) == "open":
+            raise ValueError(f"rewards: conditions form a cycle: {' -> '.join(path + [specs[i].name])}")
+        state[i] = "open"
+        cond = specs[i].condition
+        if cond is not None:
+            visit(index[cond.on], path + [specs[i].name])
+        state[i] = "done"
+        order.append(i)
+
+    for i in range(len(specs)):
+        visit(i, [])
+    return order
+
+
+def apply_conditions(values: np.ndarray, specs: Sequence[RewardSpec]) -> np.ndarray:
+    """[N, K] scored values -> [N, K] stored values: a conditioned reward keeps its value where
+    its gate is >= min, is 0 where the gate is below, NaN where the gate is NaN. A gate that is
+    itself conditioned acts with its conditioned value."""
+    out = np.array(values, dtype=np.float32, copy=True)
+    index = {s.name: i for i, s in enumerate(specs)}
+    for k in _condition_order(specs):
+        cond = specs[k].condition
+        if cond is None:
+            continue
+        gate = out[:, index[cond.on]]
+        with np.errstate(invalid="ignore"):
+            out[:, k] = np.where(np.isnan(gate), np.nan, np.where(gate >= cond.min, out[:, k], 0.0))
+    return out

@@ -1,0 +1,257 @@
+"""Exact values of the built-in rewards, the registry, adapters and conditioned rewards."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gdpo_ray import rewards
+from gdpo_ray.rewards import RewardSpec, apply_conditions, check_specs, from_verl
+from gdpo_ray.rewards.math_answer import final_answer, last_boxed
+from gdpo_ray.rewards.toolrl import correctness, format_matches, same_value
+
+
+def call(name, **params):
+    return json.dumps({"name": name, "parameters": params})
+
+
+def tool_output(*calls, think="ok"):
+    return f"<think>{think}</think>\n<tool_call>\n" + "\n".join(calls) + "\n</tool_call>"
+
+
+# ------------------------------------------------------------------------------------------
+# toolrl_format
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        (tool_output(call("f", a=1)), tool_output(call("f", a=1)), True),
+        ("<think>x</think>\n<response>hi</response>", "<think>g</think>\n<response>yo</response>", True),
+        (tool_output(call("f")) + "\n<response>done</response>",
+         tool_output(call("f")) + "\n<response>r</response>", True),
+        # response missing although the gold answer has one
+        (tool_output(call("f")), tool_output(call("f")) + "\n<response>r</response>", False),
+        # something after the last part
+        (tool_output(call("f")) + " trailing", tool_output(call("f")), False),
+        # a second think tag
+        ("<think>a</think><think>b</think>\n<tool_call>\n{}\n</tool_call>", tool_output(call("f")), False),
+        # a response although the gold answer is tool calls only
+        (tool_output(call("f")) + "\n<response>x</response>", tool_output(call("f")), False),
+        # no newline between think and tool_call
+        ("<think>a</think><tool_call>\n{}\n</tool_call>", tool_output(call("f")), False),
+        # parts out of order
+        ("<think>a</think>\n<response>r</response>\n<tool_call>\n{}\n</tool_call>",
+         tool_output(call("f")) + "\n<response>r</response>", False),
+    ],
+)
+def test_toolrl_format(completion, gold, expected):
+    assert format_matches(completion, gold) is expected
+    fn = rewards.get("toolrl_format")
+    assert fn(["p"], [completion], ground_truth=[gold]) == [float(expected)]
+
+
+# ------------------------------------------------------------------------------------------
+# toolrl_correctness: R = 6 R_max / S_max - 3, S_max = 1 + |G| + sum |keys(G_j)|
+
+
+def test_identical_calls_score_3():
+    gold = tool_output(call("search", q="ai", n=5), call("weather", city="Paris"))
+    assert correctness(gold, gold) == 3.0  # S_max = 1 + 2 + 3 = 6 = R_max
+
+
+def test_greedy_and_optimal_matching_differ():
+    # gold: f(a=1), f(a=1, b=2); predicted: f(a=1, b=2), f(a=9). S_max = 1 + 2 + (1 + 2) = 6.
+    gold = tool_output(call("f", a=1), call("f", a=1, b=2))
+    pred = tool_output(call("f", a=1, b=2), call("f", a=9))
+    # greedy: gold 1 takes pred 1 (keys 1/2 + a equal 1 = 1.5 > 1.0 for pred 2); gold 2 gets
+    # pred 2 (keys 1/2 + 0 = 0.5). R_max = names 1 + 2.0 = 3 -> 6 * 3 / 6 - 3 = 0
+    assert correctness(pred, gold, "greedy") == pytest.approx(0.0, abs=1e-12)
+    # optimal: gold 1 - pred 2 (1 + 0) and gold 2 - pred 1 (1 + 2): R_max = 1 + 4 = 5 -> 2
+    assert correctness(pred, gold, "optimal") == pytest.approx(2.0, abs=1e-12)
+
+
+def test_greedy_vs_optimal_three_calls():
+    # gold: g(x=1, y=2), g(x=1), g(y=2); predicted: g(x=1), g(x=1, y=2), g(y=3)
+    gold = tool_output(call("g", x=1, y=2), call("g", x=1), call("g", y=2))
+    pred = tool_output(call("g", x=1), call("g", x=1, y=2), call("g", y=3))
+    # S_max = 1 + 3 + (2 + 1 + 1) = 8; names: 3 of 3 -> 1
+    # greedy: G1 best is P2 (1 + 2 = 3); G2 takes P1 (1 + 1 = 2); G3 gets P3 (1 + 0 = 1): 6
+    # optimal: the same 6 (no better assignment exists) -> R = 6 * 7 / 8 - 3 = 2.25
+    assert correctness(pred, gold, "greedy") == pytest.approx(2.25)
+    assert correctness(pred, gold, "optimal") == pytest.approx(2.25)
+
+
+def test_type_sensitive_values():
+    assert not same_value("5", 5) and not same_value(True, 1) and same_value(1, 1.0)
+    assert same_value([1, {"a": 2.0}], [1.0, {"a": 2}]) and not same_value([1], [1, 1])
+    gold = tool_output(call("f", n=5, flag=True))
+    # keys 2/2 = 1, values: "5" != 5, 1 != true -> R_max = 1 + 1 + 0 = 2; S_max = 1 + 1 + 2 = 4
+    assert correctness(tool_output(call("f", n="5", flag=1)), gold) == pytest.approx(0.0)
+    # 5.0 == 5 and true == true -> 3
+    assert correctness(tool_output(call("f", n=5.0, flag=True)), gold) == 3.0
+
+
+def test_calls_without_parameters_and_arguments_key():
+    gold = tool_output(call("ping"))
+    # parameter-name Jaccard of two empty sets is 1: R_max = 1 + 1 = 2 = S_max -> 3
+    assert correctness(tool_output(json.dumps({"name": "ping", "arguments": {}})), gold) == 3.0
+    assert correctness(tool_output(json.dumps({"name": "ping"})), gold) == 3.0
+
+
+def test_malformed_json_is_minus_3():
+    gold = tool_output(call("f", a=1))
+    assert correctness(tool_output('{"name": "f", "parameters": {"a": 1}'), gold) == -3.0
+    assert correctness(tool_output('["f"]'), gold) == -3.0
+
+
+def test_extra_and_missing_calls():
+    gold = tool_output(call("f", a=1), call("h"))
+    # S_max = 1 + 2 + 1 = 4
+    # missing h: names {f} vs {f, h} -> 1/2; pair f: 1 + 1 = 2; R_max = 2.5 -> 6 * 2.5 / 4 - 3 = 0.75
+    assert correctness(tool_output(call("f", a=1)), gold) == pytest.approx(0.75)
+    # an extra call k: names 2/3; pairs f (2) and h (1): R_max = 3.6667 -> 6 * 3.6667 / 4 - 3 = 2.5
+    extra = tool_output(call("f", a=1), call("h"), call("k", z=0))
+    assert correctness(extra, gold) == pytest.approx(2.5)
+    # a different tool name can never be matched: names 0 -> R_max = 0 -> -3
+    assert correctness(tool_output(call("other", a=1)), gold) == -3.0
+    # no tool-call block at all: R_max = 0 -> -3
+    assert correctness("<think>x</think>\n<response>hi</response>", gold) == -3.0
+
+
+def test_gold_without_tool_calls_is_not_applicable():
+    assert correctness(tool_output(call("f")), "<think>g</think>\n<response>hello</response>") == 0.0
+
+
+def test_gold_as_json_list():
+    gold = json.dumps([{"name": "f", "parameters": {"a": 1}}])
+    assert correctness(tool_output(call("f", a=1)), gold) == 3.0
+    assert format_matches(tool_output(call("f", a=1)), gold)
+
+
+def test_correctness_matching_param_is_checked():
+    with pytest.raises(ValueError, match="matching must be 'optimal' or 'greedy'"):
+        rewards.get("toolrl_correctness", matching="best")
+
+
+# ------------------------------------------------------------------------------------------
+# math_correctness, length
+
+
+def test_last_boxed_and_answer_tag():
+    assert last_boxed(r"a \boxed{1} then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{x^{2}}") == "x^{2}"
+    assert last_boxed("no box") is None
+    assert final_answer("<answer>42</answer>", answer_tag="answer") == "42"
+    assert final_answer(r"<answer>so \boxed{7}</answer>", answer_tag="answer") == "7"
+
+
+def test_math_correctness_equivalent_forms():
+    fn = rewards.get("math_correctness")
+    completions = [r"... so \boxed{\frac{1}{2}}", r"\boxed{0.5}", r"\boxed{0.25}", "I give up",
+                   r"\boxed{\frac{2}{4}}"]
+    assert fn([""] * 5, completions, ground_truth=["0.5"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
+
+
+def test_math_correctness_bad_ground_truth_raises():
+    fn = rewards.get("math_correctness")
+    with pytest.raises(ValueError, match="cannot parse the ground truth"):
+        fn([""], [r"\boxed{1}"], ground_truth=[""])
+
+
+def test_length():
+    fn = rewards.get("length", limit=4000)
+    assert fn([""] * 3, ["a"] * 3, response_length=[3999, 4000, 4001]) == [1.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="length limit must be a positive"):
+        rewards.get("length", limit=0)
+
+
+# ------------------------------------------------------------------------------------------
+# registry and adapters
+
+
+def test_registry_lists_known_names():
+    with pytest.raises(ValueError, match="unknown reward 'toolrl'; known: code_bug, code_passrate, "
+                                         "length, math_correctness, toolrl_correctness, toolrl_format"):
+        rewards.get("toolrl")
+    with pytest.raises(ValueError, match=r"reward 'length': bad params"):
+        rewards.get("length", lim=3)
+
+
+def user_reward(prompts, completions, *, bonus=0.0, **columns):
+    return [len(c) + bonus for c in completions]
+
+
+def test_import_path_with_params():
+    fn = rewards.get("tests.unit.test_rewards:user_reward", bonus=0.5)
+    assert fn(["p", "p"], ["ab", "c"]) == [2.5, 1.5]
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        rewards.get("no_such_module:f")
+    with pytest.raises(ValueError, match="takes no parameter"):
+        rewards.get("tests.unit.test_rewards:verl_score", weight=2)
+
+
+def verl_score(data_source, solution_str, ground_truth, extra_info):
+    if data_source == "dict":
+        return {"score": float(solution_str == ground_truth), "acc": 1}
+    return float(solution_str == ground_truth) + (extra_info or {}).get("bonus", 0)
+
+
+def test_verl_adapter():
+    fn = from_verl(verl_score)
+    out = fn(["p"] * 3, ["a", "b", "a"], ground_truth=["a", "a", "a"],
+             data_source=["x", "x", "dict"], extra_info=[{"bonus": 0.5}, None, None])
+    assert out == [1.5, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------------
+# specs and conditioned rewards
+
+
+def test_conditioned_reward_values():
+    specs = [RewardSpec("code_passrate"), RewardSpec("length", condition=rewards.Condition("code_passrate", 1.0))]
+    nan = np.nan
+    values = np.array([[1.0, 1.0], [0.5, 1.0], [nan, 1.0], [1.0, 0.0], [1.0, nan], [0.0, nan]])
+    out = apply_conditions(values, specs)
+    # gate >= 1 keeps the value; gate below -> 0 (even if its own value is NaN); gate NaN -> NaN
+    np.testing.assert_array_equal(out[:, 1], [1.0, 0.0, nan, 0.0, nan, 0.0])
+    np.testing.assert_array_equal(out[:, 0], values[:, 0])
+
+
+def test_chained_conditions_use_the_conditioned_gate():
+    specs = [RewardSpec.from_dict(d) for d in (
+        {"name": "c", "fn": "length", "condition": {"on": "b", "min": 0.5}},
+        {"name": "a", "fn": "length"},
+        {"name": "b", "fn": "length", "condition": {"on": "a", "min": 1}},
+    )]
+    # a = 0 closes b (-> 0), which closes c (-> 0)
+    out = apply_conditions(np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]), specs)
+    np.testing.assert_array_equal(out, [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+
+
+@pytest.mark.parametrize(
+    "specs, match",
+    [
+        ([], "at least one reward"),
+        ([{"name": "a", "fn": "length"}, {"name": "a", "fn": "length"}], "repeated: \\['a'\\]"),
+        ([{"name": "a", "fn": "length", "condition": {"on": "zz", "min": 1}}], "condition.on must name another reward"),
+        ([{"name": "a", "fn": "length", "condition": {"on": "b", "min": 1}},
+          {"name": "b", "fn": "length", "condition": {"on": "a", "min": 1}}], "cycle: a -> b -> a"),
+        ([{"name": "a", "fn": "length", "wieght": 2}], "unknown key\\(s\\) \\['wieght'\\]"),
+        ([{"name": "a", "fn": "length", "weight": math.inf}], "weight must be a finite number"),
+        ([{"name": "a", "fn": "nope"}], "unknown reward 'nope'"),
+        ([{"name": "a", "fn": "code_passrate", "timeout_s": 10}], "timeout_s \\(10\\) must exceed"),
+        ([{"name": "a", "fn": "length", "condition": {"on": "b"}}], "condition must be"),
+    ],
+)
+def test_bad_reward_config_names_the_fix(specs, match):
+    with pytest.raises(ValueError, match=match):
+        check_specs([RewardSpec.from_dict(s) for s in specs])
+
+
+def test_code_reward_default_timeout_exceeds_sandbox_bound():
+    spec = RewardSpec.from_dict({"name": "pass", "fn": "code_passrate", "params": {"wall_s": 2, "max_tests": 4}})
+    (fn,) = check_specs([spec])
+    # sandbox worst case: 4 runs x (2 + 0.5) s + 5 s = 15 s; default timeout 30 s
+    assert fn.min_timeout_s == 15.0 and spec.call_timeout_s(fn) == 30.0
