@@ -8,16 +8,16 @@ namespaces (``unshare``), still as the host's root. It:
      sandbox uid with resource limits, no new privileges and an empty environment, and execs
      the program; the output is read up to a cap, the wall time bounded; afterwards every
      process left in the namespace (daemons, setsid escapees) is killed and reaped;
-  4. prints one JSON list of run results on stdout.
+  4. writes the list of run results to stdout.
+Input and output are ``marshal`` data (built in, so the sandbox starts without importing json).
 When this process exits, the kernel kills whatever is left in the pid namespace.
 """
 
 import ctypes
-import json
+import marshal
 import os
 import resource
 import select
-import signal
 import sys
 import time
 
@@ -25,6 +25,7 @@ CLONE_NEWUSER = 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
 READ_ONLY = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
 PR_SET_NO_NEW_PRIVS = 38
+SIGKILL = 9  # not from `signal`: its import (enum) adds ~3.5 ms to every sandbox start
 WORK = "/tmp/work"
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -142,7 +143,7 @@ def child(argv, uid, limits, ready_w, go_r, stdin_r, out_w, err_w):
 def kill_everything_else():
     """SIGKILL every other process of this pid namespace, then reap them all."""
     try:
-        os.kill(-1, signal.SIGKILL)
+        os.kill(-1, SIGKILL)
     except ProcessLookupError:
         pass
     while True:
@@ -235,13 +236,13 @@ def run_one(run, uid, limits):
 
 
 def main():
-    spec = json.loads(sys.stdin.read())
+    spec = marshal.loads(sys.stdin.buffer.read())
     uid, limits = spec["uid"], spec["limits"]
     lock_down_filesystem(limits["disk_mb"])
     expose(spec["expose"])
     write_files(spec["files"], uid)
     results = [run_one(run, uid, limits) for run in spec["runs"]]
-    sys.stdout.write(json.dumps(results))
+    sys.stdout.buffer.write(marshal.dumps(results))
     sys.stdout.flush()
 
 

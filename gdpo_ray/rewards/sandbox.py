@@ -20,7 +20,7 @@ and the code rewards record NaN ("could not be computed") rather than run the pr
 from __future__ import annotations
 
 import dataclasses
-import json
+import marshal
 import os
 import random
 import shutil
@@ -105,13 +105,14 @@ def run_program(files: dict[str, str], runs: list[dict], limits: Limits) -> list
     }
     cmd = ["unshare", *NAMESPACES, "--", sys.executable, "-I", "-S", str(INIT)]
     try:
-        done = subprocess.run(cmd, input=json.dumps(spec), capture_output=True, text=True,
+        done = subprocess.run(cmd, input=marshal.dumps(spec), capture_output=True,
                               env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                               timeout=limits.total_s(len(runs)))
     except subprocess.TimeoutExpired as err:
         raise SandboxUnavailable(f"the sandbox did not finish in {err.timeout:.0f} s") from None
     if done.returncode != 0:
         raise SandboxUnavailable(
-            f"the sandbox failed to start (exit {done.returncode}): {done.stderr.strip()[-500:]}"
+            f"the sandbox failed to start (exit {done.returncode}): "
+            f"{done.stderr.decode(errors='replace').strip()[-500:]}"
         )
-    return [RunResult(**r) for r in json.loads(done.stdout)]
+    return [RunResult(**r) for r in marshal.loads(done.stdout)]

@@ -1,0 +1,71 @@
+"""The scoring pool: a reward that hangs, raises or kills its worker costs only its own rows."""
+
+import math
+import subprocess
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from actors.reward import RewardPool
+
+nan = math.nan
+MOD = "tests.unit.pool_rewards"
+
+
+def spec(name, fn, timeout_s=1.0, **kw):
+    return {"name": name, "fn": f"{MOD}:{fn}", "timeout_s": timeout_s, **kw}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RewardPool([spec("echo", "echo"), spec("hang", "hang_on_7"), spec("raise", "raise_on_3"),
+                     spec("die", "die_on_5")], num_workers=2, rows_per_task=4) as p:
+        yield p
+
+
+def test_failures_cost_only_their_own_rows(pool):
+    marker = f"gdpo-pool-test-{uuid.uuid4().hex[:8]}"
+    completions = ["1", "3", "5", "7", "4", "2"]
+    start = time.monotonic()
+    out = pool.score([""] * 6, completions, {"marker": [marker] * 6})
+    elapsed = time.monotonic() - start
+    v = out.values
+    np.testing.assert_array_equal(v[:, 0], [1, 3, 5, 7, 4, 2])  # echo: every row
+    np.testing.assert_array_equal(v[:, 1], [1, 3, 5, nan, 4, 2])  # hang: only row "7" is lost
+    np.testing.assert_array_equal(v[:, 2], [10, nan, 50, 70, 40, 20])  # raise: only row "3"
+    np.testing.assert_array_equal(v[:, 3], [1, 1, nan, 1, nan, 1])  # die: "5" killed it; "4" is None
+    assert out.errors[3][1].startswith("timeout after 1 s")
+    assert out.errors[1][2] == "RuntimeError: cannot score 3"
+    assert out.errors[2][3].startswith("reward worker died (exit code 9)")
+    assert out.errors[4][3] == ""  # None from the function: NaN, not a failure of the machinery
+    assert out.metrics["rewards/hang/timeouts"] == 1.0
+    assert out.metrics["rewards/raise/failure_rate"] == pytest.approx(1 / 6)
+    assert out.metrics["rewards/echo/mean"] == pytest.approx(22 / 6)
+    assert out.metrics["rewards/echo/std"] == pytest.approx(np.std([1, 3, 5, 7, 4, 2], ddof=1))
+    assert out.metrics["rewards/echo/latency_s"] >= 0
+    # the hung call's whole process tree was killed
+    time.sleep(0.2)
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+    assert elapsed < 30
+    # the pool goes on scoring with its replaced workers
+    again = pool.score(["", ""], ["2", "6"])
+    np.testing.assert_array_equal(again.values, [[2, 2, 20, 1], [6, 6, 60, 1]])
+
+
+def test_conditions_apply_to_stored_values():
+    rewards = [spec("pass", "echo"), spec("bonus", "echo", condition={"on": "pass", "min": 2}),
+               spec("gated", "raise_on_3", condition={"on": "bonus", "min": 0})]
+    with RewardPool(rewards, num_workers=1) as p:
+        out = p.score(["", "", ""], ["1", "2", "3"])
+    # bonus paid where pass >= 2; gated follows bonus; row "3" of gated could not be computed
+    np.testing.assert_array_equal(out.values, [[1, 0, 10], [2, 2, 20], [3, 3, nan]])
+
+
+def test_bad_config_fails_before_workers_start():
+    with pytest.raises(ValueError, match="condition.on must name another reward"):
+        RewardPool([spec("a", "echo", condition={"on": "missing", "min": 1})])
+    with pytest.raises(ValueError, match="every column needs 2 rows"):
+        with RewardPool([spec("a", "echo")], num_workers=1) as p:
+            p.score(["", ""], ["1", "2"], {"ground_truth": ["x"]})
