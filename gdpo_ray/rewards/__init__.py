@@ -4,8 +4,9 @@ A reward function has TRL's signature ``fn(prompts, completions, **columns) -> l
 None]`` (None = could not be computed, stored as NaN). Columns are the dataset row's and the
 rollout's, at least ``ground_truth`` and ``response_length`` (tokens).
 
-``get(name, **params)`` returns a ready function: a built-in by name, or a user function by
-import path ``package.module:function`` (its params bound as keywords). Built-ins:
+``get(name, **params)`` returns a ready function: a built-in by name, a user function by
+import path ``package.module:function`` (its params bound as keywords), or a verl-style
+``compute_score`` by ``verl:package.module:function``. Built-ins:
 ``toolrl_format``, ``toolrl_correctness``, ``math_correctness``, ``length``, ``code_passrate``,
 ``code_bug``. ``from_verl`` adapts verl's ``compute_score``.
 """
@@ -30,7 +31,10 @@ REWARDS.register("code_bug")(code.code_bug)
 
 
 def get(name: str, **params: Any) -> RewardFn:
-    """The reward function ``name`` (a built-in, or ``package.module:function``) with params."""
+    """The reward function ``name`` (a built-in, ``package.module:function`` or
+    ``verl:package.module:function``) with params."""
+    if name.startswith("verl:"):
+        return from_verl(bind_params(import_object(name[len("verl:"):]), params, name))
     if ":" in name:
         obj = import_object(name)
         if not callable(obj):

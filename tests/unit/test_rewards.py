@@ -203,6 +203,8 @@ def test_verl_adapter():
     out = fn(["p"] * 3, ["a", "b", "a"], ground_truth=["a", "a", "a"],
              data_source=["x", "x", "dict"], extra_info=[{"bonus": 0.5}, None, None])
     assert out == [1.5, 0.0, 1.0]
+    by_name = rewards.get("verl:tests.unit.test_rewards:verl_score")
+    assert by_name(["p"], ["a"], ground_truth=["a"], data_source=["x"], extra_info=[None]) == [1.0]
 
 
 # ------------------------------------------------------------------------------------------
