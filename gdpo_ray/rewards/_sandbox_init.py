@@ -71,27 +71,40 @@ def _blocking_ancestor(path):
     return None
 
 
-def expose(paths):
-    """Makes ``paths`` (the interpreter's installation) reachable, read-only, by the sandbox uid.
+def open_paths(paths):
+    """O_PATH handles on the paths to expose, taken before any mount can hide them."""
+    return {p: os.open(p, os.O_PATH) for p in paths if os.path.isdir(p)}
 
-    A directory on the way that others cannot traverse (say /root, mode 700) is covered by an
-    empty tmpfs, and only the exposed paths are bound back into it at their own location."""
-    fds = {p: os.open(p, os.O_PATH) for p in paths if os.path.isdir(p)}
+
+def _reachable(path, fd):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    ref = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (ref.st_dev, ref.st_ino) and _blocking_ancestor(path) is None
+
+
+def expose(fds):
+    """Makes the paths of ``fds`` (the interpreter's installation) reachable, read-only, by the
+    sandbox uid, at their own location.
+
+    A path hidden by the sandbox's tmpfs (an interpreter under /tmp) is bound back into it; a
+    directory on the way that others cannot traverse (say /root, mode 700) is covered by an
+    empty tmpfs into which only the exposed paths are bound."""
     hidden = []
-    for p in fds:
-        top = _blocking_ancestor(p)
+    bound = []
+    for p, fd in sorted(fds.items()):
+        if any(p == b or p.startswith(b + "/") for b in bound) or _reachable(p, fd):
+            continue
+        top = _blocking_ancestor(p) if os.path.exists(os.path.dirname(p)) else None
         if top and top not in hidden:
             mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
             hidden.append(top)
-    bound = []
-    for p, fd in sorted(fds.items()):
-        if any(p == b or p.startswith(b + "/") for b in bound):
-            continue
-        if any(p.startswith(h + "/") for h in hidden):
-            os.makedirs(p, exist_ok=True)
-            mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-            mount(None, p, None, READ_ONLY)
-            bound.append(p)
+        os.makedirs(p, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+        mount(None, p, None, READ_ONLY)
+        bound.append(p)
     for top in hidden:
         mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for fd in fds.values():
@@ -238,8 +251,9 @@ def run_one(run, uid, limits):
 def main():
     spec = marshal.loads(sys.stdin.buffer.read())
     uid, limits = spec["uid"], spec["limits"]
+    fds = open_paths(spec["expose"])
     lock_down_filesystem(limits["disk_mb"])
-    expose(spec["expose"])
+    expose(fds)
     write_files(spec["files"], uid)
     results = [run_one(run, uid, limits) for run in spec["runs"]]
     sys.stdout.buffer.write(marshal.dumps(results))
