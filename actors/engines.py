@@ -1,0 +1,145 @@
+"""Generation engines behind one interface: HF transformers (CPU default) and vLLM.
+
+``generate(prompt_token_ids, n, sampling)`` returns, per prompt, n ``Sample``s: the response
+token ids (up to and including the stop token), the log-probability of each sampled token under
+the distribution sampled from (log_softmax(logits / temperature); top-p/top-k are recorded in the
+group metadata, not renormalized into the logprobs, so that learners compute theirs the same
+way), and the finish reason ("stop" or "length").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # > 0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 256  # new tokens per response
+    stop: tuple[str, ...] = ()  # extra stop strings (the EOS token always stops)
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (sampling); got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.top_k < 0 or self.max_tokens < 1:
+            raise ValueError(f"top_k ({self.top_k}) must be >= 0 and max_tokens ({self.max_tokens}) >= 1")
+
+    def metadata(self) -> dict:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
+@dataclasses.dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+class HFEngine:
+    """transformers ``generate`` on CPU (or one GPU)."""
+
+    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
+                 seed: int = 0) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.to(device).eval()
+        self.device = device
+        self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._calls = 0
+        self._seed = seed
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int,
+                 sampling: SamplingParams) -> list[list[Sample]]:
+        torch = self.torch
+        width = max(len(p) for p in prompt_token_ids)
+        ids = torch.full((len(prompt_token_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompt_token_ids):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        self._calls += 1
+        torch.manual_seed(self._seed * 1_000_003 + self._calls)
+        extra = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None,
+                max_new_tokens=sampling.max_tokens, num_return_sequences=n,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids, **extra,
+            )
+        new = out.sequences[:, width:]  # [P * n, T]
+        logprobs = torch.stack([
+            torch.log_softmax(step.float() / sampling.temperature, dim=-1)
+            .gather(1, new[:, t:t + 1]).squeeze(1)
+            for t, step in enumerate(out.logits)
+        ], dim=1) if len(out.logits) else torch.zeros(new.shape)
+        return self._split(new.cpu().numpy(), logprobs.cpu().numpy(), n, sampling)
+
+    def _split(self, new: np.ndarray, logprobs: np.ndarray, n: int, sampling: SamplingParams):
+        is_eos = np.isin(new, self.eos_ids)
+        samples = []
+        for row in range(new.shape[0]):
+            stops = np.flatnonzero(is_eos[row])
+            end, reason = (int(stops[0]) + 1, "stop") if len(stops) else (new.shape[1], "length")
+            stop_end = _stop_string_end(self.tokenizer, new[row, :end].tolist(), sampling.stop)
+            if stop_end is not None:
+                end, reason = stop_end, "stop"
+            samples.append(Sample(new[row, :end].tolist(),
+                                  logprobs[row, :end].astype(np.float32).tolist(), reason))
+        return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
+        with self.torch.no_grad():
+            for name, tensor in named_tensors:
+                if name not in params:
+                    raise ValueError(f"the model has no parameter {name!r}")
+                params[name].copy_(self.torch.as_tensor(tensor))
+
+
+def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the model has no EOS token id (generation_config or tokenizer)")
+    return ids
+
+
+def _stop_string_end(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:
+    """Length of the shortest prefix of ``tokens`` whose text contains a stop string, or None."""
+    if not stop or not any(s in tokenizer.decode(tokens) for s in stop):
+        return None
+    lo, hi = 1, len(tokens)  # containment only grows with the prefix: bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(tokens[:mid]) for s in stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def make_engine(kind: str, model_path: str, **kwargs: Any):
+    if kind == "hf":
+        return HFEngine(model_path, **kwargs)
+    if kind == "vllm":
+        from actors.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, **kwargs)
+    raise ValueError(f"unknown engine {kind!r}; known: hf, vllm")

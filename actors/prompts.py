@@ -1,0 +1,188 @@
+"""PromptSource: hands out dataset prompts, epoch by epoch, and remembers what became of each.
+
+Every prompt of an epoch is in exactly one state (DESIGN.md §2):
+    pending     not handed out yet this epoch
+    in flight   handed out (to a rollout actor, or waiting in the buffer)
+    trained     its group went into a training step          (final for the epoch)
+    filtered    dropped with a reason (no reward varies, ...) (final for the epoch)
+A prompt re-issued (its group too stale, its actor died) goes back to the front of the queue
+with the next attempt number. The state is checkpointable: a resumed run re-issues what was in
+flight and neither skips nor repeats a prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One hand-out of a dataset row."""
+
+    prompt_id: str  # stable id of the row ("<row>" or the id column's value)
+    row: int
+    epoch: int
+    attempt: int
+    prompt: str | list  # text, or chat messages [{"role": ..., "content": ...}, ...]
+    columns: Mapping[str, Any]  # the row's other columns (ground_truth, ...)
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.prompt_id}/e{self.epoch}/a{self.attempt}"
+
+
+def load_table(data: Any) -> pa.Table:
+    """A parquet or jsonl path, a Hugging Face ``datasets.Dataset``, an Arrow table, or rows."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, (str, Path)):
+        path = Path(data)
+        if not path.exists():
+            raise ValueError(f"dataset {str(path)!r} does not exist")
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path)
+        if path.suffix in (".jsonl", ".json"):
+            import pyarrow.json as pj
+
+            return pj.read_json(path)
+        raise ValueError(f"dataset {str(path)!r}: use a .parquet or .jsonl file")
+    if hasattr(data, "data") and hasattr(data.data, "table"):  # datasets.Dataset
+        return data.data.table
+    if isinstance(data, list):
+        return pa.Table.from_pylist(data)
+    raise ValueError(f"dataset must be a path, an Arrow table, a datasets.Dataset or a list of "
+                     f"rows; got {type(data).__name__}")
+
+
+class PromptSource:
+    """Seeded epochs over a dataset, with the state of every prompt handed out.
+
+    Args:
+        data: see ``load_table``.
+        prompt_column: the column holding the prompt text or chat messages.
+        id_column: a column of unique prompt ids (default: the row number).
+        seed: the order of epoch e is a permutation drawn from (seed, e).
+    """
+
+    def __init__(self, data: Any, prompt_column: str = "prompt", id_column: str | None = None,
+                 seed: int = 0) -> None:
+        table = load_table(data)
+        if prompt_column not in table.column_names:
+            raise ValueError(f"prompt_column {prompt_column!r} is not a column of the dataset; "
+                             f"columns: {table.column_names}")
+        if table.num_rows == 0:
+            raise ValueError("the dataset has no rows")
+        self._rows = table.to_pylist()
+        self._prompt_column, self.seed = prompt_column, seed
+        ids = ([str(r[id_column]) for r in self._rows] if id_column else
+               [str(i) for i in range(len(self._rows))])
+        if id_column and len(set(ids)) != len(ids):
+            raise ValueError(f"id_column {id_column!r} has repeated values")
+        self._ids = ids
+        for i, row in enumerate(self._rows):
+            _check_prompt(row[prompt_column], i, prompt_column)
+        self.epoch, self._cursor = 0, 0
+        self._queue: deque[tuple[int, int, int]] = deque()  # re-issued (row, epoch, attempt)
+        self._in_flight: dict[str, tuple[int, int, int]] = {}
+        self._done: dict[tuple[int, int], str] = {}  # (epoch, row) -> "trained" | "filtered: why"
+        self.reissued = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self._rows))
+
+    def take(self, n: int) -> list[Prompt]:
+        """The next ``n`` prompts (re-issued ones first); epochs roll over as needed."""
+        out = []
+        while len(out) < n:
+            if self._queue:
+                row, epoch, attempt = self._queue.popleft()
+            else:
+                if self._cursor == len(self._rows):
+                    self.epoch, self._cursor = self.epoch + 1, 0
+                row, epoch, attempt = int(self._order(self.epoch)[self._cursor]), self.epoch, 0
+                self._cursor += 1
+            prompt = self._prompt(row, epoch, attempt)
+            self._in_flight[prompt.group_id] = (row, epoch, attempt)
+            out.append(prompt)
+        return out
+
+    def _prompt(self, row: int, epoch: int, attempt: int) -> Prompt:
+        data = self._rows[row]
+        columns = {k: v for k, v in data.items() if k != self._prompt_column}
+        return Prompt(self._ids[row], row, epoch, attempt, data[self._prompt_column], columns)
+
+    def _finish(self, group_id: str, state: str) -> None:
+        try:
+            row, epoch, _ = self._in_flight.pop(group_id)
+        except KeyError:
+            raise ValueError(f"group {group_id!r} is not in flight") from None
+        if (epoch, row) in self._done:
+            raise RuntimeError(f"prompt {self._ids[row]} of epoch {epoch} was already "
+                               f"{self._done[epoch, row]}")
+        self._done[epoch, row] = state
+
+    def mark_trained(self, group_ids: Iterable[str]) -> None:
+        for g in group_ids:
+            self._finish(g, "trained")
+
+    def mark_filtered(self, group_id: str, reason: str) -> None:
+        self._finish(group_id, f"filtered: {reason}")
+
+    def reissue(self, group_ids: Iterable[str]) -> None:
+        """Back to the front of the queue, with the next attempt number."""
+        for g in group_ids:
+            try:
+                row, epoch, attempt = self._in_flight.pop(g)
+            except KeyError:
+                raise ValueError(f"group {g!r} is not in flight") from None
+            self._queue.append((row, epoch, attempt + 1))
+            self.reissued += 1
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def outcomes(self, epoch: int) -> dict[str, str]:
+        """prompt_id -> final state, for the prompts of ``epoch`` that reached one."""
+        return {self._ids[row]: state for (e, row), state in self._done.items() if e == epoch}
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs; prompts in flight now are re-issued on load."""
+        pending = list(self._queue) + [(r, e, a + 1) for r, e, a in self._in_flight.values()]
+        return {"seed": self.seed, "epoch": self.epoch, "cursor": self._cursor,
+                "queue": pending, "done": [[e, r, s] for (e, r), s in self._done.items()],
+                "reissued": self.reissued + len(self._in_flight), "rows": len(self._rows)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["rows"] != len(self._rows) or state["seed"] != self.seed:
+            raise ValueError(f"prompt state of a dataset of {state['rows']} rows with seed "
+                             f"{state['seed']} cannot resume one of {len(self._rows)} rows, seed "
+                             f"{self.seed}")
+        self.epoch, self._cursor = state["epoch"], state["cursor"]
+        self._queue = deque(tuple(q) for q in state["queue"])
+        self._in_flight = {}
+        self._done = {(e, r): s for e, r, s in state["done"]}
+        self.reissued = state["reissued"]
+
+
+def _check_prompt(value: Any, row: int, column: str) -> None:
+    if isinstance(value, str) and value:
+        return
+    if isinstance(value, list) and value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    ):
+        return
+    raise ValueError(f"dataset row {row}: column {column!r} must be a non-empty string or a list of "
+                     f"chat messages {{role, content}}; got {str(value)[:100]!r}")

@@ -1,0 +1,325 @@
+"""Rollout actors and the group that owns them.
+
+A ``RolloutActor`` (a Ray actor) turns prompts into complete groups: apply the chat template,
+generate G completions per prompt with its engine (``hf`` or ``vllm``), score them with the K
+rewards (``actors.reward.RewardPool``, worker processes), and return the groups as ONE Arrow
+table (one record batch per group) tagged with the policy version that generated them. The table
+is the second return value of the call, so it is written once into Ray's object store by the
+actor and the driver only ever holds its reference; the first return value is small metadata.
+New weights arrive between generations through ``set_weights(version, weights)``.
+
+``RolloutGroup`` (driver side) owns the actors: their number and resources (CPUs, GPUs, a
+custom Ray resource that pins them to rollout nodes) are set apart from the learners. It keeps
+every actor busy with queued calls within the buffer's admission bound, moves finished groups
+into the ``ArrowBuffer``, restarts a dead actor (with the current weights) and re-issues its
+prompts, and ``resize(n)`` adds or removes actors while a run goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+
+from actors.buffer import ArrowBuffer, GroupRef
+from actors.engines import SamplingParams, make_engine
+from actors.prompts import Prompt, PromptSource
+from gdpo_ray.batch import build_group
+
+
+class RolloutActor:
+    """Generates and scores complete groups (run as a Ray actor by ``RolloutGroup``).
+
+    Args:
+        model_path: a local HF model directory (or anything the engine loads).
+        rewards: the K reward declarations (see ``gdpo_ray.rewards.RewardSpec``).
+        group_size: G, completions per prompt (>= 2).
+        engine: "hf" (CPU default) or "vllm"; ``engine_kwargs`` go to it.
+        sampling: ``SamplingParams`` fields.
+        chat_template: apply the tokenizer's chat template to string prompts too (as one user
+            message); chat-message prompts always get it.
+        max_prompt_tokens: longer prompts are filtered ("prompt too long"), not generated.
+        reward_workers: scoring worker processes of this actor.
+        num_threads: torch threads in this actor.
+    """
+
+    def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]], group_size: int,
+                 engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
+                 sampling: Mapping[str, Any] | None = None, chat_template: bool = True,
+                 max_prompt_tokens: int = 1024, reward_workers: int = 1, num_threads: int = 1,
+                 seed: int = 0) -> None:
+        import torch
+
+        from actors.reward import RewardPool
+
+        torch.set_num_threads(num_threads)
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2; got {group_size}")
+        self.group_size, self.chat_template = group_size, chat_template
+        self.max_prompt_tokens = max_prompt_tokens
+        self.sampling = SamplingParams(**dict(sampling or {}))
+        self.engine = make_engine(engine, model_path, seed=seed, **dict(engine_kwargs or {}))
+        self.tokenizer = self.engine.tokenizer
+        self.rewards = RewardPool(rewards, num_workers=reward_workers)
+        self.version = 0
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def set_weights(self, version: int, weights: Any) -> int:
+        """Loads (name, tensor) pairs (or a name -> tensor dict) and becomes ``version``."""
+        items = weights.items() if isinstance(weights, Mapping) else weights
+        self.engine.load_weights(items)
+        self.version = int(version)
+        return self.version
+
+    def tokenize(self, prompt: str | list) -> list[int]:
+        if isinstance(prompt, list) or self.chat_template:
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                      tokenize=False)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(prompt)["input_ids"]
+
+    def generate(self, prompts: Sequence[Prompt]) -> tuple[dict, pa.Table | None]:
+        """-> (metadata, table of the complete groups). Use with num_returns=2."""
+        start = time.perf_counter()
+        version, filtered, kept, ids = self.version, [], [], []
+        for p in prompts:
+            tokens = self.tokenize(p.prompt)
+            if len(tokens) > self.max_prompt_tokens:
+                filtered.append((p.group_id, f"prompt too long ({len(tokens)} > {self.max_prompt_tokens} tokens)"))
+            else:
+                kept.append(p)
+                ids.append(tokens)
+        meta = {"groups": [], "filtered": filtered, "tokens": 0, "reward_metrics": {}}
+        if not kept:
+            return meta, None
+        samples = self.engine.generate(ids, self.group_size, self.sampling)
+        t_generate = time.perf_counter()
+        flat = [s for group in samples for s in group]
+        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
+        g = self.group_size
+        columns = {name: [value for p in kept for value in [p.columns[name]] * g]
+                   for name in kept[0].columns}
+        columns["response_length"] = [len(s.token_ids) for s in flat]
+        prompt_texts = [p.prompt if isinstance(p.prompt, str) else p.prompt[-1]["content"]
+                        for p in kept for _ in range(g)]
+        scored = self.rewards.score(prompt_texts, texts, columns)
+        batches = []
+        for i, (p, group) in enumerate(zip(kept, samples)):
+            rows = slice(i * g, (i + 1) * g)
+            batches.append(build_group(
+                prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i],
+                response_token_ids=[s.token_ids for s in group],
+                response_logprobs=[s.logprobs for s in group],
+                finish_reasons=[s.finish_reason for s in group], policy_version=version,
+                rewards=scored.values[rows], reward_errors=scored.errors[rows],
+                reward_names=self.rewards.names, sampling=self.sampling.metadata(),
+                task_columns=p.columns,
+            ))
+            meta["groups"].append((p.group_id, i, version))
+        meta["tokens"] = sum(len(s.token_ids) for s in flat)
+        meta["reward_metrics"] = scored.metrics
+        meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate}
+        return meta, _as_table(batches)
+
+    def shutdown(self) -> None:
+        self.rewards.close()
+
+
+def _as_table(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table whose record batches are the groups (task columns may differ in type: unify)."""
+    schema = pa.unify_schemas([b.schema for b in batches], promote_options="permissive")
+    schema = schema.with_metadata(batches[0].schema.metadata)
+    return pa.Table.from_batches([pa.RecordBatch.from_pylist(b.to_pylist(), schema=schema)
+                                  if b.schema != schema else b for b in batches], schema=schema)
+
+
+@dataclasses.dataclass
+class _Call:
+    meta: Any  # ObjectRef of the metadata dict
+    table: Any  # ObjectRef of the Arrow table
+    prompts: list[Prompt]
+
+
+@dataclasses.dataclass
+class _Slot:
+    handle: Any
+    starting: Any  # ObjectRef of handle.ready() until the actor has started, then None
+    calls: list[_Call] = dataclasses.field(default_factory=list)
+    restarts: int = 0
+
+
+class RolloutGroup:
+    """The rollout actors of a run, fed from a PromptSource into an ArrowBuffer.
+
+    Args:
+        actor_kwargs: ``RolloutActor`` arguments.
+        num_actors: how many actors to start.
+        prompts, buffer: the run's prompt source and buffer (driver objects).
+        prompts_per_call: prompts per generate call (their groups travel in one object).
+        calls_per_actor: queued calls per actor, so that it keeps generating while the driver
+            does something else.
+        num_cpus, num_gpus, resources: Ray resources of each actor (``resources={"rollout": 1}``
+            places them on nodes that offer a custom ``rollout`` resource).
+    """
+
+    def __init__(self, actor_kwargs: Mapping[str, Any], num_actors: int, prompts: PromptSource,
+                 buffer: ArrowBuffer, prompts_per_call: int = 1, calls_per_actor: int = 2,
+                 num_cpus: float = 1, num_gpus: float = 0,
+                 resources: Mapping[str, float] | None = None) -> None:
+        import ray
+
+        self._ray = ray
+        self._cls = ray.remote(RolloutActor).options(
+            num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
+            max_restarts=0, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1",
+                                                      "TOKENIZERS_PARALLELISM": "false"}})
+        self.actor_kwargs = dict(actor_kwargs)
+        self.prompts, self.buffer = prompts, buffer
+        self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
+        self.version, self._weights = 0, None
+        self.slots: list[_Slot] = []
+        self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0}
+        self.reward_metrics: dict[str, float] = {}
+        self.resize(num_actors)
+
+    @property
+    def in_flight(self) -> int:
+        """Groups being generated (handed out, not yet in the buffer)."""
+        return sum(len(c.prompts) for s in self.slots for c in s.calls)
+
+    def _start_actor(self) -> _Slot:
+        handle = self._cls.remote(**self.actor_kwargs)
+        if self._weights is not None:
+            handle.set_weights.remote(self.version, self._weights)
+        # no work goes to an actor before it has started: prompts wait for a ready one instead
+        return _Slot(handle, handle.ready.remote())
+
+    def resize(self, n: int) -> None:
+        """Grows or shrinks to ``n`` actors; a removed actor's prompts are re-issued."""
+        if n < 1:
+            raise ValueError(f"a rollout group needs >= 1 actor; got {n}")
+        while len(self.slots) < n:
+            self.slots.append(self._start_actor())
+        while len(self.slots) > n:
+            slot = self.slots.pop()
+            self._reissue(slot.calls)
+            self._ray.kill(slot.handle)
+
+    def set_weights(self, version: int, weights: Any) -> None:
+        """Queues new weights on every actor (applied between generations)."""
+        self.version, self._weights = version, weights
+        for slot in self.slots:
+            slot.handle.set_weights.remote(version, weights)
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """Collects finished calls (waiting up to ``timeout`` s for one), then starts new ones."""
+        starting = [s.starting for s in self.slots if s.starting is not None]
+        refs = [c.meta for s in self.slots for c in s.calls] + starting
+        if refs:
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+            if not ready and timeout > 0:
+                ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
+            ready = set(ready)
+            for slot in list(self.slots):
+                if slot.starting in ready:
+                    self._started(slot)
+                for call in [c for c in slot.calls if c.meta in ready]:
+                    if call in slot.calls:  # a restart may have re-issued it meanwhile
+                        self._collect(slot, call)
+        self._submit()
+
+    def wait_for(self, groups: int, timeout: float | None = None) -> None:
+        """Pumps until the buffer holds ``groups`` groups."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._submit()
+        while len(self.buffer) < groups:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"the buffer holds {len(self.buffer)} of {groups} groups after {timeout} s")
+            self.pump(timeout=1.0)
+
+    def _started(self, slot: _Slot) -> None:
+        try:
+            self._ray.get(slot.starting)
+            slot.starting = None
+        except self._ray.exceptions.RayActorError:  # died while starting: start another
+            self._ray.kill(slot.handle)
+            self._replace(slot)
+
+    def _replace(self, slot: _Slot) -> None:
+        fresh = self._start_actor()
+        slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []
+        slot.restarts += 1
+        self.stats["actor_restarts"] += 1
+
+    def _submit(self) -> None:
+        for slot in self.slots:
+            while slot.starting is None and len(slot.calls) < self.calls_per_actor:
+                n = min(self.prompts_per_call, self.buffer.room(self.in_flight))
+                if n <= 0:
+                    return
+                batch = self.prompts.take(n)
+                meta, table = slot.handle.generate.options(num_returns=2).remote(batch)
+                slot.calls.append(_Call(meta, table, batch))
+
+    def _collect(self, slot: _Slot, call: _Call) -> None:
+        slot.calls.remove(call)
+        try:
+            meta = self._ray.get(call.meta)
+        except self._ray.exceptions.RayActorError:  # the actor died: all its calls are lost
+            self._reissue([call])
+            if slot in self.slots:
+                self._reissue(slot.calls)
+                self._ray.kill(slot.handle)
+                self._replace(slot)
+            return
+        except self._ray.exceptions.ObjectLostError:
+            self._reissue([call])
+            return
+        for group_id, reason in meta["filtered"]:
+            self.prompts.mark_filtered(group_id, reason)
+        self.stats["filtered"] += len(meta["filtered"])
+        refs = [GroupRef(call.table, index, gid, version) for gid, index, version in meta["groups"]]
+        stale = self.buffer.add(refs)
+        self.prompts.reissue(stale)
+        self.stats["reissued"] += len(stale)
+        self.stats["groups"] += len(refs) - len(stale)
+        self.stats["tokens"] += meta["tokens"]
+        self.reward_metrics = meta["reward_metrics"]
+
+    def _reissue(self, calls: list[_Call]) -> None:
+        for call in calls:
+            self.prompts.reissue([p.group_id for p in call.prompts])
+            self.stats["reissued"] += len(call.prompts)
+
+    def on_update(self, version: int, weights: Any) -> None:
+        """After a learner update: new weights out, too-stale buffered groups re-issued."""
+        self.set_weights(version, weights)
+        stale = self.buffer.set_version(version)
+        self.prompts.reissue(stale)
+        self.stats["reissued"] += len(stale)
+
+    def shutdown(self) -> None:
+        for slot in self.slots:
+            try:
+                self._ray.get(slot.handle.shutdown.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - the actor may be dead already
+                pass
+            self._ray.kill(slot.handle)
+        self.slots = []
+
+
+def read_groups(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
+    """The record batches of ``refs`` (zero-copy views of the object store)."""
+    import ray
+
+    tables = {}
+    for g in refs:
+        if g.ref not in tables:
+            tables[g.ref] = ray.get(g.ref).to_batches()
+    return [tables[g.ref][g.index] for g in refs]

@@ -1,0 +1,198 @@
+"""The Arrow record of one prompt group (DESIGN.md §3), and its conversion for the learner.
+
+One RecordBatch = one complete group of G rollouts. Columns (names are the contract):
+
+    prompt_id           string                       the dataset prompt
+    group_id            string                       this group (a prompt may be re-issued)
+    sample_index        int32                        j in 0..G-1
+    prompt_token_ids    list<int32>                  the prompt as the engine saw it
+    response_token_ids  large_list<int32>            generated tokens
+    response_logprobs   large_list<float32>          log p of each sampled token, logits / T
+    response_length     int32                        tokens in the response
+    finish_reason       string                       "stop" | "length" | "abort"
+    policy_version      int64                        weights version that generated it
+    rewards             fixed_size_list<float32>[K]  NaN = could not be computed
+    reward_errors       list<string>                 K strings, "" where computed
+    ...task columns (e.g. ground_truth), one value per row
+
+Schema metadata: ``gdpo.reward_names`` (JSON list of the K names, in column order) and
+``gdpo.sampling`` (JSON of the sampling parameters: temperature, top_p, top_k).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+REWARD_NAMES_KEY = b"gdpo.reward_names"
+SAMPLING_KEY = b"gdpo.sampling"
+FINISH_REASONS = ("stop", "length", "abort")
+
+_CORE = [
+    ("prompt_id", pa.string()),
+    ("group_id", pa.string()),
+    ("sample_index", pa.int32()),
+    ("prompt_token_ids", pa.list_(pa.int32())),
+    ("response_token_ids", pa.large_list(pa.int32())),
+    ("response_logprobs", pa.large_list(pa.float32())),
+    ("response_length", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("policy_version", pa.int64()),
+]
+CORE_COLUMNS = [name for name, _ in _CORE] + ["rewards", "reward_errors"]
+
+
+def group_schema(reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
+                 task_fields: Sequence[pa.Field] = ()) -> pa.Schema:
+    fields = [pa.field(n, t) for n, t in _CORE] + [
+        pa.field("rewards", pa.list_(pa.float32(), len(reward_names))),
+        pa.field("reward_errors", pa.list_(pa.string())),
+        *task_fields,
+    ]
+    meta = {REWARD_NAMES_KEY: json.dumps(list(reward_names)).encode()}
+    if sampling is not None:
+        meta[SAMPLING_KEY] = json.dumps(dict(sampling), sort_keys=True).encode()
+    return pa.schema(fields, metadata=meta)
+
+
+def _ragged(rows: Sequence[Sequence], value_type: pa.DataType, large: bool) -> pa.Array:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, np.int64 if large else np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate([np.asarray(r, value_type.to_pandas_dtype()) for r in rows]) if rows else []
+    values = pa.array(np.asarray(flat, value_type.to_pandas_dtype()), value_type)
+    cls = pa.LargeListArray if large else pa.ListArray
+    return cls.from_arrays(pa.array(offsets), values)
+
+
+def build_group(
+    *,
+    prompt_id: str,
+    group_id: str,
+    prompt_token_ids: Sequence[int],
+    response_token_ids: Sequence[Sequence[int]],
+    response_logprobs: Sequence[Sequence[float]],
+    finish_reasons: Sequence[str],
+    policy_version: int,
+    rewards: np.ndarray,
+    reward_errors: Sequence[Sequence[str]],
+    reward_names: Sequence[str],
+    sampling: Mapping[str, Any] | None = None,
+    task_columns: Mapping[str, Any] | None = None,
+) -> pa.RecordBatch:
+    """One group as a checked RecordBatch. ``task_columns`` values are broadcast to the G rows."""
+    g = len(response_token_ids)
+    rewards = np.asarray(rewards, np.float32).reshape(g, len(reward_names))
+    prompt = np.asarray(prompt_token_ids, np.int32)
+    arrays = [
+        pa.array([prompt_id] * g, pa.string()),
+        pa.array([group_id] * g, pa.string()),
+        pa.array(np.arange(g, dtype=np.int32)),
+        pa.ListArray.from_arrays(pa.array(np.arange(g + 1, dtype=np.int32) * len(prompt)),
+                                 pa.array(np.tile(prompt, g), pa.int32())),
+        _ragged(response_token_ids, pa.int32(), large=True),
+        _ragged(response_logprobs, pa.float32(), large=True),
+        pa.array([len(r) for r in response_token_ids], pa.int32()),
+        pa.array(list(finish_reasons), pa.string()),
+        pa.array(np.full(g, policy_version, np.int64)),
+        pa.FixedSizeListArray.from_arrays(pa.array(rewards.reshape(-1), pa.float32()),
+                                          len(reward_names)),
+        pa.array([list(e) for e in reward_errors], pa.list_(pa.string())),
+    ]
+    task_fields = []
+    for name, value in (task_columns or {}).items():
+        col = pa.array([value] * g)
+        arrays.append(col)
+        task_fields.append(pa.field(name, col.type))
+    batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields))
+    check_group(batch)
+    return batch
+
+
+def reward_names(schema: pa.Schema) -> list[str]:
+    meta = schema.metadata or {}
+    if REWARD_NAMES_KEY not in meta:
+        raise ValueError(f"schema has no {REWARD_NAMES_KEY.decode()} metadata")
+    return json.loads(meta[REWARD_NAMES_KEY])
+
+
+def check_group(batch: pa.RecordBatch) -> None:
+    """Raises ValueError naming what breaks the contract of DESIGN.md §3."""
+    schema = batch.schema
+    names = reward_names(schema)
+    expected = group_schema(names)
+    for field in expected:
+        if field.name not in schema.names:
+            raise ValueError(f"group batch lacks column {field.name!r}")
+        got = schema.field(field.name).type
+        if got != field.type:
+            raise ValueError(f"group column {field.name!r} is {got}, must be {field.type}")
+    g = batch.num_rows
+    if g < 2:
+        raise ValueError(f"a group needs >= 2 rollouts; this one has {g}")
+    for col in ("prompt_id", "group_id", "policy_version"):
+        if len(batch.column(col).unique()) != 1:
+            raise ValueError(f"all rows of a group share one {col}")
+    idx = batch.column("sample_index").to_numpy()
+    if not np.array_equal(idx, np.arange(g)):
+        raise ValueError(f"sample_index must be 0..{g - 1} in order; got {idx.tolist()}")
+    lengths = batch.column("response_length").to_numpy()
+    ids, lps = batch.column("response_token_ids"), batch.column("response_logprobs")
+    if not (np.array_equal(np.diff(ids.offsets.to_numpy()), lengths)
+            and np.array_equal(np.diff(lps.offsets.to_numpy()), lengths)):
+        raise ValueError("response_token_ids, response_logprobs and response_length disagree")
+    bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
+    if bad:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {sorted(bad)}")
+    errors = batch.column("reward_errors")
+    if not np.all(np.diff(errors.offsets.to_numpy()) == len(names)):
+        raise ValueError(f"reward_errors must hold {len(names)} strings per rollout")
+
+
+def to_tensors(batches: Sequence[pa.RecordBatch], pad_token_id: int = 0) -> dict[str, Any]:
+    """Padded torch tensors of several groups, for a learner.
+
+    Returns (B groups, N = sum of G rows, P/R = longest prompt/response):
+        prompt_ids [N, P] int64, left-padded; prompt_mask [N, P] bool
+        response_ids [N, R] int64, right-padded; response_mask [N, R] bool
+        rollout_logprobs [N, R] float32 (0 where padded)
+        rewards [N, K] float32; group_index [N] int64 (0..B-1); policy_version [N] int64
+    """
+    import torch
+
+    prompt_ids, prompt_mask = _pad([b.column("prompt_token_ids") for b in batches], pad_token_id,
+                                   left=True)
+    response_ids, response_mask = _pad([b.column("response_token_ids") for b in batches],
+                                       pad_token_id)
+    logprobs, _ = _pad([b.column("response_logprobs") for b in batches], 0.0)
+    k = batches[0].schema.field("rewards").type.list_size
+    rewards = np.concatenate([b.column("rewards").values.to_numpy() for b in batches]).reshape(-1, k)
+    sizes = [b.num_rows for b in batches]
+    return {
+        "prompt_ids": torch.from_numpy(prompt_ids.astype(np.int64)),
+        "prompt_mask": torch.from_numpy(prompt_mask),
+        "response_ids": torch.from_numpy(response_ids.astype(np.int64)),
+        "response_mask": torch.from_numpy(response_mask),
+        "rollout_logprobs": torch.from_numpy(logprobs),
+        "rewards": torch.from_numpy(rewards),
+        "group_index": torch.from_numpy(np.repeat(np.arange(len(batches)), sizes)),
+        "policy_version": torch.from_numpy(
+            np.concatenate([b.column("policy_version").to_numpy() for b in batches])),
+    }
+
+
+def _pad(columns: list[pa.Array], pad: Any, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged list columns -> [N, L] padded values and [N, L] mask, without a per-row loop."""
+    values = np.concatenate([c.values.to_numpy(zero_copy_only=False) if c.offset == 0 else
+                             c.flatten().to_numpy(zero_copy_only=False) for c in columns])
+    lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in columns]).astype(np.int64)
+    n, width = len(lengths), int(lengths.max()) if len(lengths) else 0
+    out = np.full((n, width), pad, dtype=values.dtype)
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    if left:
+        mask = mask[:, ::-1]
+    out[mask] = values
+    return out, np.ascontiguousarray(mask)

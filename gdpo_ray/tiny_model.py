@@ -1,0 +1,58 @@
+"""A small causal LM and its tokenizer, created locally (no model hub), saved as a HF directory.
+
+Used by the tests and the CPU demo: a byte-level BPE tokenizer trained on a small corpus, a
+ChatML chat template, and a randomly initialised Qwen2 model. ``save_pretrained`` +
+``from_pretrained`` of the directory exercise the same loading code as a hub model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "<think>", "</think>", "<answer>", "</answer>", "\\boxed{", "The answer is ",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 + - * / = ( )", "What is 3 + 4? Add the numbers.",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\"\n",
+    "user assistant system", "Let me think step by step.",
+]
+
+
+def build_tiny_model(path: str | Path, *, hidden_size: int = 64, layers: int = 2,
+                     vocab_size: int = 384, seed: int = 0) -> Path:
+    """Writes tokenizer + model to ``path`` (created) and returns it."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(CORPUS * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
+                                        pad_token="<|endoftext|>", bos_token=None,
+                                        padding_side="left")
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(path)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    return path

@@ -1,0 +1,162 @@
+"""Rollout actors on a local Ray cluster: real actors, a tiny model, faults and resizing."""
+
+import time
+
+import numpy as np
+import pytest
+
+from actors.buffer import ArrowBuffer
+from actors.prompts import PromptSource
+from actors.rollout import RolloutGroup, read_groups
+from gdpo_ray.batch import check_group, reward_names
+
+ROWS = [{"prompt": f"What is {a} + {b}?", "ground_truth": str(a + b)} for a in range(4) for b in range(4)]
+REWARDS = [{"name": "short", "fn": "length", "params": {"limit": 12}},
+           {"name": "math", "fn": "math_correctness"}]
+G = 4
+
+
+def make_group(model_dir, num_actors=2, groups_per_step=4, max_staleness=1, seed=0):
+    prompts = PromptSource(ROWS, seed=seed)
+    buffer = ArrowBuffer(groups_per_step=groups_per_step, max_staleness=max_staleness)
+    kwargs = dict(model_path=model_dir, rewards=REWARDS, group_size=G, sampling={"max_tokens": 16})
+    return RolloutGroup(kwargs, num_actors, prompts, buffer, prompts_per_call=2, num_cpus=1)
+
+
+def train_step(group, version, weights):
+    """What the driver does with a batch (minus the learner): mark trained, push weights."""
+    taken = group.buffer.take(group.buffer.groups_per_step)
+    group.prompts.mark_trained([g.group_id for g in taken])
+    group.on_update(version, weights)
+    return taken
+
+
+def test_emitted_groups_follow_the_schema(ray_cluster, tiny_model_dir):
+    group = make_group(tiny_model_dir)
+    try:
+        group.wait_for(4, timeout=180)
+        batches = read_groups(group.buffer.take(4))
+    finally:
+        group.shutdown()
+    for b in batches:
+        check_group(b)
+        assert b.num_rows == G and reward_names(b.schema) == ["short", "math"]
+        lengths = b.column("response_length").to_numpy()
+        assert np.array_equal(lengths, [len(x) for x in b.column("response_token_ids").to_pylist()])
+        rewards = b.column("rewards").values.to_numpy().reshape(G, 2)
+        assert np.array_equal(rewards[:, 0], (lengths <= 12).astype(np.float32))  # the length reward
+        assert set(rewards[:, 1]) <= {0.0, 1.0}
+        assert b.column("reward_errors").to_pylist() == [["", ""]] * G
+        assert b.column("policy_version").to_pylist() == [0] * G
+        assert set(b.column("finish_reason").to_pylist()) <= {"stop", "length"}
+        assert b.column("ground_truth")[0].as_py() in {r["ground_truth"] for r in ROWS}
+
+
+def test_stale_groups_are_dropped_and_their_prompts_reissued(ray_cluster, tiny_model_dir, tiny_weights):
+    group = make_group(tiny_model_dir, groups_per_step=2, max_staleness=0)
+    try:
+        group.wait_for(2, timeout=180)
+        first = [g.group_id for g in list(group.buffer._entries)]
+        group.on_update(1, tiny_weights)  # version 0 groups are too stale for step 1 when eta = 0
+        assert len(group.buffer) == 0 and group.buffer.dropped_stale == 2
+        group.wait_for(2, timeout=180)
+        again = group.buffer.take(2)
+        assert {g.policy_version for g in again} == {1}
+        # the dropped prompts came back first, with the next attempt number
+        assert sorted(g.group_id for g in again) == sorted(f.replace("/a0", "/a1") for f in first)
+    finally:
+        group.shutdown()
+
+
+def run_epoch(group, weights, during=None, limit_s=240):
+    version, deadline = 0, time.monotonic() + limit_s
+    while len(group.prompts.outcomes(0)) < len(ROWS):
+        group.wait_for(group.buffer.groups_per_step, timeout=180)
+        version += 1
+        train_step(group, version, weights)
+        if during:
+            during(version)
+        assert time.monotonic() < deadline, f"epoch 0 unfinished after {version} steps: {group.stats}"
+    return group.prompts.outcomes(0)
+
+
+def test_epoch_accounting_with_an_actor_killed(ray_cluster, tiny_model_dir, tiny_weights):
+    group = make_group(tiny_model_dir, groups_per_step=4, max_staleness=1)
+
+    def kill_one(version):
+        if version == 1:
+            ray_cluster.kill(group.slots[0].handle)
+
+    try:
+        outcomes = run_epoch(group, tiny_weights, during=kill_one)
+    finally:
+        group.shutdown()
+    # every prompt of the epoch trained exactly once (mark_trained raises on a repeat)
+    assert sorted(outcomes, key=int) == [str(i) for i in range(len(ROWS))]
+    assert set(outcomes.values()) == {"trained"}
+    assert group.stats["actor_restarts"] >= 1 and group.stats["reissued"] >= 1
+
+
+def test_resize_up_and_down_during_a_run(ray_cluster, tiny_model_dir, tiny_weights):
+    group = make_group(tiny_model_dir, num_actors=1, groups_per_step=4, max_staleness=1)
+
+    def resize(version):
+        if version == 1:
+            group.resize(3)
+            assert len(group.slots) == 3
+        if version == 2:
+            group.resize(1)
+            assert len(group.slots) == 1
+
+    try:
+        outcomes = run_epoch(group, tiny_weights, during=resize)
+    finally:
+        group.shutdown()
+    assert sorted(outcomes, key=int) == [str(i) for i in range(len(ROWS))]
+    assert set(outcomes.values()) == {"trained"}
+
+
+def test_buffer_checkpoint_and_restore(ray_cluster, tiny_model_dir):
+    group = make_group(tiny_model_dir, groups_per_step=3)
+    try:
+        group.wait_for(3, timeout=180)
+    finally:
+        group.shutdown()
+    state = group.buffer.state_dict()
+    restored = ArrowBuffer(groups_per_step=3, max_staleness=1)
+    restored.load_state_dict(state)
+    assert (restored.version, restored.accepted) == (group.buffer.version, group.buffer.accepted)
+    original = read_groups(group.buffer.take(3))
+    again = read_groups(restored.take(3))
+    for a, b in zip(original, again):
+        assert a.equals(b) and a.schema.metadata == b.schema.metadata
+
+
+def test_group_payload_is_read_zero_copy(ray_cluster, tiny_model_dir):
+    group = make_group(tiny_model_dir, groups_per_step=2)
+    try:
+        group.wait_for(2, timeout=180)
+        refs = group.buffer.take(2)
+    finally:
+        group.shutdown()
+    table = ray_cluster.get(refs[0].ref)
+    # the buffers of a table read from the object store are not owned by this process' heap
+    buf = table.column("response_token_ids").chunk(0).values.buffers()[1]
+    assert not buf.is_mutable
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_hf_logprobs_match_a_forward_pass(tiny_model_dir, temperature):
+    import torch
+
+    from actors.engines import HFEngine, SamplingParams
+
+    engine = HFEngine(tiny_model_dir, seed=1)
+    prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
+    (samples,) = engine.generate([prompt], 3, SamplingParams(temperature=temperature, max_tokens=12))
+    for s in samples:
+        ids = torch.tensor([prompt + s.token_ids])
+        with torch.no_grad():
+            logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float()
+        expected = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        np.testing.assert_allclose(s.logprobs, expected.numpy(), atol=1e-4)

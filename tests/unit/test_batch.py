@@ -1,0 +1,81 @@
+"""The Arrow record of DESIGN.md §3: built, checked, and padded for the learner."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from gdpo_ray.batch import build_group, check_group, reward_names, to_tensors
+
+
+def group(gid="p/e0/a0", version=3, responses=([5, 6, 7], [8]), rewards=((1.0, np.nan), (0.0, 0.5))):
+    return build_group(
+        prompt_id=gid.split("/")[0], group_id=gid, prompt_token_ids=[1, 2],
+        response_token_ids=[list(r) for r in responses],
+        response_logprobs=[[-0.5] * len(r) for r in responses],
+        finish_reasons=["stop", "length"], policy_version=version,
+        rewards=np.array(rewards, np.float32), reward_errors=[["", "timeout"], ["", ""]],
+        reward_names=["format", "correct"], sampling={"temperature": 0.7, "top_p": 1.0, "top_k": 0},
+        task_columns={"ground_truth": "42"},
+    )
+
+
+def test_schema_and_dtypes():
+    b = group()
+    s = b.schema
+    assert s.names[:11] == ["prompt_id", "group_id", "sample_index", "prompt_token_ids",
+                            "response_token_ids", "response_logprobs", "response_length",
+                            "finish_reason", "policy_version", "rewards", "reward_errors"]
+    assert s.field("response_token_ids").type == pa.large_list(pa.int32())
+    assert s.field("response_logprobs").type == pa.large_list(pa.float32())
+    assert s.field("rewards").type == pa.list_(pa.float32(), 2)
+    assert s.field("prompt_token_ids").type == pa.list_(pa.int32())
+    assert s.field("policy_version").type == pa.int64()
+    assert reward_names(s) == ["format", "correct"]
+    assert json.loads(s.metadata[b"gdpo.sampling"])["temperature"] == 0.7
+    assert b.column("response_length").to_pylist() == [3, 1]
+    assert b.column("ground_truth").to_pylist() == ["42", "42"]
+    r = b.column("rewards").values.to_numpy().reshape(2, 2)
+    assert np.isnan(r[0, 1]) and r[1, 1] == 0.5
+
+
+def test_check_group_names_the_broken_rule():
+    b = group()
+    with pytest.raises(ValueError, match="finish_reason must be one of"):
+        build_group(prompt_id="p", group_id="g", prompt_token_ids=[1], response_token_ids=[[1], [2]],
+                    response_logprobs=[[0.0], [0.0]], finish_reasons=["stop", "eos"], policy_version=0,
+                    rewards=np.zeros((2, 1)), reward_errors=[[""], [""]], reward_names=["r"])
+    with pytest.raises(ValueError, match="a group needs >= 2 rollouts"):
+        check_group(b.slice(0, 1))
+    bad = b.set_column(b.schema.get_field_index("response_length"), "response_length",
+                       pa.array([3, 2], pa.int32()))
+    with pytest.raises(ValueError, match="disagree"):
+        check_group(bad)
+    wrong_type = b.set_column(b.schema.get_field_index("policy_version"),
+                              pa.field("policy_version", pa.int32()), pa.array([3, 3], pa.int32()))
+    with pytest.raises(ValueError, match="'policy_version' is int32, must be int64"):
+        check_group(wrong_type)
+
+
+def test_to_tensors_pads_exactly():
+    t = to_tensors([group("a/e0/a0", 1), group("b/e0/a0", 2, responses=([9, 9], [4, 4, 4, 4]))], pad_token_id=0)
+    assert t["response_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0], [9, 9, 0, 0], [4, 4, 4, 4]]
+    assert t["response_mask"].sum(1).tolist() == [3, 1, 2, 4]
+    assert t["prompt_ids"].tolist() == [[1, 2]] * 4 and t["prompt_mask"].all()
+    assert t["rollout_logprobs"][1].tolist() == [-0.5, 0, 0, 0]
+    assert t["group_index"].tolist() == [0, 0, 1, 1]
+    assert t["policy_version"].tolist() == [1, 1, 2, 2]
+    assert t["rewards"].shape == (4, 2)
+
+
+def test_to_tensors_left_pads_prompts():
+    a = build_group(prompt_id="a", group_id="a", prompt_token_ids=[7], response_token_ids=[[1], [1]],
+                    response_logprobs=[[0.0], [0.0]], finish_reasons=["stop"] * 2, policy_version=0,
+                    rewards=np.zeros((2, 1)), reward_errors=[[""]] * 2, reward_names=["r"])
+    b = build_group(prompt_id="b", group_id="b", prompt_token_ids=[5, 6, 7], response_token_ids=[[1], [1]],
+                    response_logprobs=[[0.0], [0.0]], finish_reasons=["stop"] * 2, policy_version=0,
+                    rewards=np.zeros((2, 1)), reward_errors=[[""]] * 2, reward_names=["r"])
+    t = to_tensors([a, b], pad_token_id=-1)
+    assert t["prompt_ids"].tolist() == [[-1, -1, 7], [-1, -1, 7], [5, 6, 7], [5, 6, 7]]
+    assert t["prompt_mask"].tolist()[0] == [False, False, True]
