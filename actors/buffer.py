@@ -1,7 +1,7 @@
 """ArrowBuffer: references to complete groups in Ray's object store, admitted by staleness.
 
-The buffer never holds a payload: an entry is (ObjectRef of an Arrow table whose record batches
-are groups, the index of one group in it, small metadata). Several groups may share one object.
+The buffer never holds a payload: an entry is (ObjectRef of an Arrow record batch, the rows of
+one group in it, small metadata). Several groups may share one object.
 
 Admission (DESIGN.md §2, counted in prompt groups): with s = the current policy version
 (completed updates), B = groups per step and eta = max_staleness,
@@ -25,10 +25,11 @@ import pyarrow as pa
 
 @dataclasses.dataclass(frozen=True)
 class GroupRef:
-    """One group: ``ray.get(ref).to_batches()[index]``."""
+    """One group: rows ``start:stop`` of the record batch ``ray.get(ref)``."""
 
-    ref: Any  # ray.ObjectRef of a pyarrow.Table, one record batch per group
-    index: int
+    ref: Any  # ray.ObjectRef of a pyarrow.RecordBatch holding whole groups
+    start: int
+    stop: int
     group_id: str
     policy_version: int
 
@@ -106,7 +107,7 @@ class ArrowBuffer:
 
         groups = []
         for g in self._entries:
-            batch = ray.get(g.ref).to_batches()[g.index]
+            batch = ray.get(g.ref).slice(g.start, g.stop - g.start)
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, batch.schema) as writer:
                 writer.write_batch(batch)
@@ -123,6 +124,6 @@ class ArrowBuffer:
         self._entries = deque()
         for payload in state["groups"]:
             batch = pa.ipc.open_stream(payload).read_next_batch()
-            self._entries.append(GroupRef(ray.put(pa.Table.from_batches([batch])), 0,
+            self._entries.append(GroupRef(ray.put(batch), 0, batch.num_rows,
                                           batch.column("group_id")[0].as_py(),
                                           batch.column("policy_version")[0].as_py()))

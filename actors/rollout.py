@@ -3,7 +3,8 @@
 A ``RolloutActor`` (a Ray actor) turns prompts into complete groups: apply the chat template,
 generate G completions per prompt with its engine (``hf`` or ``vllm``), score them with the K
 rewards (``actors.reward.RewardPool``, worker processes), and return the groups as ONE Arrow
-table (one record batch per group) tagged with the policy version that generated them. The table
+record batch (each group G contiguous rows) tagged with the policy version that generated them.
+The batch
 is the second return value of the call, so it is written once into Ray's object store by the
 actor and the driver only ever holds its reference; the first return value is small metadata.
 New weights arrive between generations through ``set_weights(version, weights)``.
@@ -27,7 +28,7 @@ import pyarrow as pa
 from actors.buffer import ArrowBuffer, GroupRef
 from actors.engines import SamplingParams, make_engine
 from actors.prompts import Prompt, PromptSource
-from gdpo_ray.batch import build_group
+from gdpo_ray.batch import GroupData, build_groups, group_bounds
 
 
 class RolloutActor:
@@ -84,8 +85,8 @@ class RolloutActor:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
-    def generate(self, prompts: Sequence[Prompt]) -> tuple[dict, pa.Table | None]:
-        """-> (metadata, table of the complete groups). Use with num_returns=2."""
+    def generate(self, prompts: Sequence[Prompt]) -> tuple[dict, pa.RecordBatch | None]:
+        """-> (metadata, one record batch of the complete groups). Use with num_returns=2."""
         start = time.perf_counter()
         version, filtered, kept, ids = self.version, [], [], []
         for p in prompts:
@@ -109,40 +110,32 @@ class RolloutActor:
         prompt_texts = [p.prompt if isinstance(p.prompt, str) else p.prompt[-1]["content"]
                         for p in kept for _ in range(g)]
         scored = self.rewards.score(prompt_texts, texts, columns)
-        batches = []
+        groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
-            batches.append(build_group(
+            groups.append(GroupData(
                 prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i],
                 response_token_ids=[s.token_ids for s in group],
                 response_logprobs=[s.logprobs for s in group],
                 finish_reasons=[s.finish_reason for s in group], policy_version=version,
                 rewards=scored.values[rows], reward_errors=scored.errors[rows],
-                reward_names=self.rewards.names, sampling=self.sampling.metadata(),
                 task_columns=p.columns,
             ))
-            meta["groups"].append((p.group_id, i, version))
+        batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
+        meta["groups"] = [(gid, start, stop, version) for gid, start, stop in group_bounds(batch)]
         meta["tokens"] = sum(len(s.token_ids) for s in flat)
         meta["reward_metrics"] = scored.metrics
         meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate}
-        return meta, _as_table(batches)
+        return meta, batch
 
     def shutdown(self) -> None:
         self.rewards.close()
 
 
-def _as_table(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table whose record batches are the groups (task columns may differ in type: unify)."""
-    schema = pa.unify_schemas([b.schema for b in batches], promote_options="permissive")
-    schema = schema.with_metadata(batches[0].schema.metadata)
-    return pa.Table.from_batches([pa.RecordBatch.from_pylist(b.to_pylist(), schema=schema)
-                                  if b.schema != schema else b for b in batches], schema=schema)
-
-
 @dataclasses.dataclass
 class _Call:
     meta: Any  # ObjectRef of the metadata dict
-    table: Any  # ObjectRef of the Arrow table
+    batch: Any  # ObjectRef of the Arrow record batch
     prompts: list[Prompt]
 
 
@@ -264,8 +257,8 @@ class RolloutGroup:
                 if n <= 0:
                     return
                 batch = self.prompts.take(n)
-                meta, table = slot.handle.generate.options(num_returns=2).remote(batch)
-                slot.calls.append(_Call(meta, table, batch))
+                meta, groups = slot.handle.generate.options(num_returns=2).remote(batch)
+                slot.calls.append(_Call(meta, groups, batch))
 
     def _collect(self, slot: _Slot, call: _Call) -> None:
         slot.calls.remove(call)
@@ -284,7 +277,8 @@ class RolloutGroup:
         for group_id, reason in meta["filtered"]:
             self.prompts.mark_filtered(group_id, reason)
         self.stats["filtered"] += len(meta["filtered"])
-        refs = [GroupRef(call.table, index, gid, version) for gid, index, version in meta["groups"]]
+        refs = [GroupRef(call.batch, start, stop, gid, version)
+                for gid, start, stop, version in meta["groups"]]
         stale = self.buffer.add(refs)
         self.prompts.reissue(stale)
         self.stats["reissued"] += len(stale)
@@ -315,11 +309,9 @@ class RolloutGroup:
 
 
 def read_groups(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
-    """The record batches of ``refs`` (zero-copy views of the object store)."""
+    """One record batch per group of ``refs`` (zero-copy slices of the object store)."""
     import ray
 
-    tables = {}
-    for g in refs:
-        if g.ref not in tables:
-            tables[g.ref] = ray.get(g.ref).to_batches()
-    return [tables[g.ref][g.index] for g in refs]
+    unique = list(dict.fromkeys(g.ref for g in refs))
+    objects = dict(zip(unique, ray.get(unique)))
+    return [objects[g.ref].slice(g.start, g.stop - g.start) for g in refs]

@@ -1,6 +1,7 @@
 """The Arrow record of one prompt group (DESIGN.md §3), and its conversion for the learner.
 
-One RecordBatch = one complete group of G rollouts. Columns (names are the contract):
+One group of G rollouts = G contiguous rows; an object in Ray's store holds one RecordBatch with
+one or more whole groups (each a zero-copy slice). Columns (names are the contract):
 
     prompt_id           string                       the dataset prompt
     group_id            string                       this group (a prompt may be re-issued)
@@ -21,11 +22,13 @@ Schema metadata: ``gdpo.reward_names`` (JSON list of the K names, in column orde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 REWARD_NAMES_KEY = b"gdpo.reward_names"
 SAMPLING_KEY = b"gdpo.sampling"
@@ -58,58 +61,70 @@ def group_schema(reward_names: Sequence[str], sampling: Mapping[str, Any] | None
     return pa.schema(fields, metadata=meta)
 
 
-def _ragged(rows: Sequence[Sequence], value_type: pa.DataType, large: bool) -> pa.Array:
+def _ragged(rows: Sequence[Sequence], dtype: type, large: bool) -> pa.Array:
+    """A list array from per-row sequences: one concatenation, offsets by cumsum."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, np.int64 if large else np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate([np.asarray(r, value_type.to_pandas_dtype()) for r in rows]) if rows else []
-    values = pa.array(np.asarray(flat, value_type.to_pandas_dtype()), value_type)
+    flat = np.concatenate([np.asarray(r, dtype) for r in rows]) if len(rows) else np.zeros(0, dtype)
     cls = pa.LargeListArray if large else pa.ListArray
-    return cls.from_arrays(pa.array(offsets), values)
+    return cls.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype, copy=False)))
 
 
-def build_group(
-    *,
-    prompt_id: str,
-    group_id: str,
-    prompt_token_ids: Sequence[int],
-    response_token_ids: Sequence[Sequence[int]],
-    response_logprobs: Sequence[Sequence[float]],
-    finish_reasons: Sequence[str],
-    policy_version: int,
-    rewards: np.ndarray,
-    reward_errors: Sequence[Sequence[str]],
-    reward_names: Sequence[str],
-    sampling: Mapping[str, Any] | None = None,
-    task_columns: Mapping[str, Any] | None = None,
-) -> pa.RecordBatch:
-    """One group as a checked RecordBatch. ``task_columns`` values are broadcast to the G rows."""
-    g = len(response_token_ids)
-    rewards = np.asarray(rewards, np.float32).reshape(g, len(reward_names))
-    prompt = np.asarray(prompt_token_ids, np.int32)
+@dataclasses.dataclass
+class GroupData:
+    """What a rollout actor knows of one group, before it becomes Arrow."""
+
+    prompt_id: str
+    group_id: str
+    prompt_token_ids: Sequence[int]
+    response_token_ids: Sequence[Sequence[int]]  # G responses
+    response_logprobs: Sequence[Sequence[float]]
+    finish_reasons: Sequence[str]
+    policy_version: int
+    rewards: np.ndarray  # [G, K]
+    reward_errors: Sequence[Sequence[str]]  # [G][K]
+    task_columns: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
+                 sampling: Mapping[str, Any] | None = None) -> pa.RecordBatch:
+    """Several groups as ONE checked RecordBatch, each group's rows contiguous (a group is then a
+    zero-copy slice: see ``group_bounds``). Task column values are broadcast to their G rows."""
+    sizes = [len(g.response_token_ids) for g in groups]
+    k = len(reward_names)
+    responses = [r for g in groups for r in g.response_token_ids]
+    prompts = [g.prompt_token_ids for g, n in zip(groups, sizes) for _ in range(n)]
+    task_names = list(groups[0].task_columns) if groups else []
     arrays = [
-        pa.array([prompt_id] * g, pa.string()),
-        pa.array([group_id] * g, pa.string()),
-        pa.array(np.arange(g, dtype=np.int32)),
-        pa.ListArray.from_arrays(pa.array(np.arange(g + 1, dtype=np.int32) * len(prompt)),
-                                 pa.array(np.tile(prompt, g), pa.int32())),
-        _ragged(response_token_ids, pa.int32(), large=True),
-        _ragged(response_logprobs, pa.float32(), large=True),
-        pa.array([len(r) for r in response_token_ids], pa.int32()),
-        pa.array(list(finish_reasons), pa.string()),
-        pa.array(np.full(g, policy_version, np.int64)),
-        pa.FixedSizeListArray.from_arrays(pa.array(rewards.reshape(-1), pa.float32()),
-                                          len(reward_names)),
-        pa.array([list(e) for e in reward_errors], pa.list_(pa.string())),
+        pa.array([g.prompt_id for g, n in zip(groups, sizes) for _ in range(n)], pa.string()),
+        pa.array([g.group_id for g, n in zip(groups, sizes) for _ in range(n)], pa.string()),
+        pa.array(np.concatenate([np.arange(n, dtype=np.int32) for n in sizes])),
+        _ragged(prompts, np.int32, large=False),
+        _ragged(responses, np.int32, large=True),
+        _ragged([lp for g in groups for lp in g.response_logprobs], np.float32, large=True),
+        pa.array(np.fromiter((len(r) for r in responses), np.int32, len(responses))),
+        pa.array([f for g in groups for f in g.finish_reasons], pa.string()),
+        pa.array(np.repeat([g.policy_version for g in groups], sizes).astype(np.int64)),
+        pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(
+            [np.asarray(g.rewards, np.float32).reshape(n, k) for g, n in zip(groups, sizes)]
+        ).reshape(-1)), k),
+        pa.array([list(e) for g in groups for e in g.reward_errors], pa.list_(pa.string())),
     ]
     task_fields = []
-    for name, value in (task_columns or {}).items():
-        col = pa.array([value] * g)
+    for name in task_names:
+        col = pa.array([g.task_columns[name] for g, n in zip(groups, sizes) for _ in range(n)])
         arrays.append(col)
         task_fields.append(pa.field(name, col.type))
     batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields))
-    check_group(batch)
+    check_groups(batch)
     return batch
+
+
+def build_group(*, reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
+                **fields: Any) -> pa.RecordBatch:
+    """One group as a checked RecordBatch (fields of ``GroupData``)."""
+    return build_groups([GroupData(**fields)], reward_names, sampling)
 
 
 def reward_names(schema: pa.Schema) -> list[str]:
@@ -119,37 +134,63 @@ def reward_names(schema: pa.Schema) -> list[str]:
     return json.loads(meta[REWARD_NAMES_KEY])
 
 
-def check_group(batch: pa.RecordBatch) -> None:
-    """Raises ValueError naming what breaks the contract of DESIGN.md §3."""
+def group_bounds(batch: pa.RecordBatch) -> list[tuple[str, int, int]]:
+    """(group_id, first row, end row) of each group of a batch, in order."""
+    ids = batch.column("group_id")
+    n = len(ids)
+    if n == 0:
+        return []
+    change = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    starts = np.concatenate(([0], np.flatnonzero(change) + 1))
+    ends = np.append(starts[1:], n)
+    names = pc.take(ids, pa.array(starts)).to_pylist()
+    return [(name, int(a), int(b)) for name, a, b in zip(names, starts, ends)]
+
+
+def check_groups(batch: pa.RecordBatch) -> None:
+    """Raises ValueError naming what breaks the contract of DESIGN.md §3 (every group of it)."""
     schema = batch.schema
     names = reward_names(schema)
-    expected = group_schema(names)
-    for field in expected:
+    for field in group_schema(names):
         if field.name not in schema.names:
             raise ValueError(f"group batch lacks column {field.name!r}")
         got = schema.field(field.name).type
         if got != field.type:
             raise ValueError(f"group column {field.name!r} is {got}, must be {field.type}")
-    g = batch.num_rows
-    if g < 2:
-        raise ValueError(f"a group needs >= 2 rollouts; this one has {g}")
-    for col in ("prompt_id", "group_id", "policy_version"):
-        if len(batch.column(col).unique()) != 1:
-            raise ValueError(f"all rows of a group share one {col}")
+    bounds = group_bounds(batch)
+    if len({g for g, _, _ in bounds}) != len(bounds):
+        raise ValueError("the rows of each group must be contiguous and group ids unique")
+    starts = np.array([a for _, a, _ in bounds], np.int64)
+    sizes = np.array([b - a for _, a, b in bounds], np.int64)
+    if len(sizes) and sizes.min() < 2:
+        raise ValueError(f"a group needs >= 2 rollouts; group {bounds[int(sizes.argmin())][0]!r} "
+                         f"has {sizes.min()}")
+    first_row = np.repeat(starts, sizes)
     idx = batch.column("sample_index").to_numpy()
-    if not np.array_equal(idx, np.arange(g)):
-        raise ValueError(f"sample_index must be 0..{g - 1} in order; got {idx.tolist()}")
+    if not np.array_equal(idx, np.arange(batch.num_rows) - first_row):
+        raise ValueError("sample_index must count 0..G-1 within each group")
+    for col in ("prompt_id", "policy_version"):
+        values = batch.column(col)
+        if not pc.all(pc.equal(values, pc.take(values, pa.array(first_row)))).as_py():
+            raise ValueError(f"all rows of a group share one {col}")
     lengths = batch.column("response_length").to_numpy()
     ids, lps = batch.column("response_token_ids"), batch.column("response_logprobs")
     if not (np.array_equal(np.diff(ids.offsets.to_numpy()), lengths)
             and np.array_equal(np.diff(lps.offsets.to_numpy()), lengths)):
         raise ValueError("response_token_ids, response_logprobs and response_length disagree")
-    bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
-    if bad:
+    if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():
+        bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {sorted(bad)}")
     errors = batch.column("reward_errors")
     if not np.all(np.diff(errors.offsets.to_numpy()) == len(names)):
         raise ValueError(f"reward_errors must hold {len(names)} strings per rollout")
+
+
+def check_group(batch: pa.RecordBatch) -> None:
+    """``check_groups`` for a batch that must hold exactly one group."""
+    check_groups(batch)
+    if len(group_bounds(batch)) != 1:
+        raise ValueError("the batch holds several groups")
 
 
 def to_tensors(batches: Sequence[pa.RecordBatch], pad_token_id: int = 0) -> dict[str, Any]:
@@ -169,7 +210,7 @@ def to_tensors(batches: Sequence[pa.RecordBatch], pad_token_id: int = 0) -> dict
                                        pad_token_id)
     logprobs, _ = _pad([b.column("response_logprobs") for b in batches], 0.0)
     k = batches[0].schema.field("rewards").type.list_size
-    rewards = np.concatenate([b.column("rewards").values.to_numpy() for b in batches]).reshape(-1, k)
+    rewards = np.concatenate([b.column("rewards").flatten().to_numpy() for b in batches]).reshape(-1, k)
     sizes = [b.num_rows for b in batches]
     return {
         "prompt_ids": torch.from_numpy(prompt_ids.astype(np.int64)),
@@ -186,8 +227,7 @@ def to_tensors(batches: Sequence[pa.RecordBatch], pad_token_id: int = 0) -> dict
 
 def _pad(columns: list[pa.Array], pad: Any, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Ragged list columns -> [N, L] padded values and [N, L] mask, without a per-row loop."""
-    values = np.concatenate([c.values.to_numpy(zero_copy_only=False) if c.offset == 0 else
-                             c.flatten().to_numpy(zero_copy_only=False) for c in columns])
+    values = np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in columns])
     lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in columns]).astype(np.int64)
     n, width = len(lengths), int(lengths.max()) if len(lengths) else 0
     out = np.full((n, width), pad, dtype=values.dtype)

@@ -43,7 +43,7 @@ def test_emitted_groups_follow_the_schema(ray_cluster, tiny_model_dir):
         assert b.num_rows == G and reward_names(b.schema) == ["short", "math"]
         lengths = b.column("response_length").to_numpy()
         assert np.array_equal(lengths, [len(x) for x in b.column("response_token_ids").to_pylist()])
-        rewards = b.column("rewards").values.to_numpy().reshape(G, 2)
+        rewards = b.column("rewards").flatten().to_numpy().reshape(G, 2)
         assert np.array_equal(rewards[:, 0], (lengths <= 12).astype(np.float32))  # the length reward
         assert set(rewards[:, 1]) <= {0.0, 1.0}
         assert b.column("reward_errors").to_pylist() == [["", ""]] * G
@@ -139,10 +139,11 @@ def test_group_payload_is_read_zero_copy(ray_cluster, tiny_model_dir):
         refs = group.buffer.take(2)
     finally:
         group.shutdown()
-    table = ray_cluster.get(refs[0].ref)
-    # the buffers of a table read from the object store are not owned by this process' heap
-    buf = table.column("response_token_ids").chunk(0).values.buffers()[1]
-    assert not buf.is_mutable
+    batch = ray_cluster.get(refs[0].ref)
+    # buffers read from the object store are read-only views of shared memory, not copies
+    assert not batch.column("response_token_ids").values.buffers()[1].is_mutable
+    (group,) = read_groups(refs[:1])
+    assert group.num_rows == G and group.column("group_id")[0].as_py() == refs[0].group_id
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])

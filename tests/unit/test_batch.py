@@ -36,7 +36,7 @@ def test_schema_and_dtypes():
     assert json.loads(s.metadata[b"gdpo.sampling"])["temperature"] == 0.7
     assert b.column("response_length").to_pylist() == [3, 1]
     assert b.column("ground_truth").to_pylist() == ["42", "42"]
-    r = b.column("rewards").values.to_numpy().reshape(2, 2)
+    r = b.column("rewards").flatten().to_numpy().reshape(2, 2)
     assert np.isnan(r[0, 1]) and r[1, 1] == 0.5
 
 
@@ -79,3 +79,27 @@ def test_to_tensors_left_pads_prompts():
     t = to_tensors([a, b], pad_token_id=-1)
     assert t["prompt_ids"].tolist() == [[-1, -1, 7], [-1, -1, 7], [5, 6, 7], [5, 6, 7]]
     assert t["prompt_mask"].tolist()[0] == [False, False, True]
+
+
+def test_several_groups_in_one_batch_are_zero_copy_slices():
+    from gdpo_ray.batch import GroupData, build_groups, group_bounds
+
+    groups = [GroupData(prompt_id=p, group_id=f"{p}/e0/a0", prompt_token_ids=[1] * (i + 1),
+                        response_token_ids=[[i] * (j + 1) for j in range(3)],
+                        response_logprobs=[[-1.0] * (j + 1) for j in range(3)],
+                        finish_reasons=["stop"] * 3, policy_version=i,
+                        rewards=np.full((3, 1), float(i)), reward_errors=[[""]] * 3,
+                        task_columns={"ground_truth": None if i == 0 else str(i)})
+              for i, p in enumerate(["a", "b", "c"])]
+    batch = build_groups(groups, ["r"])
+    assert group_bounds(batch) == [("a/e0/a0", 0, 3), ("b/e0/a0", 3, 6), ("c/e0/a0", 6, 9)]
+    assert batch.column("ground_truth").to_pylist() == [None] * 3 + ["1"] * 3 + ["2"] * 3
+    second = batch.slice(3, 3)
+    t = to_tensors([second])
+    assert t["rewards"].tolist() == [[1.0]] * 3 and t["response_ids"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+    assert t["policy_version"].tolist() == [1, 1, 1] and t["prompt_ids"].tolist() == [[1, 1]] * 3
+    # a batch whose group rows are interleaved breaks the contract
+    mixed = pa.concat_batches([batch.slice(0, 2), batch.slice(3, 3), batch.slice(2, 1)])
+    with pytest.raises(ValueError, match="contiguous"):
+        from gdpo_ray.batch import check_groups
+        check_groups(mixed)

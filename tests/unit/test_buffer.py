@@ -6,7 +6,7 @@ from actors.buffer import ArrowBuffer, GroupRef
 
 
 def refs(versions, start=0):
-    return [GroupRef(ref=None, index=i, group_id=f"g{start + i}", policy_version=v)
+    return [GroupRef(ref=None, start=4 * i, stop=4 * i + 4, group_id=f"g{start + i}", policy_version=v)
             for i, v in enumerate(versions)]
 
 
