@@ -46,7 +46,8 @@ def build_tiny_model(path: str | Path, *, hidden_size: int = 64, layers: int = 2
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        # head_dim 32: the smallest that vLLM's CPU attention kernels accept
+        num_hidden_layers=layers, num_attention_heads=hidden_size // 32, num_key_value_heads=1,
         max_position_embeddings=1024, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,

