@@ -26,6 +26,9 @@ def make_group(model_dir, num_actors=2, groups_per_step=4, max_staleness=1, seed
 def train_step(group, version, weights):
     """What the driver does with a batch (minus the learner): mark trained, push weights."""
     taken = group.buffer.take(group.buffer.groups_per_step)
+    # the payload is readable, also for groups delivered by an actor that died since
+    for g, batch in zip(taken, read_groups(taken)):
+        assert batch.column("group_id")[0].as_py() == g.group_id
     group.prompts.mark_trained([g.group_id for g in taken])
     group.on_update(version, weights)
     return taken

@@ -72,3 +72,12 @@ def test_parquet_and_jsonl(tmp_path):
         assert len(PromptSource(str(tmp_path / name))) == 10
     with pytest.raises(ValueError, match="does not exist"):
         PromptSource(str(tmp_path / "missing.parquet"))
+
+
+def test_hugging_face_dataset():
+    import datasets
+
+    src = PromptSource(datasets.Dataset.from_list(ROWS), seed=1)
+    taken = src.take(10)
+    assert len(src) == 10 and sorted(p.prompt_id for p in taken) == sorted(str(i) for i in range(10))
+    assert all(p.prompt == f"q{p.prompt_id}" and p.columns == {"ground_truth": p.prompt_id} for p in taken)
