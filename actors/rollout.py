@@ -77,6 +77,16 @@ class RolloutActor:
         self.version = int(version)
         return self.version
 
+    def weights_digest(self) -> str:
+        """sha256 of the engine's parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, param in self.engine.model.named_parameters():
+            h.update(name.encode())
+            h.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]

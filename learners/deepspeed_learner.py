@@ -1,0 +1,387 @@
+"""DeepSpeed learners: the GDPO policy update, data parallel over N Ray actors.
+
+Each ``DeepSpeedLearner`` is one rank of a torch.distributed group (gloo on CPU, NCCL on GPU)
+running a DeepSpeed engine (ZeRO stage 0-3, fp32 or bf16) with a client torch AdamW. An update
+receives whole groups (never split: ``split_groups``) with their advantages, already computed on
+the driver over the whole batch, and for each epoch and mini-batch:
+  1. packs rows into micro-batches under a token budget (longest first), the same number of
+     micro-batches on every rank (empty ones where a rank has fewer) so that ZeRO's collectives
+     line up;
+  2. computes logprobs of the response tokens under logits / temperature (as the rollouts did),
+     and the policy loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and
+     rollout counts, so that the accumulated gradient is exactly the mini-batch's;
+  3. takes one optimizer step (gradient clipping by DeepSpeed).
+``LearnerGroup`` places the learners with a placement group and fans calls out to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import socket
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    model_path: str  # a HF model directory
+    zero_stage: int = 2
+    precision: str = "fp32"  # or "bf16"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192  # padded tokens per micro-batch
+    mini_batches: int = 1  # optimizer steps per epoch over a batch
+    epochs: int = 1
+    temperature: float = 1.0  # logits / T, as in the rollouts
+    loss: PolicyLossConfig = PolicyLossConfig()
+    seed: int = 0
+    num_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be 'fp32' or 'bf16'; got {self.precision!r}")
+        if self.micro_batch_tokens < 1 or self.mini_batches < 1 or self.epochs < 1:
+            raise ValueError("micro_batch_tokens, mini_batches and epochs must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0; got {self.temperature}")
+
+
+@dataclasses.dataclass
+class _Row:
+    prompt: np.ndarray
+    response: np.ndarray
+    rollout_logprobs: np.ndarray
+    advantage: float
+
+
+def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
+    rows = []
+    for b in batches:
+        prompts = b.column("prompt_token_ids").to_pylist()
+        responses = b.column("response_token_ids").to_pylist()
+        logprobs = b.column("response_logprobs").to_pylist()
+        for p, r, lp in zip(prompts, responses, logprobs):
+            rows.append(_Row(np.asarray(p, np.int64), np.asarray(r, np.int64),
+                             np.asarray(lp, np.float32), 0.0))
+    if len(rows) != len(advantages):
+        raise ValueError(f"{len(advantages)} advantages for {len(rows)} rollouts")
+    for row, a in zip(rows, advantages):
+        row.advantage = float(a)
+    return rows
+
+
+def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Row indices per micro-batch: longest first, rows x longest <= budget (one row at least)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def split_groups(tokens: Sequence[int], parts: int) -> list[list[int]]:
+    """Group indices per learner: whole groups, contiguous, balanced by ``tokens`` per group."""
+    if len(tokens) < parts:
+        raise ValueError(f"{len(tokens)} groups cannot feed {parts} learners: every learner "
+                         "needs a group (raise the groups per step or lower num_learners)")
+    cum = np.cumsum(tokens, dtype=np.float64)
+    mid = cum - np.asarray(tokens) / 2
+    share = np.minimum((mid / (cum[-1] / parts)).astype(int), parts - 1)
+    out = [np.flatnonzero(share == k).tolist() for k in range(parts)]
+    if any(not o for o in out):  # a very uneven batch: equal counts instead
+        out = [a.tolist() for a in np.array_split(np.arange(len(tokens)), parts)]
+    return out
+
+
+class DeepSpeedLearner:
+    """One rank. ``setup`` joins the process group and builds the engine."""
+
+    def __init__(self, config: LearnerConfig, rank: int, world_size: int) -> None:
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.step = 0
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port (asked of rank 0 for the rendezvous)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        import torch
+
+        cfg = self.config
+        torch.set_num_threads(cfg.num_threads)
+        os.environ.update(RANK=str(self.rank), LOCAL_RANK="0", WORLD_SIZE=str(self.world_size),
+                          MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        self.torch, self.deepspeed = torch, deepspeed
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip, "zero_optimization": {"stage": cfg.zero_stage},
+            "bf16": {"enabled": cfg.precision == "bf16"}, "steps_per_print": 10**9,
+        }
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.ref = None
+        if cfg.loss.kl_coef > 0:
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).eval()
+        self.device = self.engine.device
+
+    # -- the update -------------------------------------------------------------------------
+
+    def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
+        """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum."""
+        torch = self.torch
+        lengths = [len(r.prompt) + len(r.response) for r in rows]
+        width, rlen = max(lengths), max(max(len(r.response) for r in rows), 1)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            seq = np.concatenate([r.prompt, r.response])
+            ids[i, :len(seq)] = torch.from_numpy(seq)
+            attn[i, :len(seq)] = 1
+        logits = model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits
+        logits = logits.float() / self.config.temperature
+        out = torch.zeros((len(rows), rlen), dtype=torch.float32, device=self.device)
+        mask = torch.zeros((len(rows), rlen), dtype=torch.bool, device=self.device)
+        entropy = torch.zeros((), device=self.device)
+        for i, r in enumerate(rows):
+            p, n = len(r.prompt), len(r.response)
+            if n == 0:
+                continue
+            step_logits = logits[i, p - 1:p - 1 + n]
+            logp = torch.log_softmax(step_logits, -1)
+            out[i, :n] = logp.gather(1, ids[i, p:p + n, None].to(self.device))[:, 0]
+            mask[i, :n] = True
+            if want_entropy:
+                entropy = entropy + entropy_from_logits(step_logits.detach()).sum()
+        return out, mask, entropy
+
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        torch = self.torch
+        t = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op.upper()))
+        return t.tolist()
+
+    def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
+        """One policy update over this rank's share: whole groups (GroupRefs, read zero-copy
+        here) and the advantages of their rows, in order."""
+        from actors.rollout import read_groups
+
+        cfg = self.config
+        start = time.perf_counter()
+        rows = _rows(read_groups(groups), np.asarray(advantages))
+        if not rows:
+            raise ValueError(f"learner {self.rank} received no rollouts: give every learner a group")
+        fresh = cfg.epochs == 1 and cfg.mini_batches == 1  # old policy = current: no extra pass
+        old = None if fresh else self._old_logprobs(rows)
+        rng = np.random.default_rng([cfg.seed, self.step])  # the same mini-batch split on every rank
+        history = []
+        for _ in range(cfg.epochs):
+            for mb in np.array_split(rng.permutation(len(rows)), cfg.mini_batches):
+                history.append(self._mini_batch([rows[i] for i in mb],
+                                                None if old is None else [old[i] for i in mb]))
+        self.step += 1
+        out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"],
+                   time_s=time.perf_counter() - start)
+        return out
+
+    def _old_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        with self.torch.no_grad():
+            for mb in plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
+                                         self.config.micro_batch_tokens):
+                lp, _, _ = self._logprobs(self.engine, [rows[i] for i in mb])
+                for j, i in enumerate(mb):
+                    out[i] = lp[j, :len(rows[i].response)].cpu().numpy()
+        return out
+
+    def _padded(self, values: Sequence[np.ndarray], width: int):
+        t = self.torch.zeros((len(values), width), dtype=self.torch.float32, device=self.device)
+        for i, v in enumerate(values):
+            t[i, :len(v)] = self.torch.as_tensor(v, dtype=self.torch.float32)
+        return t
+
+    def _mini_batch(self, rows: list[_Row], old: list[np.ndarray] | None) -> dict[str, float]:
+        torch, cfg = self.torch, self.config
+        plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], cfg.micro_batch_tokens)
+        tokens, seqs = self._all_reduce([sum(len(r.response) for r in rows), len(rows)])
+        n_micro = int(self._all_reduce([len(plan)], "max")[0])
+        # DeepSpeed averages gradients over ranks: normalize by the global counts / world size
+        norm_tokens, norm_seqs = tokens / self.world_size, seqs / self.world_size
+        loss_sum = pg_sum = kl_sum = weight = entropy = 0.0
+        weighted: dict[str, float] = {}
+        for m in range(n_micro):
+            real = m < len(plan)
+            idx = plan[m] if real else [0]  # an empty micro-batch keeps ZeRO's collectives in step
+            part = [rows[i] for i in idx]
+            self.engine.set_gradient_accumulation_boundary(m == n_micro - 1)
+            logp, mask, ent = self._logprobs(self.engine, part, want_entropy=real)
+            old_t = logp.detach() if old is None else self._padded([old[i] for i in idx], logp.shape[1])
+            ref = None
+            if self.ref is not None:
+                with torch.no_grad():
+                    ref, _, _ = self._logprobs(self.ref, part)
+            adv = torch.tensor([r.advantage for r in part], dtype=torch.float32, device=self.device)
+            loss, metrics = policy_loss(
+                logp, old_t, adv, mask, cfg.loss,
+                rollout_logprobs=self._padded([r.rollout_logprobs for r in part], logp.shape[1]),
+                ref_logprobs=ref, num_tokens=norm_tokens, num_sequences=norm_seqs)
+            self.engine.backward(loss if real else loss * 0.0, scale_wrt_gas=False)
+            self.engine.step()
+            if real:
+                loss_sum += metrics.pop("loss")
+                pg_sum += metrics.pop("pg_loss")
+                kl_sum += metrics.pop("kl", 0.0)
+                w = metrics.pop("tokens")
+                for k, v in metrics.items():
+                    weighted[k] = weighted.get(k, 0.0) + v * w
+                weight += w
+                entropy += float(ent)
+        # each rank's sums are its share of the global mean, times world_size
+        total_loss, total_pg, total_kl, total_entropy = self._all_reduce([loss_sum, pg_sum, kl_sum, entropy])
+        out = {k: v / max(weight, 1.0) for k, v in weighted.items()}  # this rank's token means
+        out.update(loss=total_loss / self.world_size, pg_loss=total_pg / self.world_size,
+                   kl=total_kl / self.world_size, entropy=total_entropy / max(tokens, 1.0),
+                   grad_norm=float(self.engine.get_global_grad_norm() or 0.0), tokens=tokens)
+        return out
+
+    # -- weights, checkpoints ----------------------------------------------------------------
+
+    def _full_params(self):
+        """(name, full tensor) of every parameter; a collective under ZeRO-3 (call on all ranks)."""
+        for name, param in self.engine.module.named_parameters():
+            if self.config.zero_stage == 3:
+                with self.deepspeed.zero.GatheredParameters([param]):
+                    yield name, param.detach().float().cpu().clone()
+            else:
+                yield name, param.detach().float().cpu()
+
+    def get_weights(self) -> dict[str, np.ndarray] | None:
+        """Full weights on rank 0 (None elsewhere); every rank must call it."""
+        out = {name: t.numpy().copy() for name, t in self._full_params()}
+        return out if self.rank == 0 else None
+
+    def weights_digest(self) -> str:
+        """sha256 of all parameters (float32), every rank; a collective under ZeRO-3."""
+        h = hashlib.sha256()
+        for name, t in self._full_params():
+            h.update(name.encode())
+            h.update(t.contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def save_checkpoint(self, path: str) -> None:
+        torch = self.torch
+        state = {"step": self.step, "torch_rng": torch.get_rng_state().tolist()}
+        self.engine.save_checkpoint(path, tag=f"step{self.step}", client_state=state)
+
+    def load_checkpoint(self, path: str) -> int:
+        torch = self.torch
+        _, state = self.engine.load_checkpoint(path)
+        self.step = state["step"]
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        return self.step
+
+    def optimizer_digest(self) -> str:
+        """sha256 of this rank's optimizer state tensors (for checkpoint tests)."""
+        h = hashlib.sha256()
+        opt = self.engine.optimizer
+        sd = opt.state_dict()
+        for key in sorted(sd, key=str):
+            _hash_nested(h, sd[key])
+        return h.hexdigest()
+
+    def export_hf(self, path: str) -> None:
+        """The current policy as a HF model directory (rank 0 writes; all ranks must call)."""
+        weights = dict(self._full_params())
+        if self.rank == 0:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=self.torch.float32)
+            model.load_state_dict(weights, strict=False)
+            model.save_pretrained(path)
+            AutoTokenizer.from_pretrained(self.config.model_path).save_pretrained(path)
+
+
+def _hash_nested(h, value) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        h.update(value.detach().float().cpu().contiguous().numpy().tobytes())
+    elif isinstance(value, dict):
+        for k in sorted(value, key=str):
+            h.update(str(k).encode())
+            _hash_nested(h, value[k])
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _hash_nested(h, v)
+    else:
+        h.update(repr(value).encode())
+
+
+class LearnerGroup:
+    """N learners in a placement group (gang-scheduled), one process group among them."""
+
+    def __init__(self, config: LearnerConfig, num_learners: int = 1, num_cpus_per_learner: float = 1,
+                 num_gpus_per_learner: float = 0) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._ray = ray
+        bundle = {"CPU": num_cpus_per_learner, **({"GPU": num_gpus_per_learner} if num_gpus_per_learner else {})}
+        self.pg = placement_group([bundle] * num_learners, strategy="PACK")
+        ray.get(self.pg.ready())
+        cls = ray.remote(DeepSpeedLearner)
+        env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
+                            "cuda" if num_gpus_per_learner else "cpu"}}
+        self.learners = [
+            cls.options(num_cpus=num_cpus_per_learner, num_gpus=num_gpus_per_learner, runtime_env=env,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
+                            placement_group=self.pg, placement_group_bundle_index=i)).remote(config, i, num_learners)
+            for i in range(num_learners)]
+        addr, port = ray.get(self.learners[0].address.remote())
+        ray.get([learner.setup.remote(addr, port) for learner in self.learners])
+
+    def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
+        """Whole groups (GroupRefs) and the advantages of their rows, split across learners;
+        returns rank 0's metrics (global values)."""
+        sizes = [g.stop - g.start for g in groups]
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        calls = []
+        for learner, share in zip(self.learners, split_groups(sizes, len(self.learners))):
+            rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
+            calls.append(learner.update.remote([groups[g] for g in share], rows))
+        return self._ray.get(calls)[0]
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """The same method on every learner (collectives need all ranks)."""
+        return self._ray.get([getattr(learner, method).remote(*args) for learner in self.learners])
+
+    def shutdown(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for learner in self.learners:
+            self._ray.kill(learner)
+        remove_placement_group(self.pg)
