@@ -70,10 +70,21 @@ class RolloutActor:
     def ready(self) -> int:
         return os.getpid()
 
+    def policy_version(self) -> int:
+        return self.version
+
     def set_weights(self, version: int, weights: Any) -> int:
-        """Loads (name, tensor) pairs (or a name -> tensor dict) and becomes ``version``."""
-        items = weights.items() if isinstance(weights, Mapping) else weights
-        self.engine.load_weights(items)
+        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
+        ObjectRefs of weight buckets (``learners.weight_sync``), read one at a time, zero-copy."""
+        import ray
+
+        from learners.weight_sync import unpack_bucket
+
+        if isinstance(weights, Mapping):
+            self.engine.load_weights(weights.items())
+        else:
+            for ref in weights:
+                self.engine.load_weights(unpack_bucket(ray.get(ref)))
         self.version = int(version)
         return self.version
 

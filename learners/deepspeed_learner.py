@@ -278,6 +278,20 @@ class DeepSpeedLearner:
             else:
                 yield name, param.detach().float().cpu()
 
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int] | None:
+        """Rank 0: (ObjectRefs of the weight buckets, largest bucket's bytes); None elsewhere.
+        Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
+        import ray
+
+        from learners.weight_sync import pack_buckets
+
+        refs, peak = [], 0
+        for bucket in pack_buckets(self._full_params(), bucket_bytes):
+            if self.rank == 0:
+                peak = max(peak, len(bucket["data"]))
+                refs.append(ray.put(bucket))
+        return (refs, peak) if self.rank == 0 else None
+
     def get_weights(self) -> dict[str, np.ndarray] | None:
         """Full weights on rank 0 (None elsewhere); every rank must call it."""
         out = {name: t.numpy().copy() for name, t in self._full_params()}
@@ -374,6 +388,13 @@ class LearnerGroup:
             rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
             calls.append(learner.update.remote([groups[g] for g in share], rows))
         return self._ray.get(calls)[0]
+
+    def push_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
+        """New weights to every rollout actor (``RolloutGroup.on_update``); returns the largest
+        bucket's bytes."""
+        refs, peak = self.call("weight_buckets", bucket_bytes)[0]
+        rollouts.on_update(version, refs)
+        return peak
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """The same method on every learner (collectives need all ranks)."""

@@ -105,3 +105,42 @@ def test_micro_batch_plan_and_group_split():
     assert split_groups([10, 1, 1, 1, 1], 2) == [[0], [1, 2, 3, 4]]
     with pytest.raises(ValueError, match="every learner needs a group"):
         split_groups([4], 2)
+
+
+def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    bucket = 128 << 10  # above the largest parameter (the 384 x 64 float32 embedding, 96 KiB)
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
+    rollouts = RolloutGroup(dict(model_path=tiny_model_dir, group_size=2,
+                                 rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
+                            2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+    try:
+        learners.update(fixed_batch, ADV)
+        peak = learners.push_weights(rollouts, version=1, bucket_bytes=bucket)
+        after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+        versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
+        learner_digest = learners.call("weights_digest")[0]
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert 0 < peak <= bucket
+    assert after == [learner_digest, learner_digest] and versions == [1, 1]
+    assert rollouts.buffer.version == 1
+
+
+def test_pack_and_unpack_buckets():
+    import torch
+
+    from learners.weight_sync import pack_buckets, unpack_bucket
+
+    tensors = [("a", torch.arange(6, dtype=torch.float32).view(2, 3)), ("b", torch.ones(300)),
+               ("c", torch.tensor([1.5, -2.0], dtype=torch.bfloat16))]
+    buckets = list(pack_buckets(tensors, bucket_bytes=100))
+    # a (24 B) alone since b (1,200 B) would overflow; b alone (oversized); c (4 B)
+    assert [b["names"] for b in buckets] == [["a"], ["b"], ["c"]]
+    out = dict(kv for b in buckets for kv in unpack_bucket(b))
+    for name, t in tensors:
+        assert out[name].dtype == t.dtype and torch.equal(out[name], t)
