@@ -19,6 +19,7 @@ prompts, and ``resize(n)`` adds or removes actors while a run goes on.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -82,9 +83,9 @@ class RolloutActor:
 
         if isinstance(weights, Mapping):
             self.engine.load_weights(weights.items())
-        else:
-            for ref in weights:
-                self.engine.load_weights(unpack_bucket(ray.get(ref)))
+        else:  # one pass over all buckets, fetched lazily (vLLM reloads layer by layer)
+            self.engine.load_weights(itertools.chain.from_iterable(
+                unpack_bucket(ray.get(ref)) for ref in weights))
         self.version = int(version)
         return self.version
 

@@ -269,10 +269,16 @@ class DeepSpeedLearner:
 
     # -- weights, checkpoints ----------------------------------------------------------------
 
-    def _full_params(self):
-        """(name, full tensor) of every parameter; a collective under ZeRO-3 (call on all ranks)."""
-        for name, param in self.engine.module.named_parameters():
-            if self.config.zero_stage == 3:
+    def _full_params(self, checkpoint_names: bool = False):
+        """(name, full tensor) of every parameter, gathered one at a time under ZeRO-3 (a
+        collective: call on all ranks). ``checkpoint_names`` lists every name of the model's
+        state dict, tied weights included (lm_head.weight beside embed_tokens), which vLLM's
+        reload needs."""
+        module = self.engine.module
+        named = (module.state_dict(keep_vars=True).items() if checkpoint_names
+                 else module.named_parameters())
+        for name, param in named:
+            if self.config.zero_stage == 3 and hasattr(param, "ds_id"):
                 with self.deepspeed.zero.GatheredParameters([param]):
                     yield name, param.detach().float().cpu().clone()
             else:
@@ -286,7 +292,7 @@ class DeepSpeedLearner:
         from learners.weight_sync import pack_buckets
 
         refs, peak = [], 0
-        for bucket in pack_buckets(self._full_params(), bucket_bytes):
+        for bucket in pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes):
             if self.rank == 0:
                 peak = max(peak, len(bucket["data"]))
                 refs.append(ray.put(bucket))
@@ -294,7 +300,7 @@ class DeepSpeedLearner:
 
     def get_weights(self) -> dict[str, np.ndarray] | None:
         """Full weights on rank 0 (None elsewhere); every rank must call it."""
-        out = {name: t.numpy().copy() for name, t in self._full_params()}
+        out = {name: t.numpy().copy() for name, t in self._full_params(checkpoint_names=True)}
         return out if self.rank == 0 else None
 
     def weights_digest(self) -> str:
@@ -328,7 +334,7 @@ class DeepSpeedLearner:
 
     def export_hf(self, path: str) -> None:
         """The current policy as a HF model directory (rank 0 writes; all ranks must call)."""
-        weights = dict(self._full_params())
+        weights = dict(self._full_params(checkpoint_names=True))
         if self.rank == 0:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -144,3 +144,20 @@ def test_pack_and_unpack_buckets():
     out = dict(kv for b in buckets for kv in unpack_bucket(b))
     for name, t in tensors:
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)
+
+
+def test_export_as_hugging_face_directory(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    group = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
+    try:
+        group.update(fixed_batch, ADV)
+        group.call("export_hf", str(tmp_path / "policy"))
+        weights = group.call("get_weights")[0]
+    finally:
+        group.shutdown()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    for name, value in exported.state_dict().items():
+        assert torch.equal(value, torch.from_numpy(weights[name])), name
+    assert (tmp_path / "policy" / "tokenizer_config.json").exists()
