@@ -289,12 +289,12 @@ class DeepSpeedLearner:
         Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
         import ray
 
-        from learners.weight_sync import pack_buckets
+        from learners.weight_sync import bucket_bytes_of, pack_buckets
 
         refs, peak = [], 0
         for bucket in pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes):
             if self.rank == 0:
-                peak = max(peak, len(bucket["data"]))
+                peak = max(peak, bucket_bytes_of(bucket))
                 refs.append(ray.put(bucket))
         return (refs, peak) if self.rank == 0 else None
 

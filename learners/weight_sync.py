@@ -6,8 +6,8 @@ alone) and puts each bucket once into Ray's object store; every rollout actor re
 zero-copy and copies them into its engine. Peak extra memory on the learner is one bucket; no
 whole model is ever gathered into one tensor.
 
-A bucket is ``{"names": [...], "dtypes": [...], "shapes": [...], "offsets": [...], "data":
-uint8 array}``: raw bytes, so that bf16 travels as bf16.
+A bucket is ``{"names", "dtypes", "shapes", "arrays"}`` with one uint8 array of raw bytes per
+tensor, so that bf16 travels as bf16 and nothing is concatenated.
 """
 
 from __future__ import annotations
@@ -18,29 +18,30 @@ import numpy as np
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int) -> Iterator[dict]:
-    """Buckets of at most ``bucket_bytes`` (one oversized tensor makes a bucket of its own)."""
+    """Buckets of at most ``bucket_bytes`` (one oversized tensor makes a bucket of its own).
+
+    A bucket holds byte views of the tensors, not a copy: ``ray.put`` writes them once into the
+    object store. (A ZeRO-3 parameter arrives as a gathered copy that the bucket keeps.)"""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
-    names, dtypes, shapes, chunks, size = [], [], [], [], 0
-
-    def flush() -> dict:
-        offsets = np.cumsum([0] + [len(c) for c in chunks]).tolist()
-        data = np.concatenate(chunks) if chunks else np.zeros(0, np.uint8)
-        return {"names": list(names), "dtypes": list(dtypes), "shapes": list(shapes),
-                "offsets": offsets, "data": data}
-
+    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "arrays": []}
+    size = 0
     for name, tensor in named_tensors:
         raw = tensor.detach().cpu().contiguous().view(-1).view(_uint8()).numpy()
-        if chunks and size + len(raw) > bucket_bytes:
-            yield flush()
-            names, dtypes, shapes, chunks, size = [], [], [], [], 0
-        names.append(name)
-        dtypes.append(str(tensor.dtype).removeprefix("torch."))
-        shapes.append(tuple(tensor.shape))
-        chunks.append(raw.copy())  # the gathered ZeRO-3 parameter is released after this
-        size += len(raw)
-    if chunks:
-        yield flush()
+        if bucket["names"] and size + raw.nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = {"names": [], "dtypes": [], "shapes": [], "arrays": []}, 0
+        bucket["names"].append(name)
+        bucket["dtypes"].append(str(tensor.dtype).removeprefix("torch."))
+        bucket["shapes"].append(tuple(tensor.shape))
+        bucket["arrays"].append(raw)
+        size += raw.nbytes
+    if bucket["names"]:
+        yield bucket
+
+
+def bucket_bytes_of(bucket: dict) -> int:
+    return sum(a.nbytes for a in bucket["arrays"])
 
 
 def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
@@ -49,14 +50,13 @@ def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
 
     import torch
 
-    data = bucket["data"]
     out = []
     with warnings.catch_warnings():  # tensors over read-only object-store memory: only read
         warnings.simplefilter("ignore", UserWarning)
-        flat = torch.frombuffer(memoryview(data), dtype=torch.uint8) if len(data) else torch.zeros(0, dtype=torch.uint8)
-    for name, dtype, shape, a, b in zip(bucket["names"], bucket["dtypes"], bucket["shapes"],
-                                        bucket["offsets"][:-1], bucket["offsets"][1:]):
-        out.append((name, flat[a:b].view(getattr(torch, dtype)).view(shape)))
+        for name, dtype, shape, raw in zip(bucket["names"], bucket["dtypes"], bucket["shapes"],
+                                           bucket["arrays"]):
+            flat = torch.frombuffer(memoryview(raw), dtype=torch.uint8) if raw.nbytes else torch.zeros(0, dtype=torch.uint8)
+            out.append((name, flat.view(getattr(torch, dtype)).view(shape)))
     return out
 
 

@@ -1,0 +1,134 @@
+"""Learner throughput: tokens/s through DeepSpeedLearner over a plain torch loop.
+
+Both run the same update on the same model and batch in the same kind of process (a Ray actor
+with one torch thread): logprobs of the responses under logits / T, the GDPO policy loss over
+token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no process
+group and no metrics. Key (``--json``): deepspeed_over_torch (aim >= 0.8).
+
+    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+class PlainTorch:
+    """The same update written directly in torch."""
+
+    def __init__(self, model_path: str, budget: int) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(1)
+        self.torch, self.budget = torch, budget
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
+
+    def update(self, groups, advantages) -> float:
+        from actors.rollout import read_groups
+        from gdpo_ray.losses import PolicyLossConfig, policy_loss
+        from learners.deepspeed_learner import _rows, plan_micro_batches
+
+        torch = self.torch
+        start = time.perf_counter()
+        rows = _rows(read_groups(groups), np.asarray(advantages))
+        tokens = sum(len(r.response) for r in rows)
+        for mb in plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], self.budget):
+            part = [rows[i] for i in mb]
+            width = max(len(r.prompt) + len(r.response) for r in part)
+            rlen = max(len(r.response) for r in part)
+            ids = torch.zeros((len(part), width), dtype=torch.long)
+            attn = torch.zeros_like(ids)
+            for i, r in enumerate(part):
+                seq = np.concatenate([r.prompt, r.response])
+                ids[i, :len(seq)], attn[i, :len(seq)] = torch.from_numpy(seq), 1
+            logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
+            logp = torch.zeros((len(part), rlen))
+            mask = torch.zeros((len(part), rlen), dtype=torch.bool)
+            for i, r in enumerate(part):
+                p, n = len(r.prompt), len(r.response)
+                logp[i, :n] = torch.log_softmax(logits[i, p - 1:p - 1 + n], -1).gather(
+                    1, ids[i, p:p + n, None])[:, 0]
+                mask[i, :n] = True
+            adv = torch.tensor([r.advantage for r in part])
+            loss, _ = policy_loss(logp, logp.detach(), adv, mask, PolicyLossConfig(), num_tokens=tokens,
+                                  num_sequences=len(rows))
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad()
+        return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    import ray
+
+    from actors.buffer import GroupRef
+    from gdpo_ray.batch import GroupData, build_groups, group_bounds
+    from gdpo_ray.tiny_model import build_tiny_model
+    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(build_tiny_model(Path(tmp) / "m", hidden_size=256, layers=4))
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
+        groups = []
+        for p in range(args.groups):
+            responses = [rng.integers(3, 300, rng.integers(64, 256)).tolist() for _ in range(args.group_size)]
+            groups.append(GroupData(
+                prompt_id=str(p), group_id=f"{p}/e0/a0", prompt_token_ids=list(range(1, 33)),
+                response_token_ids=responses, response_logprobs=[[-5.0] * len(r) for r in responses],
+                finish_reasons=["stop"] * args.group_size, policy_version=0,
+                rewards=np.zeros((args.group_size, 1)), reward_errors=[[""]] * args.group_size))
+        batch = build_groups(groups, ["r"])
+        ref = ray.put(batch)
+        refs = [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
+        adv = rng.standard_normal(batch.num_rows).astype(np.float32)
+        tokens = int(batch.column("response_length").to_numpy().sum())
+        learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=args.zero_stage,
+                                              micro_batch_tokens=4096), num_learners=1)
+        plain = ray.remote(PlainTorch).options(num_cpus=1).remote(model, 4096)
+        learners.update(refs, adv)  # warm up both
+        ray.get(plain.update.remote(refs, adv))
+        ds_times, torch_times = [], []
+        for _ in range(args.repeats):
+            ds_times.append(learners.update(refs, adv)["time_s"])
+            torch_times.append(ray.get(plain.update.remote(refs, adv)))
+        learners.shutdown()
+        ray.shutdown()
+    ds_tps, torch_tps = tokens / min(ds_times), tokens / min(torch_times)
+    results = {"tokens": tokens, "deepspeed_tokens_per_s": ds_tps, "torch_tokens_per_s": torch_tps,
+               "deepspeed_over_torch": ds_tps / torch_tps}
+    if args.json:
+        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+        return
+    print(f"Update of {args.groups} groups x {args.group_size} ({tokens} response tokens), "
+          f"ZeRO-{args.zero_stage}, best of {args.repeats}:")
+    print(f"  DeepSpeedLearner {ds_tps:8.0f} tok/s   plain torch {torch_tps:8.0f} tok/s   -> "
+          f"{results['deepspeed_over_torch']:.2f} (aim >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()
