@@ -89,6 +89,18 @@ class RolloutActor:
         self.version = int(version)
         return self.version
 
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Joins the learners' weight broadcast group (``learners.weight_sync.WeightBroadcast``)."""
+        from learners.weight_sync import WeightBroadcast
+
+        self.broadcast = WeightBroadcast(host, port, rank, world_size)
+
+    def receive_weights(self, version: int) -> int:
+        """Loads one broadcast push, bucket by bucket in one pass, and becomes ``version``."""
+        self.engine.load_weights(self.broadcast.receive())
+        self.version = int(version)
+        return self.version
+
     def weights_digest(self) -> str:
         """sha256 of the engine's parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
         import hashlib
@@ -314,8 +326,12 @@ class RolloutGroup:
             self.stats["reissued"] += len(call.prompts)
 
     def on_update(self, version: int, weights: Any) -> None:
-        """After a learner update: new weights out, too-stale buffered groups re-issued."""
-        self.set_weights(version, weights)
+        """After a learner update: new weights out (``None``: they were broadcast already; an
+        actor started later gets them at the next push), too-stale buffered groups re-issued."""
+        if weights is None:
+            self.version, self._weights = version, None
+        else:
+            self.set_weights(version, weights)
         stale = self.buffer.set_version(version)
         self.prompts.reissue(stale)
         self.stats["reissued"] += len(stale)

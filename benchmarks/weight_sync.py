@@ -3,7 +3,8 @@
 The push (``LearnerGroup.push_weights``: buckets of the learner's parameters written once into
 Ray's object store, read zero-copy by every actor and copied into its engine) is timed until the
 actors report the new version, against one plain memory copy of the model's bytes. Keys
-(``--json``): ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, and two_over_one (aim < 1.5). One untimed push first warms
+(``--json``): ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, and two_over_one (aim < 1.5);
+the same with the prefix ``broadcast_`` for the collective path (``broadcast_weights``: gloo). One untimed push first warms
 the object store's memory.
 
     python benchmarks/weight_sync.py [--json] [--layers 20] [--hidden 768] [--repeats 3]
@@ -59,34 +60,38 @@ def main() -> None:
                                          rewards=[{"name": "l", "fn": "length"}]),
                                     n, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
             ray.get([s.starting for s in rollouts.slots])
-            version += 1
-            learners.push_weights(rollouts, version, bucket_bytes=args.bucket_mb << 20)  # warm-up
-            push, copy = [], []
-            for _ in range(args.repeats):
+            for method, prefix in ((learners.push_weights, ""), (learners.broadcast_weights, "broadcast_")):
                 version += 1
-                start = time.perf_counter()
-                learners.push_weights(rollouts, version, bucket_bytes=args.bucket_mb << 20)
-                assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
-                push.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                np.copyto(target, source)
-                copy.append(time.perf_counter() - start)
+                method(rollouts, version, bucket_bytes=args.bucket_mb << 20)  # warm-up
+                push, copy = [], []
+                for _ in range(args.repeats):
+                    version += 1
+                    start = time.perf_counter()
+                    method(rollouts, version, bucket_bytes=args.bucket_mb << 20)
+                    assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
+                    push.append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    np.copyto(target, source)
+                    copy.append(time.perf_counter() - start)
+                results[f"{prefix}push_s_{n}"] = min(push)
+                results[f"{prefix}memcpy_s_{n}"] = min(copy)
+                results[f"{prefix}ratio_to_memcpy_{n}"] = min(push) / min(copy)
             rollouts.shutdown()
-            results[f"push_s_{n}"] = min(push)
-            results[f"memcpy_s_{n}"] = min(copy)
-            results[f"ratio_to_memcpy_{n}"] = min(push) / min(copy)
         learners.shutdown()
         ray.shutdown()
     results["two_over_one"] = results["push_s_2"] / results["push_s_1"]
+    results["broadcast_two_over_one"] = results["broadcast_push_s_2"] / results["broadcast_push_s_1"]
     if args.json:
         print(json.dumps({k: round(v, 4) for k, v in results.items()}))
         return
     print(f"Push of a {results['params_m']:.0f}M-parameter model ({results['model_mb']:.0f} MB fp32), "
           f"best of {args.repeats}:")
-    for n in (1, 2):
-        print(f"  {n} actor(s): {results[f'push_s_{n}']:.3f} s = {results[f'ratio_to_memcpy_{n}']:.1f}x "
-              f"one memcpy of the bytes ({results[f'memcpy_s_{n}']:.3f} s)")
-    print(f"  2 actors cost {results['two_over_one']:.2f}x one actor (aim < 1.5)")
+    for prefix, label in (("", "object store"), ("broadcast_", "gloo broadcast")):
+        for n in (1, 2):
+            print(f"  {label:14s} {n} actor(s): {results[f'{prefix}push_s_{n}']:.3f} s = "
+                  f"{results[f'{prefix}ratio_to_memcpy_{n}']:.1f}x one memcpy of the bytes "
+                  f"({results[f'{prefix}memcpy_s_{n}']:.3f} s)")
+        print(f"  {label:14s} 2 actors cost {results[f'{prefix}two_over_one']:.2f}x one actor (aim < 1.5)")
 
 
 if __name__ == "__main__":

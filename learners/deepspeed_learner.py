@@ -298,6 +298,23 @@ class DeepSpeedLearner:
                 refs.append(ray.put(bucket))
         return (refs, peak) if self.rank == 0 else None
 
+    def open_broadcast(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0 joins a weight broadcast group as its root (with the rollout actors)."""
+        from learners.weight_sync import WeightBroadcast
+
+        self.broadcast = WeightBroadcast(host, port, 0, world_size)
+
+    def broadcast_weights(self, bucket_bytes: int) -> int | None:
+        """Every rank gathers (ZeRO-3); rank 0 broadcasts the buckets. Returns the peak bucket."""
+        from learners.weight_sync import pack_buckets
+
+        buckets = pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes)
+        if self.rank == 0:
+            return self.broadcast.send(buckets)
+        for _ in buckets:  # the other ranks take part in the gathers only
+            pass
+        return None
+
     def get_weights(self) -> dict[str, np.ndarray] | None:
         """Full weights on rank 0 (None elsewhere); every rank must call it."""
         out = {name: t.numpy().copy() for name, t in self._full_params(checkpoint_names=True)}
@@ -400,6 +417,23 @@ class LearnerGroup:
         bucket's bytes."""
         refs, peak = self.call("weight_buckets", bucket_bytes)[0]
         rollouts.on_update(version, refs)
+        return peak
+
+    def broadcast_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
+        """New weights to every rollout actor over a gloo (NCCL on GPU) broadcast from learner
+        rank 0, bypassing the object store; the group is (re)built when the actors changed.
+        Returns the largest bucket's bytes."""
+        actors = [s.handle for s in rollouts.slots]
+        if getattr(self, "_broadcast_members", None) != actors:
+            host, port = self._ray.get(self.learners[0].address.remote())
+            world = 1 + len(actors)
+            self._ray.get([self.learners[0].open_broadcast.remote(host, port, world)] +
+                          [a.join_broadcast.remote(host, port, i + 1, world) for i, a in enumerate(actors)])
+            self._broadcast_members = actors
+        receiving = [a.receive_weights.remote(version) for a in actors]
+        peak = self._ray.get([learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners])[0]
+        self._ray.get(receiving)
+        rollouts.on_update(version, None)
         return peak
 
     def call(self, method: str, *args: Any) -> list[Any]:

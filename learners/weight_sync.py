@@ -64,3 +64,70 @@ def _uint8():
     import torch
 
     return torch.uint8
+
+
+class WeightBroadcast:
+    """A bucketed broadcast from learner rank 0 (rank 0 here) to the rollout actors (ranks 1..n)
+    over its own gloo group (NCCL on GPU uses the same calls): a TCPStore rendezvous and a
+    ProcessGroupGloo constructed directly, apart from the learners' DeepSpeed group.
+
+    Per bucket rank 0 broadcasts [header bytes, data bytes], the pickled header (names, dtypes,
+    shapes, sizes) and the bucket's bytes; [0, 0] ends a push. Receivers yield (name, tensor)
+    lazily, so an engine loads the whole push in one pass with one bucket in memory."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 600) -> None:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.rank, self.world_size = rank, world_size
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=timeout_s))
+        self.group = dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
+
+    def _broadcast(self, tensor: Any) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        self.group.broadcast([tensor], opts).wait()
+
+    def send(self, buckets: Iterable[dict]) -> int:
+        """Rank 0: every bucket, then the end mark; returns the largest bucket's bytes."""
+        import pickle
+
+        import torch
+
+        peak = 0
+        for bucket in buckets:
+            header = pickle.dumps({k: bucket[k] for k in ("names", "dtypes", "shapes")}
+                                  | {"sizes": [a.nbytes for a in bucket["arrays"]]})
+            data = np.concatenate(bucket["arrays"]) if bucket["arrays"] else np.zeros(0, np.uint8)
+            peak = max(peak, data.nbytes)
+            self._broadcast(torch.tensor([len(header), data.nbytes], dtype=torch.int64))
+            self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            self._broadcast(torch.from_numpy(data))
+        self._broadcast(torch.zeros(2, dtype=torch.int64))
+        return peak
+
+    def receive(self) -> Iterator[tuple[str, Any]]:
+        """Ranks 1..n: (name, tensor) of every parameter of one push, bucket by bucket."""
+        import pickle
+
+        import torch
+
+        while True:
+            sizes = torch.zeros(2, dtype=torch.int64)
+            self._broadcast(sizes)
+            header_len, data_len = (int(x) for x in sizes)
+            if header_len == 0:
+                return
+            header = torch.empty(header_len, dtype=torch.uint8)
+            self._broadcast(header)
+            meta = pickle.loads(header.numpy().tobytes())
+            data = torch.empty(data_len, dtype=torch.uint8)
+            self._broadcast(data)
+            offsets = np.cumsum([0] + meta["sizes"])
+            for name, dtype, shape, a, b in zip(meta["names"], meta["dtypes"], meta["shapes"],
+                                                offsets[:-1], offsets[1:]):
+                yield name, data[a:b].view(getattr(torch, dtype)).view(shape)

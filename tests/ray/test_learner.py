@@ -161,3 +161,30 @@ def test_export_as_hugging_face_directory(ray_cluster, tiny_model_dir, fixed_bat
     for name, value in exported.state_dict().items():
         assert torch.equal(value, torch.from_numpy(weights[name])), name
     assert (tmp_path / "policy" / "tokenizer_config.json").exists()
+
+
+def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
+    rollouts = RolloutGroup(dict(model_path=tiny_model_dir, group_size=2,
+                                 rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
+                            2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+    try:
+        ray_cluster.get([s.starting for s in rollouts.slots])
+        digests = []
+        for version in (1, 2):  # the second push reuses the group
+            learners.update(fixed_batch, ADV)
+            peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
+            after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+            versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
+            digests.append((after, versions, learners.call("weights_digest")[0]))
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert 0 < peak <= 128 << 10
+    for version, (after, versions, learner) in zip((1, 2), digests):
+        assert after == [learner, learner] and versions == [version, version]
+    assert digests[0][2] != digests[1][2]
