@@ -164,3 +164,23 @@ def test_hf_logprobs_match_a_forward_pass(tiny_model_dir, temperature):
             logits = engine.model(ids).logits[0, len(prompt) - 1:-1].float()
         expected = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
         np.testing.assert_allclose(s.logprobs, expected.numpy(), atol=1e-4)
+
+
+def test_generation_in_flight_finishes_on_its_version(ray_cluster, tiny_model_dir, tiny_weights):
+    from actors.rollout import RolloutActor
+
+    actor = ray_cluster.remote(RolloutActor).options(num_cpus=1).remote(
+        tiny_model_dir, REWARDS, G, sampling={"max_tokens": 8})
+    prompts = PromptSource(ROWS).take(4)
+    try:
+        first = actor.generate.options(num_returns=2).remote(prompts[:2])
+        actor.set_weights.remote(1, tiny_weights)  # arrives while the first call is queued or running
+        second = actor.generate.options(num_returns=2).remote(prompts[2:])
+        meta1, batch1 = ray_cluster.get(first)
+        meta2, batch2 = ray_cluster.get(second)
+    finally:
+        ray_cluster.get(actor.shutdown.remote())
+        ray_cluster.kill(actor)
+    # the call that started before the new weights keeps its version; the next one has the new one
+    assert {v for _, _, _, v in meta1["groups"]} == {0} and set(batch1.column("policy_version").to_pylist()) == {0}
+    assert {v for _, _, _, v in meta2["groups"]} == {1} and set(batch2.column("policy_version").to_pylist()) == {1}
