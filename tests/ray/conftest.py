@@ -1,6 +1,5 @@
 """One local Ray cluster for every test in this folder."""
 
-import os
 from pathlib import Path
 
 import pytest

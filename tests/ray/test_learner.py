@@ -28,6 +28,16 @@ def fixed_batch(ray_cluster):
     return [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
 
 
+def two_rollout_actors(model_dir):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    return RolloutGroup(dict(model_path=model_dir, group_size=2,
+                             rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
+                        2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+
+
 def config(model_dir, **kw):
     kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(is_cap=None), "micro_batch_tokens": 64, **kw}
     return LearnerConfig(model_path=model_dir, **kw)
@@ -75,14 +85,8 @@ def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_pat
 
 
 def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_batch):
-    from actors.buffer import ArrowBuffer
-    from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
-
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
-    rollouts = RolloutGroup(dict(model_path=tiny_model_dir, group_size=2,
-                                 rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
-                            2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+    rollouts = two_rollout_actors(tiny_model_dir)
     try:
         before = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
         learners.update(fixed_batch, ADV)
@@ -108,15 +112,9 @@ def test_micro_batch_plan_and_group_split():
 
 
 def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
-    from actors.buffer import ArrowBuffer
-    from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
-
     bucket = 128 << 10  # above the largest parameter (the 384 x 64 float32 embedding, 96 KiB)
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
-    rollouts = RolloutGroup(dict(model_path=tiny_model_dir, group_size=2,
-                                 rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
-                            2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+    rollouts = two_rollout_actors(tiny_model_dir)
     try:
         learners.update(fixed_batch, ADV)
         peak = learners.push_weights(rollouts, version=1, bucket_bytes=bucket)
@@ -164,14 +162,8 @@ def test_export_as_hugging_face_directory(ray_cluster, tiny_model_dir, fixed_bat
 
 
 def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
-    from actors.buffer import ArrowBuffer
-    from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
-
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
-    rollouts = RolloutGroup(dict(model_path=tiny_model_dir, group_size=2,
-                                 rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
-                            2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
+    rollouts = two_rollout_actors(tiny_model_dir)
     try:
         ray_cluster.get([s.starting for s in rollouts.slots])
         digests = []
