@@ -102,6 +102,20 @@ class HFEngine:
                                   logprobs[row, :end].astype(np.float32).tolist(), reason))
         return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
 
+    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Greedy completions (evaluation and checks), up to and including the stop token."""
+        out = []
+        with self.torch.no_grad():
+            for p in prompt_token_ids:  # one by one: no padding to reason about
+                ids = self.torch.tensor([p], device=self.device)
+                seq = self.model.generate(input_ids=ids, attention_mask=self.torch.ones_like(ids),
+                                          do_sample=False, max_new_tokens=max_tokens,
+                                          pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+                new = seq[0, len(p):].tolist()
+                ends = [i for i, t in enumerate(new) if t in self.eos_ids]
+                out.append(new[:ends[0] + 1] if ends else new)
+        return out
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
         with self.torch.no_grad():

@@ -101,6 +101,10 @@ class RolloutActor:
         self.version = int(version)
         return self.version
 
+    def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
+        """Greedy completions of prompts (chat template applied as for generation)."""
+        return self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
+
     def weights_digest(self) -> str:
         """sha256 of the engine's parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
         import hashlib

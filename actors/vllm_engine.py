@@ -44,6 +44,14 @@ class VLLMEngine:
                         o.finish_reason if o.finish_reason in ("stop", "length") else "abort")
                  for o in request.outputs] for request in outputs]
 
+    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Greedy completions (evaluation and checks)."""
+        from vllm import SamplingParams as VLLMSampling
+
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids],
+                                    VLLMSampling(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in outputs]
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         import torch
 

@@ -85,20 +85,41 @@ def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_pat
 
 
 def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_batch):
-    learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
+    # a large step, so that the random tiny model's greedy choice moves
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1, lr=0.05), num_learners=2)
     rollouts = two_rollout_actors(tiny_model_dir)
+    prompts = ["What is 1 + 1?", "Name a color.", "Count to three."]
     try:
         before = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
-        learners.update(fixed_batch, ADV)
+        greedy_before = ray_cluster.get(rollouts.slots[0].handle.greedy.remote(prompts, 8))
+        for _ in range(3):
+            learners.update(fixed_batch, ADV)
         weights = learners.call("get_weights")[0]  # rank 0 gathers the ZeRO-3 shards
         rollouts.set_weights(1, ray_cluster.put(weights))
         after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+        greedy_after = ray_cluster.get([s.handle.greedy.remote(prompts, 8) for s in rollouts.slots])
         learner_digest = learners.call("weights_digest")[0]
     finally:
         learners.shutdown()
         rollouts.shutdown()
     assert before[0] != learner_digest
     assert after == [learner_digest, learner_digest]
+    # the greedy output follows: every actor decodes as the learner's weights do, not as before
+    expected = greedy_with(tiny_model_dir, weights, prompts, 8)
+    assert greedy_after == [expected, expected] and expected != greedy_before
+
+
+def greedy_with(model_dir, weights, prompts, max_tokens):
+    import torch
+
+    from actors.engines import HFEngine
+
+    engine = HFEngine(model_dir)
+    engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())
+    template = engine.tokenizer.apply_chat_template
+    ids = [engine.tokenizer(template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                     tokenize=False), add_special_tokens=False)["input_ids"] for p in prompts]
+    return engine.greedy(ids, max_tokens)
 
 
 def test_micro_batch_plan_and_group_split():

@@ -106,3 +106,18 @@ def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
     (samples,) = engine.generate([prompt], 2, SamplingParams(temperature=1.0, max_tokens=8))
     for s in samples:
         np.testing.assert_allclose(s.logprobs, forward_logprobs(model, prompt, s.token_ids, 1.0), atol=2e-3)
+
+
+def test_vllm_greedy_follows_its_weights(engine, tiny_model_dir):
+    import torch
+
+    from actors.engines import HFEngine
+
+    prompts = [engine.tokenizer(t)["input_ids"] for t in ("What is 1 + 1?", "Name a color.")]
+    hf = HFEngine(tiny_model_dir)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in hf.model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    engine.load_weights((k, v.detach().clone()) for k, v in hf.model.state_dict().items())
+    assert engine.greedy(prompts, 8) == hf.greedy(prompts, 8)
