@@ -122,7 +122,12 @@ class HFEngine:
             for name, tensor in named_tensors:
                 if name not in params:
                     raise ValueError(f"the model has no parameter {name!r}")
-                params[name].copy_(self.torch.as_tensor(tensor))
+                target, source = params[name], self.torch.as_tensor(tensor)
+                if (target.device.type == "cpu" and target.dtype == source.dtype
+                        and target.is_contiguous() and source.is_contiguous()):
+                    np.copyto(target.detach().numpy(), source.numpy())  # a plain memcpy
+                else:
+                    target.copy_(source)
 
 
 def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:
