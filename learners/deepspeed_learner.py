@@ -64,14 +64,17 @@ class _Row:
 
 
 def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
+    """Per-rollout views (no copies) of the prompt, response and rollout logprobs."""
+    def split(column: Any, dtype: type) -> list[np.ndarray]:
+        values = column.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+        offsets = column.offsets.to_numpy()
+        return np.split(values, offsets[1:-1] - offsets[0])
+
     rows = []
     for b in batches:
-        prompts = b.column("prompt_token_ids").to_pylist()
-        responses = b.column("response_token_ids").to_pylist()
-        logprobs = b.column("response_logprobs").to_pylist()
-        for p, r, lp in zip(prompts, responses, logprobs):
-            rows.append(_Row(np.asarray(p, np.int64), np.asarray(r, np.int64),
-                             np.asarray(lp, np.float32), 0.0))
+        rows.extend(_Row(p, r, lp, 0.0) for p, r, lp in zip(
+            split(b.column("prompt_token_ids"), np.int64), split(b.column("response_token_ids"), np.int64),
+            split(b.column("response_logprobs"), np.float32)))
     if len(rows) != len(advantages):
         raise ValueError(f"{len(advantages)} advantages for {len(rows)} rollouts")
     for row, a in zip(rows, advantages):

@@ -103,3 +103,22 @@ def test_several_groups_in_one_batch_are_zero_copy_slices():
     with pytest.raises(ValueError, match="contiguous"):
         from gdpo_ray.batch import check_groups
         check_groups(mixed)
+
+
+def test_learner_rows_are_views_of_group_slices():
+    from gdpo_ray.batch import GroupData, build_groups
+    from learners.deepspeed_learner import _rows
+
+    groups = [GroupData(prompt_id=p, group_id=p, prompt_token_ids=[i, i + 1],
+                        response_token_ids=[[i] * (j + 1) for j in range(2)],
+                        response_logprobs=[[-0.5 * i] * (j + 1) for j in range(2)],
+                        finish_reasons=["stop"] * 2, policy_version=0, rewards=np.zeros((2, 1)),
+                        reward_errors=[[""]] * 2) for i, p in enumerate("abc")]
+    batch = build_groups(groups, ["r"])
+    rows = _rows([batch.slice(2, 4)], np.array([1.0, 2.0, 3.0, 4.0]))  # groups b and c
+    assert [r.prompt.tolist() for r in rows] == [[1, 2], [1, 2], [2, 3], [2, 3]]
+    assert [r.response.tolist() for r in rows] == [[1], [1, 1], [2], [2, 2]]
+    assert [r.rollout_logprobs.tolist() for r in rows] == [[-0.5], [-0.5, -0.5], [-1.0], [-1.0, -1.0]]
+    assert [r.advantage for r in rows] == [1.0, 2.0, 3.0, 4.0]
+    with pytest.raises(ValueError, match="3 advantages for 4 rollouts"):
+        _rows([batch.slice(2, 4)], np.zeros(3))
