@@ -43,9 +43,11 @@ def config(model_dir, **kw):
     return LearnerConfig(model_path=model_dir, **kw)
 
 
-@pytest.mark.parametrize("stage, learners", [(2, 1), (3, 2)])
-def test_update_lowers_the_loss_and_replicas_agree(ray_cluster, tiny_model_dir, fixed_batch, stage, learners):
-    group = LearnerGroup(config(tiny_model_dir, zero_stage=stage), num_learners=learners)
+@pytest.mark.parametrize("stage, learners, precision", [(0, 2, "fp32"), (1, 2, "fp32"), (2, 1, "fp32"),
+                                                         (2, 2, "bf16"), (3, 2, "fp32")])
+def test_update_lowers_the_loss_and_replicas_agree(ray_cluster, tiny_model_dir, fixed_batch, stage,
+                                                   learners, precision):
+    group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, precision=precision), num_learners=learners)
     try:
         m = group.update(fixed_batch, ADV)
         digests = group.call("weights_digest")
