@@ -5,7 +5,7 @@ with one torch thread): logprobs of the responses under logits / T, the GDPO pol
 token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no process
 group and no metrics. Key (``--json``): deepspeed_over_torch (aim >= 0.8).
 
-    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2]
+    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 1]
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class PlainTorch:
 
         torch.set_num_threads(1)
         self.torch, self.budget = torch, budget
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
 
     def update(self, groups, advantages) -> float:
@@ -54,15 +55,16 @@ class PlainTorch:
             for i, r in enumerate(part):
                 seq = np.concatenate([r.prompt, r.response])
                 ids[i, :len(seq)], attn[i, :len(seq)] = torch.from_numpy(seq), 1
+            ids, attn = ids.to(self.device), attn.to(self.device)
             logits = self.model(input_ids=ids, attention_mask=attn).logits.float()
-            logp = torch.zeros((len(part), rlen))
-            mask = torch.zeros((len(part), rlen), dtype=torch.bool)
+            logp = torch.zeros((len(part), rlen), device=self.device)
+            mask = torch.zeros((len(part), rlen), dtype=torch.bool, device=self.device)
             for i, r in enumerate(part):
                 p, n = len(r.prompt), len(r.response)
                 logp[i, :n] = torch.log_softmax(logits[i, p - 1:p - 1 + n], -1).gather(
                     1, ids[i, p:p + n, None])[:, 0]
                 mask[i, :n] = True
-            adv = torch.tensor([r.advantage for r in part])
+            adv = torch.tensor([r.advantage for r in part], device=self.device)
             loss, _ = policy_loss(logp, logp.detach(), adv, mask, PolicyLossConfig(), num_tokens=tokens,
                                   num_sequences=len(rows))
             loss.backward()
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpus", type=int, default=0, help="1 for the GPU variant (both sides on the GPU)")
     args = parser.parse_args()
 
     import ray
@@ -108,8 +111,9 @@ def main() -> None:
         adv = rng.standard_normal(batch.num_rows).astype(np.float32)
         tokens = int(batch.column("response_length").to_numpy().sum())
         learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=args.zero_stage,
-                                              micro_batch_tokens=4096), num_learners=1)
-        plain = ray.remote(PlainTorch).options(num_cpus=1).remote(model, 4096)
+                                              micro_batch_tokens=4096), num_learners=1,
+                                num_gpus_per_learner=args.gpus)
+        plain = ray.remote(PlainTorch).options(num_cpus=1, num_gpus=args.gpus).remote(model, 4096)
         learners.update(refs, adv)  # warm up both
         ray.get(plain.update.remote(refs, adv))
         ds_times, torch_times = [], []

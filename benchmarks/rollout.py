@@ -7,7 +7,7 @@ tokens/s over (a)'s (aim >= 0.9): what the framework costs around generation. Th
 locally built tiny one unless ``--model`` names a HF directory. The vllm engine is measured
 where vLLM is installed (``.venv-vllm/bin/python benchmarks/rollout.py``).
 
-    python benchmarks/rollout.py [--json] [--model DIR] [--prompts 16] [--group-size 8]
+    python benchmarks/rollout.py [--json] [--model DIR] [--prompts 16] [--group-size 8] [--device cuda]
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def measure(engine: str, model: str, args) -> dict:
     from actors.prompts import PromptSource
     from actors.rollout import RolloutActor
 
-    engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True} if engine == "vllm" else {}
+    engine_kwargs = ({"dtype": "float32", "max_model_len": 1024, "enforce_eager": args.device == "cpu"}
+                     if engine == "vllm" else {"device": args.device})
     actor = RolloutActor(model, rewards=[{"name": "short", "fn": "length", "params": {"limit": 64}}],
                          group_size=args.group_size, engine=engine, engine_kwargs=engine_kwargs,
                          sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU variant")
     args = parser.parse_args()
 
     import torch

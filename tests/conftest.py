@@ -1,10 +1,16 @@
-"""Shared test setup: one thread per process, local Ray without token authentication."""
+"""Shared test setup: one thread per process, local Ray without token authentication, one Ray
+cluster and one tiny model for the whole session, GPU tests skipped where there is no GPU."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_configure(config):
@@ -13,9 +19,19 @@ def pytest_configure(config):
     except ImportError:
         return
     torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cuda"
 
 
-import pytest  # noqa: E402
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: run benchmarks/gpu_check.sh on one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +40,23 @@ def tiny_model_dir(tmp_path_factory):
     from gdpo_ray.tiny_model import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model")))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for every test that needs one."""
+    import ray
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(ray_cluster, tiny_model_dir):
+    """The tiny model's own weights in the object store (what a learner would push)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    return ray_cluster.put({k: v.detach().numpy() for k, v in model.state_dict().items()})

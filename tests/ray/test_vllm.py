@@ -11,11 +11,18 @@ from actors.engines import SamplingParams  # noqa: E402
 from gdpo_ray.batch import check_groups  # noqa: E402
 
 
+def gpu_share() -> dict:
+    """On a GPU two engines share it (this module's and a rollout actor's)."""
+    import torch
+
+    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     from actors.vllm_engine import VLLMEngine
 
-    return VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=512, enforce_eager=True)
+    return VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=512, enforce_eager=True, **gpu_share())
 
 
 def forward_logprobs(model, prompt, tokens, temperature):
@@ -71,8 +78,9 @@ def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
     group = RolloutGroup(
         dict(model_path=tiny_model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
              group_size=3, engine="vllm", sampling={"max_tokens": 10},
-             engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True}),
-        1, PromptSource(rows), ArrowBuffer(groups_per_step=2), prompts_per_call=2)
+             engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()}),
+        1, PromptSource(rows), ArrowBuffer(groups_per_step=2), prompts_per_call=2,
+        num_gpus=0.3 if gpu_share() else 0)
     try:
         group.wait_for(2, timeout=300)
         batches = read_groups(group.buffer.take(2))
