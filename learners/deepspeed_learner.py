@@ -146,9 +146,10 @@ class DeepSpeedLearner:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.ref = None
-        if cfg.loss.kl_coef > 0:
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32).eval()
         self.device = self.engine.device
+        if cfg.loss.kl_coef > 0:  # the frozen reference policy of the KL term
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32)
+            self.ref.to(self.device).eval().requires_grad_(False)
 
     # -- the update -------------------------------------------------------------------------
 
@@ -211,13 +212,18 @@ class DeepSpeedLearner:
         return out
 
     def _old_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:
+        """Logprobs under the policy at the start of the update (the PPO "old" policy)."""
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
+        plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
+                                  self.config.micro_batch_tokens)
+        n_micro = int(self._all_reduce([len(plan)], "max")[0])  # ZeRO-3 gathers in every forward
         with self.torch.no_grad():
-            for mb in plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
-                                         self.config.micro_batch_tokens):
+            for m in range(n_micro):
+                mb = plan[m] if m < len(plan) else [0]
                 lp, _, _ = self._logprobs(self.engine, [rows[i] for i in mb])
-                for j, i in enumerate(mb):
-                    out[i] = lp[j, :len(rows[i].response)].cpu().numpy()
+                if m < len(plan):
+                    for j, i in enumerate(mb):
+                        out[i] = lp[j, :len(rows[i].response)].cpu().numpy()
         return out
 
     def _padded(self, values: Sequence[np.ndarray], width: int):

@@ -203,3 +203,17 @@ def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
     for version, (after, versions, learner) in zip((1, 2), digests):
         assert after == [learner, learner] and versions == [version, version]
     assert digests[0][2] != digests[1][2]
+
+
+def test_uneven_shares_with_epochs_and_kl_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
+    # 3 groups of one size and 1 of another: the learners get different micro-batch counts, and the
+    # old-policy pass, the mini-batches and the reference model must keep ZeRO-3's collectives in step
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=2, mini_batches=2, micro_batch_tokens=24,
+                                   loss=PolicyLossConfig(is_cap=2.0, kl_coef=0.1)), num_learners=2)
+    try:
+        m = learners.update(fixed_batch[:3], ADV[:12])
+        digests = learners.call("weights_digest")
+    finally:
+        learners.shutdown()
+    assert m["kl"] > 0 and np.isfinite(m["loss"]) and m["tokens"] > 0  # the policy moved off the reference
+    assert len(set(digests)) == 1
