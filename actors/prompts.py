@@ -157,12 +157,17 @@ class PromptSource:
         """prompt_id -> final state, for the prompts of ``epoch`` that reached one."""
         return {self._ids[row]: state for (e, row), state in self._done.items() if e == epoch}
 
-    def state_dict(self) -> dict:
-        """What a resumed run needs; prompts in flight now are re-issued on load."""
-        pending = list(self._queue) + [(r, e, a + 1) for r, e, a in self._in_flight.values()]
+    def state_dict(self, in_buffer: Iterable[str] = ()) -> dict:
+        """What a resumed run needs; prompts in flight now are re-issued on load, except the
+        groups ``in_buffer`` (generated, saved with the buffer): they stay in flight."""
+        kept = set(in_buffer)
+        pending = list(self._queue) + [(r, e, a + 1) for g, (r, e, a) in self._in_flight.items()
+                                       if g not in kept]
+        held = [[g, *self._in_flight[g]] for g in kept if g in self._in_flight]
         return {"seed": self.seed, "epoch": self.epoch, "cursor": self._cursor,
                 "queue": pending, "done": [[e, r, s] for (e, r), s in self._done.items()],
-                "reissued": self.reissued + len(self._in_flight), "rows": len(self._rows)}
+                "in_buffer": held, "reissued": self.reissued + len(self._in_flight) - len(held),
+                "rows": len(self._rows)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["rows"] != len(self._rows) or state["seed"] != self.seed:
@@ -171,7 +176,7 @@ class PromptSource:
                              f"{self.seed}")
         self.epoch, self._cursor = state["epoch"], state["cursor"]
         self._queue = deque(tuple(q) for q in state["queue"])
-        self._in_flight = {}
+        self._in_flight = {g: (r, e, a) for g, r, e, a in state.get("in_buffer", [])}
         self._done = {(e, r): s for e, r, s in state["done"]}
         self.reissued = state["reissued"]
 

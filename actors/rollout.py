@@ -89,15 +89,29 @@ class RolloutActor:
         self.version = int(version)
         return self.version
 
-    def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> None:
-        """Joins the learners' weight broadcast group (``learners.weight_sync.WeightBroadcast``)."""
-        from learners.weight_sync import WeightBroadcast
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
+        """Joins the learners' weight broadcast group (``learners.weight_sync.WeightBroadcast``)
+        as ``rank``, proposing what its engine's device allows (``receiver_backend``: gloo on
+        CPU, NCCL on CUDA, vLLM's weight transfer for vllm on CUDA); returns the group's
+        backend. A vllm engine then joins vLLM's transfer group itself."""
+        from learners.weight_sync import WeightBroadcast, receiver_backend
 
-        self.broadcast = WeightBroadcast(host, port, rank, world_size)
+        if getattr(self, "broadcast", None) is not None:
+            self.broadcast.close()
+        self.broadcast = WeightBroadcast(host, port, rank, world_size,
+                                         backend=receiver_backend(self.engine))
+        if self.broadcast.backend == "vllm":
+            self.engine.join_weight_transfer(host, self.broadcast.vllm_port, rank, world_size)
+        return self.broadcast.backend
 
     def receive_weights(self, version: int) -> int:
-        """Loads one broadcast push, bucket by bucket in one pass, and becomes ``version``."""
-        self.engine.load_weights(self.broadcast.receive())
+        """Loads one broadcast push and becomes ``version``: through vLLM's weight transfer
+        (start, update, finish) on a vllm group, else bucket by bucket in one pass through the
+        engine's ``load_weights``."""
+        if self.broadcast.backend == "vllm":
+            self.engine.receive_broadcast(self.broadcast.update_info())
+        else:
+            self.engine.load_weights(self.broadcast.receive())
         self.version = int(version)
         return self.version
 
@@ -328,6 +342,12 @@ class RolloutGroup:
         for call in calls:
             self.prompts.reissue([p.group_id for p in call.prompts])
             self.stats["reissued"] += len(call.prompts)
+
+    def discard_in_flight(self) -> None:
+        """Forgets every call in flight (their results are ignored, their prompts NOT re-issued):
+        for a restore, whose prompt state re-issues what was in flight when it was saved."""
+        for slot in self.slots:
+            slot.calls = []
 
     def on_update(self, version: int, weights: Any) -> None:
         """After a learner update: new weights out (``None``: they were broadcast already; an

@@ -4,6 +4,11 @@ Logprobs are vLLM's "processed" ones: log_softmax of the logits after temperatur
 same definition as the hf engine and the learners (DESIGN.md §3). vLLM processes top-p/top-k
 before taking them, which would renormalize the logprobs over the truncated vocabulary, so this
 engine refuses top_p < 1 and top_k > 0 rather than record logprobs of another distribution.
+
+Weights in: ``load_weights`` (any device) reloads through ``collective_rpc("reload_weights")``;
+on CUDA the engine is also built with vLLM's NCCL weight transfer (``weight_transfer_config``),
+through which ``receive_broadcast`` takes a learner's NCCL broadcast straight into the running
+engine (``learners.weight_sync.WeightBroadcast``, backend "vllm").
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ class VLLMEngine:
                  max_model_len: int = 4096, **llm_kwargs: Any) -> None:
         # the engine core runs in this process (a Ray actor), not in a child process
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import torch
         from vllm import LLM
 
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # True: receive_broadcast works (the broadcast group then uses vLLM's NCCL transfer)
+        self.weight_transfer = self.device == "cuda" and _with_weight_transfer(llm_kwargs)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        logprobs_mode="processed_logprobs", **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
@@ -58,3 +67,52 @@ class VLLMEngine:
         weights = ((name, torch.as_tensor(t)) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    # vLLM's weight-transfer API (docs.vllm.ai "Weight Transfer", examples/rl/rlhf_nccl.py; vLLM
+    # >= 0.17 has init_weight_transfer_engine and update_weights, later versions add
+    # start_weight_update / finish_weight_update around them, which run the layer-wise reload).
+    # Only fields common to every version are sent: init_info {master_address, master_port,
+    # rank_offset, world_size} and update_info {names, dtype_names, shapes}, which leave the
+    # worker in its unpacked mode: one NCCL broadcast per tensor, in update_info's order.
+
+    def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Joins a trainer's NCCL group (rank 0 at host:port) as rank ``rank`` of
+        ``world_size``; returns once every member has joined. This engine is one vLLM worker
+        (tensor and pipeline parallel size 1), so its worker rank is ``rank`` itself."""
+        if not self.weight_transfer:
+            raise RuntimeError("this vllm engine has no NCCL weight transfer (it needs CUDA, one "
+                               "worker and a vLLM with vllm.config.WeightTransferConfig): load "
+                               "weights with load_weights instead")
+        self.llm.init_weight_transfer_engine({"init_info": {
+            "master_address": host, "master_port": port, "rank_offset": rank, "world_size": world_size}})
+
+    def receive_broadcast(self, update_info: dict) -> None:
+        """One push through vLLM's weight transfer: start_weight_update, update_weights (blocks
+        while the trainer broadcasts every tensor named in ``update_info``, in its order) and
+        finish_weight_update, then a prefix-cache reset. The whole push is one update, so the
+        layer-wise reload sees every checkpoint name."""
+        start = getattr(self.llm, "start_weight_update", None)
+        if start is not None:
+            start()
+        self.llm.update_weights({"update_info": update_info})
+        finish = getattr(self.llm, "finish_weight_update", None)
+        if finish is not None:
+            finish()
+        self.llm.reset_prefix_cache()
+
+
+def _with_weight_transfer(llm_kwargs: dict) -> bool:
+    """Asks for vLLM's NCCL weight transfer in ``llm_kwargs`` (in place) unless the caller chose
+    a config; True when the engine will have it. Needs one worker: its rank in the trainer's
+    group is then the actor's."""
+    workers = llm_kwargs.get("tensor_parallel_size", 1) * llm_kwargs.get("pipeline_parallel_size", 1)
+    if workers != 1:
+        return False
+    if "weight_transfer_config" in llm_kwargs:
+        return getattr(llm_kwargs["weight_transfer_config"], "backend", None) == "nccl"
+    try:
+        from vllm.config import WeightTransferConfig
+    except ImportError:  # a vLLM without the weight-transfer API
+        return False
+    llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+    return True

@@ -11,3 +11,4 @@ $PY -m pytest -m "gpu or vllm" tests -q -p no:cacheprovider
 echo "rollout (hf and vllm on the GPU):"; $PY benchmarks/rollout.py --json --device cuda
 echo "learner (DeepSpeed with NCCL over plain torch, on the GPU):"; $PY benchmarks/learner.py --json --gpus 1
 echo "advantages:"; $PY benchmarks/advantages.py --json
+echo "weight sync (NCCL broadcast, learner and hf engines on the GPU):"; $PY benchmarks/weight_sync.py --json --device cuda

@@ -7,7 +7,13 @@ actors report the new version, against one plain memory copy of the model's byte
 the same with the prefix ``broadcast_`` for the collective path (``broadcast_weights``: gloo). One untimed push first warms
 the object store's memory.
 
-    python benchmarks/weight_sync.py [--json] [--layers 20] [--hidden 768] [--repeats 3]
+``--device cuda`` (a GPU machine) times instead the NCCL broadcast (``broadcast_weights`` from a
+learner on the GPU to hf engines on the GPU) to 1 and 2 actors, against one device-to-device copy
+of the model's bytes: nccl_ratio_to_copy_1, nccl_ratio_to_copy_2 and nccl_two_over_one. On one
+GPU the learner and actors share it, which NCCL allows from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE);
+with an older NCCL the run reports nccl_skipped.
+
+    python benchmarks/weight_sync.py [--json] [--layers 20] [--hidden 768] [--repeats 3] [--device cuda]
 """
 
 from __future__ import annotations
@@ -33,65 +39,171 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--bucket-mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: the NCCL broadcast against a device-to-device copy")
     args = parser.parse_args()
 
-    import ray
-
-    from actors.buffer import ArrowBuffer
-    from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
     from gdpo_ray.tiny_model import build_tiny_model
-    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "m", hidden_size=args.hidden, layers=args.layers))
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-        learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2), num_learners=1)
-        params = sum(v.size for v in learners.call("get_weights")[0].values())
-        model_bytes = params * 4
-        source = np.ones(model_bytes, np.uint8)
-        target = np.empty_like(source)
-        results: dict[str, float] = {"params_m": params / 1e6, "model_mb": model_bytes / 1e6}
-        version = 0
-        for n in (1, 2):
-            rollouts = RolloutGroup(dict(model_path=model, group_size=2,
-                                         rewards=[{"name": "l", "fn": "length"}]),
-                                    n, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
-            ray.get([s.starting for s in rollouts.slots])
-            for method, prefix in ((learners.push_weights, ""), (learners.broadcast_weights, "broadcast_")):
-                version += 1
-                method(rollouts, version, bucket_bytes=args.bucket_mb << 20)  # warm-up
-                push, copy = [], []
-                for _ in range(args.repeats):
-                    version += 1
-                    start = time.perf_counter()
-                    method(rollouts, version, bucket_bytes=args.bucket_mb << 20)
-                    assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
-                    push.append(time.perf_counter() - start)
-                    start = time.perf_counter()
-                    np.copyto(target, source)
-                    copy.append(time.perf_counter() - start)
-                results[f"{prefix}push_s_{n}"] = min(push)
-                results[f"{prefix}memcpy_s_{n}"] = min(copy)
-                results[f"{prefix}ratio_to_memcpy_{n}"] = min(push) / min(copy)
-            rollouts.shutdown()
-        learners.shutdown()
-        ray.shutdown()
+        results = measure_nccl(args, model) if args.device == "cuda" else measure_cpu(args, model)
+    if args.json:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}))
+    elif args.device == "cuda":
+        print_nccl(results, args.repeats)
+    else:
+        print_cpu(results, args.repeats)
+
+
+def rollout_group(model: str, n: int, **options):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    return RolloutGroup(dict(model_path=model, group_size=2, rewards=[{"name": "l", "fn": "length"}],
+                             **options.pop("actor", {})),
+                        n, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1), **options)
+
+
+def timed_pushes(method, rollouts, version: int, args, copy) -> tuple[float, float, int]:
+    """(best push s, best copy s, last version): one untimed push, then ``args.repeats`` timed
+    pushes (until every actor reports the version), each beside one timed ``copy()``."""
+    import ray
+
+    n = len(rollouts.slots)
+    version += 1
+    method(rollouts, version, bucket_bytes=args.bucket_mb << 20)  # warm-up
+    push, copies = [], []
+    for _ in range(args.repeats):
+        version += 1
+        start = time.perf_counter()
+        method(rollouts, version, bucket_bytes=args.bucket_mb << 20)
+        assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
+        push.append(time.perf_counter() - start)
+        copies.append(copy())
+    return min(push), min(copies), version
+
+
+def measure_cpu(args, model: str) -> dict:
+    """Object-store push and gloo broadcast against one host memcpy."""
+    import ray
+
+    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2), num_learners=1)
+    params = sum(v.size for v in learners.call("get_weights")[0].values())
+    model_bytes = params * 4
+    source = np.ones(model_bytes, np.uint8)
+    target = np.empty_like(source)
+
+    def memcpy() -> float:
+        start = time.perf_counter()
+        np.copyto(target, source)
+        return time.perf_counter() - start
+
+    results: dict[str, float] = {"params_m": params / 1e6, "model_mb": model_bytes / 1e6}
+    version = 0
+    for n in (1, 2):
+        rollouts = rollout_group(model, n)
+        ray.get([s.starting for s in rollouts.slots])
+        for method, prefix in ((learners.push_weights, ""), (learners.broadcast_weights, "broadcast_")):
+            push, copy, version = timed_pushes(method, rollouts, version, args, memcpy)
+            results[f"{prefix}push_s_{n}"] = push
+            results[f"{prefix}memcpy_s_{n}"] = copy
+            results[f"{prefix}ratio_to_memcpy_{n}"] = push / copy
+        rollouts.shutdown()
+    learners.shutdown()
+    ray.shutdown()
     results["two_over_one"] = results["push_s_2"] / results["push_s_1"]
     results["broadcast_two_over_one"] = results["broadcast_push_s_2"] / results["broadcast_push_s_1"]
-    if args.json:
-        print(json.dumps({k: round(v, 4) for k, v in results.items()}))
-        return
+    return results
+
+
+def nccl_share() -> float | str:
+    """Each rank's GPU fraction (whole GPUs when there are 3), or why NCCL cannot run here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no CUDA GPU here"
+    if torch.cuda.device_count() >= 3:
+        return 1.0
+    version = tuple(torch.cuda.nccl.version()[:2])
+    if version < (2, 30):
+        return (f"{torch.cuda.device_count()} GPU(s) for 3 ranks and NCCL {version} < 2.30, which "
+                "refuses two ranks on one GPU")
+    return 0.25
+
+
+def measure_nccl(args, model: str) -> dict:
+    """NCCL broadcast (learner and hf engines on CUDA) against one device-to-device copy."""
+    import ray
+    import torch
+
+    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+    from learners.weight_sync import MULTI_RANK_GPU_ENV
+
+    share = nccl_share()
+    if isinstance(share, str):
+        return {"nccl_skipped": share}
+    os.environ.setdefault(MULTI_RANK_GPU_ENV, "1")  # before Ray starts: every worker inherits it
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), MULTI_RANK_GPU_ENV: "1"}})
+    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2), num_learners=1,
+                            num_gpus_per_learner=share)
+    params = sum(v.size for v in learners.call("get_weights")[0].values())
+    source = torch.ones(params * 4, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+
+    def device_copy() -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        target.copy_(source)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    results: dict = {"params_m": params / 1e6, "model_mb": params * 4 / 1e6}
+    version = 0
+    for n in (1, 2):
+        rollouts = rollout_group(model, n, actor={"engine_kwargs": {"device": "cuda"}}, num_gpus=share)
+        ray.get([s.starting for s in rollouts.slots])
+        push, copy, version = timed_pushes(learners.broadcast_weights, rollouts, version, args, device_copy)
+        if learners.broadcast_backend != "nccl":
+            raise SystemExit(f"the broadcast group fell back to {learners.broadcast_backend}, not NCCL")
+        results[f"nccl_push_s_{n}"] = push
+        results[f"nccl_copy_s_{n}"] = copy
+        results[f"nccl_ratio_to_copy_{n}"] = push / copy
+        rollouts.shutdown()
+    learners.shutdown()
+    ray.shutdown()
+    results["nccl_two_over_one"] = results["nccl_push_s_2"] / results["nccl_push_s_1"]
+    return results
+
+
+def print_cpu(results: dict, repeats: int) -> None:
     print(f"Push of a {results['params_m']:.0f}M-parameter model ({results['model_mb']:.0f} MB fp32), "
-          f"best of {args.repeats}:")
+          f"best of {repeats}:")
     for prefix, label in (("", "object store"), ("broadcast_", "gloo broadcast")):
         for n in (1, 2):
             print(f"  {label:14s} {n} actor(s): {results[f'{prefix}push_s_{n}']:.3f} s = "
                   f"{results[f'{prefix}ratio_to_memcpy_{n}']:.1f}x one memcpy of the bytes "
                   f"({results[f'{prefix}memcpy_s_{n}']:.3f} s)")
         print(f"  {label:14s} 2 actors cost {results[f'{prefix}two_over_one']:.2f}x one actor (aim < 1.5)")
+
+
+def print_nccl(results: dict, repeats: int) -> None:
+    if "nccl_skipped" in results:
+        print(f"NCCL broadcast not measured: {results['nccl_skipped']}")
+        return
+    print(f"NCCL broadcast of a {results['params_m']:.0f}M-parameter model ({results['model_mb']:.0f} MB "
+          f"fp32), best of {repeats}:")
+    for n in (1, 2):
+        print(f"  {n} actor(s): {results[f'nccl_push_s_{n}']:.4f} s = {results[f'nccl_ratio_to_copy_{n}']:.1f}x "
+              f"one device-to-device copy of the bytes ({results[f'nccl_copy_s_{n}'] * 1e3:.2f} ms)")
+    print(f"  2 actors cost {results['nccl_two_over_one']:.2f}x one actor")
 
 
 if __name__ == "__main__":

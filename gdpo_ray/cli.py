@@ -48,6 +48,17 @@ def _distinct_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from gdpo_ray.train import TrainingRun
+
+    try:
+        run = TrainingRun.from_args(args.config, args.overrides, resume=args.resume)
+    except ValueError as err:  # a bad config fails here, before Ray or any actor starts
+        print(f"gdpo-ray train: {err}", file=sys.stderr)
+        return 2
+    return run.run()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gdpo-ray", description="Multi-reward RL for LLMs with GDPO on Ray."
@@ -72,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     distinct.add_argument("--plot", metavar="PNG", help="write the figure to this PNG file")
     distinct.add_argument("--json", action="store_true", help="print one JSON object")
     distinct.set_defaults(run=_distinct_groups)
+
+    train = commands.add_parser(
+        "train", help="train a policy with GDPO (no argument: the CPU demo)",
+        description="Train with GDPO. CONFIG is a packaged preset (demo, smollm2_math) or a YAML "
+        "file; overrides are OmegaConf dotlist items such as training.lr=1e-5 run.steps=10. "
+        "Outputs go under one run directory, printed at start and end.")
+    train.add_argument("config", nargs="?", default=None, help="preset name or YAML path (default: demo)")
+    train.add_argument("overrides", nargs="*", help="section.key=value items")
+    train.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint directory")
+    train.set_defaults(run=_train)
     return parser
 
 

@@ -307,22 +307,54 @@ class DeepSpeedLearner:
                 refs.append(ray.put(bucket))
         return (refs, peak) if self.rank == 0 else None
 
-    def open_broadcast(self, host: str, port: int, world_size: int) -> None:
-        """Rank 0 joins a weight broadcast group as its root (with the rollout actors)."""
+    def open_broadcast(self, host: str, port: int, world_size: int) -> str:
+        """Rank 0 joins a weight broadcast group as its root (with the rollout actors),
+        proposing NCCL on CUDA and gloo on CPU; returns the backend the group agreed on
+        (``learners.weight_sync.WeightBroadcast``)."""
         from learners.weight_sync import WeightBroadcast
 
-        self.broadcast = WeightBroadcast(host, port, 0, world_size)
+        if getattr(self, "broadcast", None) is not None:
+            self.broadcast.close()
+        self.broadcast = WeightBroadcast(host, port, 0, world_size,
+                                         backend="nccl" if self.device.type == "cuda" else "gloo")
+        return self.broadcast.backend
 
     def broadcast_weights(self, bucket_bytes: int) -> int | None:
-        """Every rank gathers (ZeRO-3); rank 0 broadcasts the buckets. Returns the peak bucket."""
+        """Every rank gathers (ZeRO-3); rank 0 broadcasts: host buckets over gloo, device
+        buckets over NCCL, or one tensor at a time into vLLM's weight transfer. Returns the
+        largest bucket's (vllm: tensor's) bytes on rank 0, None elsewhere."""
         from learners.weight_sync import pack_buckets
 
-        buckets = pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes)
-        if self.rank == 0:
-            return self.broadcast.send(buckets)
-        for _ in buckets:  # the other ranks take part in the gathers only
-            pass
-        return None
+        if self.rank != 0:
+            if self.config.zero_stage == 3:  # the other ranks take part in the gathers only
+                for _ in self._device_params():
+                    pass
+            return None
+        if self.broadcast.backend == "gloo":
+            return self.broadcast.send(pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes))
+        if self.broadcast.backend == "nccl":
+            return self.broadcast.send(pack_buckets(self._device_params(), bucket_bytes, on_device=True))
+        return self.broadcast.send_tensors(self._device_params(), self._weight_metadata())
+
+    def _device_params(self):
+        """(name, full float32 tensor on this learner's device) of every state-dict entry, in
+        ``_full_params(checkpoint_names=True)``'s order, gathered one at a time under ZeRO-3 (a
+        collective: call on all ranks)."""
+        for name, param in self.engine.module.state_dict(keep_vars=True).items():
+            if self.config.zero_stage == 3 and hasattr(param, "ds_id"):
+                with self.deepspeed.zero.GatheredParameters([param]):
+                    yield name, param.detach().float().clone()
+            else:
+                yield name, param.detach().float()
+
+    def _weight_metadata(self) -> dict:
+        """vLLM's ``update_info`` for ``_device_params`` (names, dtype names, full shapes; a
+        ZeRO-3 partition keeps its full shape in ``ds_shape``), read without gathering."""
+        names, shapes = [], []
+        for name, param in self.engine.module.state_dict(keep_vars=True).items():
+            names.append(name)
+            shapes.append(list(param.ds_shape if hasattr(param, "ds_shape") else param.shape))
+        return {"names": names, "dtype_names": ["float32"] * len(names), "shapes": shapes}
 
     def get_weights(self) -> dict[str, np.ndarray] | None:
         """Full weights on rank 0 (None elsewhere); every rank must call it."""
@@ -397,7 +429,12 @@ class LearnerGroup:
 
         self._ray = ray
         bundle = {"CPU": num_cpus_per_learner, **({"GPU": num_gpus_per_learner} if num_gpus_per_learner else {})}
-        self.pg = placement_group([bundle] * num_learners, strategy="PACK")
+        # inside a Ray Tune trial the learners take bundles of the trial's own placement group
+        # (GDPO.default_resource_request reserved them); a second group would wait forever
+        current = ray.util.get_current_placement_group()
+        self.pg, self._own_pg = current, current is None
+        if self._own_pg:
+            self.pg = placement_group([bundle] * num_learners, strategy="PACK")
         ray.get(self.pg.ready())
         cls = ray.remote(DeepSpeedLearner)
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
@@ -405,7 +442,8 @@ class LearnerGroup:
         self.learners = [
             cls.options(num_cpus=num_cpus_per_learner, num_gpus=num_gpus_per_learner, runtime_env=env,
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=self.pg, placement_group_bundle_index=i)).remote(config, i, num_learners)
+                            placement_group=self.pg, placement_group_bundle_index=i if self._own_pg else -1,
+                        )).remote(config, i, num_learners)
             for i in range(num_learners)]
         addr, port = ray.get(self.learners[0].address.remote())
         ray.get([learner.setup.remote(addr, port) for learner in self.learners])
@@ -413,13 +451,17 @@ class LearnerGroup:
     def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
         """Whole groups (GroupRefs) and the advantages of their rows, split across learners;
         returns rank 0's metrics (global values)."""
+        return self._ray.get(self.update_async(groups, advantages))[0]
+
+    def update_async(self, groups: Sequence[Any], advantages: np.ndarray) -> list[Any]:
+        """``update`` without waiting: the ObjectRefs of every learner's metrics (rank 0 first)."""
         sizes = [g.stop - g.start for g in groups]
         starts = np.concatenate(([0], np.cumsum(sizes)))
         calls = []
         for learner, share in zip(self.learners, split_groups(sizes, len(self.learners))):
             rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
             calls.append(learner.update.remote([groups[g] for g in share], rows))
-        return self._ray.get(calls)[0]
+        return calls
 
     def push_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
         """New weights to every rollout actor (``RolloutGroup.on_update``); returns the largest
@@ -429,15 +471,17 @@ class LearnerGroup:
         return peak
 
     def broadcast_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
-        """New weights to every rollout actor over a gloo (NCCL on GPU) broadcast from learner
-        rank 0, bypassing the object store; the group is (re)built when the actors changed.
-        Returns the largest bucket's bytes."""
+        """New weights to every rollout actor over a broadcast from learner rank 0, bypassing
+        the object store: NCCL when learner and engines are all on CUDA (vLLM engines through
+        vLLM's weight transfer), else gloo; ``self.broadcast_backend`` says which. The group is
+        (re)built when the actors changed. Returns the largest bucket's bytes."""
         actors = [s.handle for s in rollouts.slots]
         if getattr(self, "_broadcast_members", None) != actors:
             host, port = self._ray.get(self.learners[0].address.remote())
             world = 1 + len(actors)
-            self._ray.get([self.learners[0].open_broadcast.remote(host, port, world)] +
-                          [a.join_broadcast.remote(host, port, i + 1, world) for i, a in enumerate(actors)])
+            agreed = self._ray.get([self.learners[0].open_broadcast.remote(host, port, world)] +
+                                   [a.join_broadcast.remote(host, port, i + 1, world) for i, a in enumerate(actors)])
+            self.broadcast_backend = agreed[0]
             self._broadcast_members = actors
         receiving = [a.receive_weights.remote(version) for a in actors]
         peak = self._ray.get([learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners])[0]
@@ -454,4 +498,5 @@ class LearnerGroup:
 
         for learner in self.learners:
             self._ray.kill(learner)
-        remove_placement_group(self.pg)
+        if self._own_pg:
+            remove_placement_group(self.pg)

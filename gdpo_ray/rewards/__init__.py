@@ -7,8 +7,8 @@ rollout's, at least ``ground_truth`` and ``response_length`` (tokens).
 ``get(name, **params)`` returns a ready function: a built-in by name, a user function by
 import path ``package.module:function`` (its params bound as keywords), or a verl-style
 ``compute_score`` by ``verl:package.module:function``. Built-ins:
-``toolrl_format``, ``toolrl_correctness``, ``math_correctness``, ``length``, ``code_passrate``,
-``code_bug``. ``from_verl`` adapts verl's ``compute_score``.
+``toolrl_format``, ``toolrl_correctness``, ``math_correctness``, ``length``, ``regex``,
+``code_passrate``, ``code_bug``. ``from_verl`` adapts verl's ``compute_score``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gdpo_ray.registry import Registry
-from gdpo_ray.rewards import code, length, math_answer, toolrl
+from gdpo_ray.rewards import code, length, math_answer, pattern, toolrl
 from gdpo_ray.rewards.adapters import RewardFn, bind_params, from_verl, import_object, to_floats
 from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check_specs
 
@@ -26,6 +26,7 @@ REWARDS.register("toolrl_format")(toolrl.toolrl_format)
 REWARDS.register("toolrl_correctness")(toolrl.toolrl_correctness)
 REWARDS.register("math_correctness")(math_answer.math_correctness)
 REWARDS.register("length")(length.length)
+REWARDS.register("regex")(pattern.regex)
 REWARDS.register("code_passrate")(code.code_passrate)
 REWARDS.register("code_bug")(code.code_bug)
 

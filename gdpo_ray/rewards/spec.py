@@ -40,6 +40,8 @@ class RewardSpec:
         if "name" not in d:
             raise ValueError(f"a reward needs a name: {dict(d)}")
         cond = d.get("condition")
+        if isinstance(cond, Mapping) and True in cond:  # YAML 1.1 reads an unquoted `on:` as True
+            cond = {("on" if k is True else k): v for k, v in cond.items()}
         if cond is not None and not isinstance(cond, Condition):
             if not isinstance(cond, Mapping) or set(cond) != {"on", "min"}:
                 raise ValueError(f"reward {d['name']!r}: condition must be {{on: <reward name>, min: <threshold>}}; got {cond!r}")

@@ -1,13 +1,22 @@
 """The GPU paths (run by benchmarks/gpu_check.sh on a machine with a CUDA GPU; skipped elsewhere).
 
 The same code as on CPU, on the device: the hf engine's logprobs, a DeepSpeed learner with NCCL,
-and the vLLM engine of the official wheel."""
+the vLLM engine of the official wheel, and weights broadcast from the learner over NCCL (into an
+hf engine, and into a vLLM engine through vLLM's weight transfer)."""
+
+import os
 
 import numpy as np
 import pytest
 import torch
 
+from learners.weight_sync import MULTI_RANK_GPU_ENV
+
 pytestmark = pytest.mark.gpu
+
+# A learner and a rollout actor sharing one GPU form an NCCL group only with NCCL's multi-rank
+# switch; set before the session's Ray cluster starts, so that every Ray worker inherits it.
+os.environ.setdefault(MULTI_RANK_GPU_ENV, "1")
 
 
 def test_hf_engine_on_cuda_matches_a_forward_pass(tiny_model_dir):
@@ -25,11 +34,14 @@ def test_hf_engine_on_cuda_matches_a_forward_pass(tiny_model_dir):
         np.testing.assert_allclose(s.logprobs, expected.cpu().numpy(), atol=1e-3)
 
 
-def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir):
+ADV = np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def gpu_batch(ray_cluster):
+    """4 groups x 4 rollouts of random tokens in the object store (GroupRefs)."""
     from actors.buffer import GroupRef
     from gdpo_ray.batch import GroupData, build_groups, group_bounds
-    from gdpo_ray.losses import PolicyLossConfig
-    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
 
     rng = np.random.default_rng(0)
     groups = []
@@ -42,12 +54,24 @@ def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir
                                 reward_errors=[[""]] * 4))
     batch = build_groups(groups, ["r"])
     ref = ray_cluster.put(batch)
-    refs = [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
-    learners = LearnerGroup(LearnerConfig(model_path=tiny_model_dir, zero_stage=2, lr=1e-3, epochs=4,
-                                          loss=PolicyLossConfig(is_cap=None)),
-                            num_learners=1, num_gpus_per_learner=1)
+    return [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
+
+
+def learner_config(model_dir, **kw):
+    from gdpo_ray.losses import PolicyLossConfig
+    from learners.deepspeed_learner import LearnerConfig
+
+    kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(is_cap=None), **kw}
+    return LearnerConfig(model_path=model_dir, **kw)
+
+
+def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir, gpu_batch):
+    from learners.deepspeed_learner import LearnerGroup
+
+    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2), num_learners=1,
+                            num_gpus_per_learner=1)
     try:
-        m = learners.update(refs, np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32))
+        m = learners.update(gpu_batch, ADV)
     finally:
         learners.shutdown()
     assert m["loss_last"] < m["loss_first"]
@@ -70,3 +94,100 @@ def test_official_vllm_on_gpu_matches_a_forward_pass(tiny_model_dir):
             logits = model(ids).logits[0, len(prompt) - 1:-1].float()
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(s.token_ids)[:, None])[:, 0]
         np.testing.assert_allclose(s.logprobs, expected.numpy(), atol=2e-3)
+
+
+# -- weights out over NCCL -----------------------------------------------------------------------
+
+def gpu_shares() -> dict:
+    """GPU fractions of a learner and of a rollout actor: whole GPUs where there are two; else
+    shares of one, where NCCL admits both ranks only from 2.30 on (MULTI_RANK_GPU_ENV)."""
+    if torch.cuda.device_count() >= 2:
+        return {"learner": 1, "actor": 1}
+    if tuple(torch.cuda.nccl.version()[:2]) < (2, 30):
+        pytest.skip(f"one GPU, and NCCL {torch.cuda.nccl.version()} (< 2.30) refuses two ranks on "
+                    "it (Duplicate GPU detected): needs 2 GPUs")
+    return {"learner": 0.4, "actor": 0.3}
+
+
+def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    return RolloutGroup(dict(model_path=model_dir, group_size=2,
+                             rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+                             **actor_kwargs),
+                        1, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1),
+                        num_gpus=num_gpus)
+
+
+def greedy_with(model_dir, weights, prompts, max_tokens):
+    """Greedy decode of chat-templated prompts by an hf engine (CPU) holding ``weights``."""
+    from actors.engines import HFEngine
+
+    engine = HFEngine(model_dir)
+    engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())
+    template = engine.tokenizer.apply_chat_template
+    ids = [engine.tokenizer(template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                     tokenize=False), add_special_tokens=False)["input_ids"] for p in prompts]
+    return engine.greedy(ids, max_tokens)
+
+
+def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir, gpu_batch):
+    from learners.deepspeed_learner import LearnerGroup
+
+    shares = gpu_shares()
+    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=1,
+                            num_gpus_per_learner=shares["learner"])
+    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine_kwargs={"device": "cuda"})
+    actor = rollouts.slots[0].handle
+    try:
+        ray_cluster.get(rollouts.slots[0].starting)
+        pushes = []
+        for version in (1, 2):  # the second push reuses the group
+            learners.update(gpu_batch, ADV)
+            peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
+            pushes.append((ray_cluster.get(actor.weights_digest.remote()),
+                           ray_cluster.get(actor.policy_version.remote()), learners.call("weights_digest")[0]))
+        backend = learners.broadcast_backend
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert backend == "nccl"
+    assert 0 < peak <= 128 << 10  # the largest parameter (the 384 x 64 float32 embedding) is 96 KiB
+    for version, (digest, actor_version, learner_digest) in zip((1, 2), pushes):
+        assert digest == learner_digest and actor_version == version
+    assert pushes[0][2] != pushes[1][2]
+
+
+def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray_cluster, tiny_model_dir,
+                                                                              gpu_batch):
+    pytest.importorskip("vllm")
+    from learners.deepspeed_learner import LearnerGroup
+
+    shares = gpu_shares()
+    # ZeRO-3: the announced shapes come from ds_shape, the tensors from one gather at a time
+    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=3, epochs=1, lr=0.05,
+                                           micro_batch_tokens=64),
+                            num_learners=1, num_gpus_per_learner=shares["learner"])
+    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine="vllm", engine_kwargs={
+        "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "gpu_memory_utilization": 0.3})
+    actor = rollouts.slots[0].handle
+    prompts = ["What is 1 + 1?", "Name a color.", "Count to three."]
+    try:
+        ray_cluster.get(rollouts.slots[0].starting)
+        greedy_before = ray_cluster.get(actor.greedy.remote(prompts, 8))
+        for _ in range(3):  # a large step, so that the random tiny model's greedy choice moves
+            learners.update(gpu_batch, ADV)
+        learners.broadcast_weights(rollouts, 1)
+        greedy_after = ray_cluster.get(actor.greedy.remote(prompts, 8))
+        version = ray_cluster.get(actor.policy_version.remote())
+        weights = learners.call("get_weights")[0]
+        backend = learners.broadcast_backend
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert backend == "vllm" and version == 1
+    # the engine decodes as the learner's weights do, not as before
+    expected = greedy_with(tiny_model_dir, weights, prompts, 8)
+    assert greedy_after == expected and expected != greedy_before

@@ -1,0 +1,447 @@
+"""GDPO as an RLlib algorithm: ``GDPOConfig`` (builder sections, validation) and ``GDPO``.
+
+``GDPO.training_step`` runs five named, timed phases (DESIGN.md §2):
+
+1. take_groups: B complete groups from the ArrowBuffer (the rollout actors keep generating in the
+   background, within the staleness bound; dynamic sampling drops groups in which no reward
+   varies and refills);
+2. advantages: GDPO advantages over the step's B groups, on the driver (only the reward column
+   is read: the payload stays in the object store);
+3. update: the DeepSpeed learners' policy update (the rollout group is pumped meanwhile, so
+   generation for the next step overlaps learning when max_staleness >= 1);
+4. push_weights: new weights (version + 1) to every rollout actor; too-stale groups re-issued;
+5. metrics: per-step metrics into ``self.metrics``, prompts marked trained, and the automatic
+   checkpoint every ``checkpoint_every`` steps.
+
+RLlib's own machinery (env runners, RLModules, its LearnerGroup) is not built: ``setup`` sets the
+attributes the base class reads and builds gdpo-ray's actors instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.utils.checkpoints import Checkpointable
+
+from gdpo_ray import config as fields
+from gdpo_ray import metrics as step_metrics
+
+logger = logging.getLogger(__name__)
+
+
+def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
+    allowed = fields.section_fields(section)
+    for key, value in values.items():
+        if value is NotProvided:
+            continue
+        if key not in allowed:
+            raise TypeError(f"unknown setting {key!r} of .{section}(); settings: {allowed}")
+        setattr(self, key, value)
+    return self
+
+
+class GDPOConfig(AlgorithmConfig):
+    """RLlib config of GDPO. The fields and their defaults are ``gdpo_ray.config.FIELDS``.
+
+    >>> config = (GDPOConfig()
+    ...           .llm(model_path="demo")
+    ...           .data(prompts="task:addition")
+    ...           .training(group_size=8, prompts_per_step=8, lr=1e-4,
+    ...                     rewards=[{"name": "correct", "fn": "math_correctness"}])
+    ...           .env_runners(num_env_runners=1)
+    ...           .learners(num_learners=1))
+    >>> algo = config.build_algo(); algo.train()
+    """
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        super().__init__(algo_class=algo_class or GDPO)
+        for name, f in fields.FIELDS.items():
+            setattr(self, name, f.default.copy() if isinstance(f.default, (list, dict)) else f.default)
+        self.lr = 1e-6
+        self.grad_clip = 1.0
+        self.num_epochs = 1
+        self.num_env_runners = 1
+        self.num_learners = 1
+        self.num_cpus_per_learner = 1
+        self.min_time_s_per_iteration = None
+        self.min_sample_timesteps_per_iteration = 0
+        self.min_train_timesteps_per_iteration = 0
+
+    def training(self, **kwargs: Any) -> "GDPOConfig":
+        """GDPO's fields of section ``training`` (see ``gdpo_ray.config.FIELDS``) and RLlib's own
+        training arguments (``lr``, ``grad_clip``, ``num_epochs``, ...)."""
+        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in fields.FIELDS}
+        super().training(**kwargs)
+        return _section(self, "training", ours)
+
+    def llm(self, **kwargs: Any) -> "GDPOConfig":
+        """The policy model: ``model_path``, ``chat_template``, ``max_prompt_tokens``."""
+        return _section(self, "llm", kwargs)
+
+    def generation(self, **kwargs: Any) -> "GDPOConfig":
+        """The rollout engine and sampling: ``engine``, ``temperature``, ``max_tokens``, ..."""
+        return _section(self, "generation", kwargs)
+
+    def data(self, **kwargs: Any) -> "GDPOConfig":
+        """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``prompt_column``, ..."""
+        return _section(self, "data", kwargs)
+
+    def validate(self) -> None:
+        fields.check(self)  # ours first: their messages name the fix
+
+    @property
+    def learner_config(self):
+        from learners.deepspeed_learner import LearnerConfig
+
+        return LearnerConfig(
+            model_path=self.model_path, zero_stage=self.zero_stage, precision=self.precision,
+            lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
+            micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
+            epochs=self.num_epochs, temperature=self.temperature,
+            loss=fields.policy_loss_config(self), seed=self.seed or 0, num_threads=self.num_threads)
+
+    @property
+    def rollout_actor_kwargs(self) -> dict:
+        return dict(model_path=self.model_path, rewards=list(self.rewards), group_size=self.group_size,
+                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs),
+                    sampling=fields.sampling_params(self), chat_template=self.chat_template,
+                    max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
+                    num_threads=self.num_threads, seed=self.seed or 0)
+
+
+class GDPO(Algorithm):
+    """The GDPO algorithm (see the module docstring for the phases)."""
+
+    @classmethod
+    def get_default_config(cls) -> GDPOConfig:
+        return GDPOConfig(cls)
+
+    @classmethod
+    def default_resource_request(cls, config: Any):
+        """The driver, the rollout actors and the learners, as one placement group (Tune)."""
+        from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+        if not isinstance(config, GDPOConfig):
+            config = cls.get_default_config().update_from_dict(config)
+        rollout = {"CPU": config.num_cpus_per_env_runner, "GPU": config.num_gpus_per_env_runner,
+                   **config.custom_resources_per_env_runner}
+        learner = {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner}
+        bundles = [{"CPU": config.num_cpus_for_main_process}]
+        bundles += [rollout] * config.num_env_runners + [learner] * max(1, config.num_learners)
+        return PlacementGroupFactory([{k: v for k, v in b.items() if v} for b in bundles],
+                                     strategy=config.placement_strategy)
+
+    # ---------------------------------------------------------------------------------------
+    # setup and teardown
+
+    def setup(self, config: GDPOConfig) -> None:
+        from ray.rllib.utils import force_list
+
+        from actors.buffer import ArrowBuffer
+        from actors.prompts import PromptSource
+        from gdpo_ray.rewards import RewardSpec
+
+        # RLlib's setup() would build env runners and an RLModule learner group: not ours.
+        self.callbacks = [cls() for cls in force_list(self.config.callbacks_class)]
+        self.env_runner_group = self.eval_env_runner_group = None
+        self.evaluation_config = None
+        self.offline_data = None
+        self._set_up_metrics()
+        c = self.config
+        self.reward_names = [RewardSpec.from_dict(r).name for r in c.rewards]
+        self.reward_weights = np.array([RewardSpec.from_dict(r).weight for r in c.rewards], np.float32)
+        self.model_path = resolve_model_path(c.model_path)
+        self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
+                                    id_column=c.id_column, seed=c.seed or 0)
+        self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
+        self.policy_version = 0
+        self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}
+        self.update_intervals: list[tuple[float, float]] = []
+        self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
+        self._last_checkpoint: str | None = None
+        self.learners = self._build_learners()
+        self.rollouts = self._build_rollouts()
+        self._initial_state = self.get_state()
+        self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
+
+    def _build_learners(self):
+        from learners.deepspeed_learner import LearnerGroup
+
+        c = self.config
+        return LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
+                            num_cpus_per_learner=c.num_cpus_per_learner,
+                            num_gpus_per_learner=c.num_gpus_per_learner)
+
+    def _build_rollouts(self):
+        from actors.rollout import RolloutGroup
+
+        c = self.config
+        return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path)),
+                            num_actors=c.num_env_runners, prompts=self.prompts, buffer=self.buffer,
+                            prompts_per_call=c.prompts_per_call, calls_per_actor=c.calls_per_actor,
+                            num_cpus=c.num_cpus_per_env_runner, num_gpus=c.num_gpus_per_env_runner,
+                            resources=c.custom_resources_per_env_runner)
+
+    def _with_model(self, learner_config):
+        import dataclasses
+
+        return dataclasses.replace(learner_config, model_path=str(self.model_path))
+
+    def _callback(self, name: str, **kwargs: Any) -> None:
+        from ray.rllib.callbacks.utils import make_callback
+
+        make_callback(name, callbacks_objects=self.callbacks,
+                      callbacks_functions=getattr(self.config, f"callbacks_{name}", None), kwargs=kwargs)
+
+    def cleanup(self) -> None:
+        for part in ("rollouts", "learners"):
+            obj = getattr(self, part, None)
+            if obj is not None:
+                try:
+                    obj.shutdown()
+                except Exception as err:  # noqa: BLE001 - teardown goes on
+                    logger.warning("shutting down %s: %s", part, err)
+                setattr(self, part, None)
+
+    def restore_env_runners(self, env_runner_group: Any) -> list:
+        return []  # the RolloutGroup replaces dead rollout actors itself
+
+    # ---------------------------------------------------------------------------------------
+    # the training step
+
+    def training_step(self) -> None:
+        import ray
+
+        c, timers, step = self.config, {}, self.policy_version
+        with _timed(timers, "take_groups"):
+            groups, batches, filtered = self._take_groups()
+        with _timed(timers, "advantages"):
+            rewards, index = _rewards_and_index(batches)
+            details = _advantage_details(rewards, index, c, self.reward_weights)
+        try:
+            with _timed(timers, "update"):
+                learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
+        except ray.exceptions.RayActorError as err:
+            self._recover(err)
+            return None
+        with _timed(timers, "push_weights"):
+            self._push_weights()
+        with _timed(timers, "metrics"):
+            self.prompts.mark_trained([g.group_id for g in groups])
+            self.counters["trained_groups"] += len(groups)
+            values = self._step_metrics(step, groups, batches, rewards, details, filtered)
+            values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+            if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
+                self._last_checkpoint = self.save_to_path(
+                    str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
+        values.update({f"timing/{k}_s": v for k, v in timers.items()})
+        values["timing/step_s"] = sum(timers.values())
+        for key, value in values.items():
+            self.metrics.log_value(key, value, reduce="mean", window=1)
+        return None
+
+    def _take_groups(self):
+        """B groups (fewer only if dynamic sampling ran out of refills) and their record batches."""
+        from actors.rollout import read_groups
+
+        c = self.config
+        kept, batches, filtered = [], [], 0
+        for _ in range(c.max_refills + 1):
+            need = c.prompts_per_step - len(kept)
+            self.rollouts.wait_for(need)
+            taken = self.buffer.take(need)
+            got = read_groups(taken)
+            if c.dynamic_sampling:
+                informative = _informative(got, c)
+                for g, ok in zip(taken, informative):
+                    if not ok:
+                        self.prompts.mark_filtered(g.group_id, "no reward varies within the group")
+                self.buffer.release(int((~informative).sum()))
+                filtered += int((~informative).sum())
+                taken = [g for g, ok in zip(taken, informative) if ok]
+                got = [b for b, ok in zip(got, informative) if ok]
+            kept += taken
+            batches += got
+            if len(kept) == c.prompts_per_step or not c.dynamic_sampling:
+                break
+        self.counters["filtered_groups"] += filtered
+        if not kept:
+            raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
+                               "rounds: no reward varies within any group; raise max_refills, "
+                               "group_size or temperature, or turn dynamic_sampling off")
+        return kept, batches, filtered
+
+    def _update(self, groups, advantages: np.ndarray) -> dict:
+        """The learner update; the rollout group is pumped while it runs (overlap)."""
+        import ray
+
+        start = time.time()
+        refs = self.learners.update_async(groups, advantages)
+        while ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+            self.rollouts.pump(timeout=0.05)
+        self.update_intervals.append((start, time.time()))
+        return ray.get(refs)[0]
+
+    def _push_weights(self) -> None:
+        c = self.config
+        self.policy_version += 1
+        bucket = int(c.weight_bucket_mb) << 20
+        if c.weight_sync == "broadcast":
+            self.learners.broadcast_weights(self.rollouts, self.policy_version, bucket)
+        else:
+            self.learners.push_weights(self.rollouts, self.policy_version, bucket)
+
+    def _step_metrics(self, step, groups, batches, rewards, details, filtered) -> dict:
+        lengths = np.concatenate([b.column("response_length").to_numpy() for b in batches])
+        reasons = [r for b in batches for r in b.column("finish_reason").to_pylist()]
+        values = {"step": float(self.policy_version), "groups": float(len(groups)),
+                  "filtered_groups": float(filtered),
+                  "tokens": float(lengths.sum()), "prompt_epoch": float(self.prompts.epoch)}
+        values |= step_metrics.reward_metrics(rewards, self.reward_names)
+        values |= step_metrics.advantage_metrics(details, self.reward_names)
+        values |= step_metrics.length_metrics(lengths, reasons)
+        values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
+        stats = self.rollouts.stats
+        values |= {"rollout/dropped_stale": float(self.buffer.dropped_stale),
+                   "rollout/reissued": float(stats["reissued"]),
+                   "rollout/actor_restarts": float(stats["actor_restarts"]),
+                   "rollout/prompts_filtered": float(stats["filtered"]),
+                   "learner_recoveries": float(self.counters["learner_recoveries"])}
+        return values
+
+    # ---------------------------------------------------------------------------------------
+    # faults
+
+    def _recover(self, err: Exception) -> None:
+        """A learner died: new learners, then the last checkpoint (or the start) restored."""
+        logger.warning("a learner died (%s); recovering from %s", err,
+                       self._last_checkpoint or "the start of the run")
+        self.counters["learner_recoveries"] += 1
+        recoveries = self.counters["learner_recoveries"]
+        try:
+            self.learners.shutdown()
+        except Exception:  # noqa: BLE001 - some of them are dead already
+            pass
+        self.learners = self._build_learners()
+        if self._last_checkpoint:
+            self.restore_from_path(self._last_checkpoint)
+        else:
+            self.rollouts.discard_in_flight()
+            self.set_state(self._initial_state)
+            self.learners.push_weights(self.rollouts, self.policy_version,
+                                       int(self.config.weight_bucket_mb) << 20)
+        self.counters["learner_recoveries"] = recoveries
+
+    # ---------------------------------------------------------------------------------------
+    # checkpoints: the driver's state (prompts, buffer, counters) in RLlib's state file, the
+    # learners' DeepSpeed checkpoint (model, optimizer, scheduler, RNG, step) beside it
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        in_buffer = [g.group_id for g in self.buffer._entries]
+        return {"policy_version": self.policy_version, "iteration": self.iteration,
+                "prompts": self.prompts.state_dict(in_buffer=in_buffer),
+                "buffer": self.buffer.state_dict(), "counters": dict(self.counters),
+                "rollout_stats": dict(self.rollouts.stats) if getattr(self, "rollouts", None) else {}}
+
+    def set_state(self, state: dict) -> None:
+        self.policy_version = state["policy_version"]
+        self._iteration = state["iteration"]
+        self.prompts.load_state_dict(state["prompts"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.counters = dict(state["counters"])
+        if getattr(self, "rollouts", None) and state.get("rollout_stats"):
+            self.rollouts.stats.update(state["rollout_stats"])
+
+    def get_checkpointable_components(self) -> list:
+        return []
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        path = Checkpointable.save_to_path(self, path, state=state, filesystem=filesystem,
+                                           use_msgpack=use_msgpack)
+        self.learners.call("save_checkpoint", str(pathlib.Path(path) / "learner"))
+        return path
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
+        Checkpointable.restore_from_path(self, path, *args, **kwargs)
+        self.learners.call("load_checkpoint", str(pathlib.Path(path) / "learner"))
+        self.learners.push_weights(self.rollouts, self.policy_version,
+                                   int(self.config.weight_bucket_mb) << 20)
+
+    def export_policy(self, path: str) -> str:
+        """The current policy as a Hugging Face model directory (from_pretrained / vLLM)."""
+        self.learners.call("export_hf", str(path))
+        return str(path)
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+
+
+class _timed:
+    def __init__(self, timers: dict, name: str) -> None:
+        self.timers, self.name = timers, name
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timers[self.name] = time.perf_counter() - self.start
+
+
+def _rewards_and_index(batches) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] rewards of the step's rollouts (groups contiguous) and their [N] group index."""
+    rewards = np.concatenate([
+        b.column("rewards").flatten().to_numpy(zero_copy_only=False).reshape(b.num_rows, -1)
+        for b in batches])
+    index = np.repeat(np.arange(len(batches)), [b.num_rows for b in batches])
+    return rewards, index
+
+
+def _advantage_details(rewards, index, c, weights):
+    from gdpo_ray.advantages import compute_advantage_details
+
+    return compute_advantage_details(rewards, index, estimator=c.estimator, weights=weights, eps=c.eps)
+
+
+def _informative(batches, c) -> np.ndarray:
+    """[B] bool: some reward varies within the group (its pre-batch-norm advantages are not all 0)."""
+    from gdpo_ray.advantages import compute_advantage_details
+
+    rewards, index = _rewards_and_index(batches)
+    details = compute_advantage_details(rewards, index, estimator=c.estimator, eps=c.eps)
+    return ~details.zero_spread.all(axis=1)
+
+
+def resolve_model_path(spec: str) -> pathlib.Path:
+    """``demo`` (the warm-started tiny model), ``tiny`` (random), ``smollm2`` or a directory."""
+    if spec == "demo":
+        from gdpo_ray.warm_start import demo_model_dir
+
+        return demo_model_dir()
+    if spec == "smollm2":
+        from gdpo_ray.pretrained import smollm2_dir
+
+        return smollm2_dir()
+    if spec == "tiny":
+        from gdpo_ray.tiny_model import build_tiny_model
+
+        target = pathlib.Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
+        return target if (target / "config.json").exists() else build_tiny_model(target)
+    return pathlib.Path(spec)
+
+
+def load_prompts(c: GDPOConfig) -> Any:
+    from gdpo_ray.tasks import task_rows
+
+    if isinstance(c.prompts, str) and c.prompts.startswith("task:"):
+        return task_rows(c.prompts, c.num_prompts, c.seed or 0)
+    return c.prompts

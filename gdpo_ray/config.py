@@ -1,0 +1,214 @@
+"""The GDPO settings: one table of fields (section, default, one-line doc), their checks, and
+the YAML presets.
+
+``GDPOConfig`` (``gdpo_ray.algorithm``) is an RLlib ``AlgorithmConfig``; the fields below are
+its own, set through its builder sections ``.training()``, ``.llm()``, ``.generation()`` and
+``.data()``. RLlib's sections keep their meaning: ``.env_runners(num_env_runners=...)`` is the
+number of rollout actors and their resources, ``.learners(num_learners=...,
+num_gpus_per_learner=...)`` the DeepSpeed learners, ``.training(lr=..., grad_clip=...,
+num_epochs=...)`` RLlib's own optimizer fields.
+
+A preset (``configs/*.yaml``, shipped as package data) is data only: top-level keys are section
+names (these four, RLlib's sections, and ``run`` for the command line), values are keyword
+arguments of that section. ``load_preset`` reads one and applies ``key=value`` overrides
+(OmegaConf dotlist).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    section: str
+    default: Any
+    doc: str
+
+
+FIELDS: dict[str, Field] = {
+    # training: the method
+    "estimator": Field("training", "gdpo", "advantage estimator: gdpo, gdpo_no_std, grpo, grpo_no_std"),
+    "group_size": Field("training", 8, "G, completions per prompt (>= 2)"),
+    "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)"),
+    "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s}, ...]"),
+    "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)"),
+    "clip_eps_low": Field("training", 0.2, "lower clip range of the importance ratio"),
+    "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)"),
+    "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)"),
+    "loss_agg": Field("training", "token_mean", "token_mean, seq_mean_token_mean or seq_mean_token_sum"),
+    "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio)"),
+    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)"),
+    "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)"),
+    "kl_estimator": Field("training", "k3", "KL estimator: k1, k2 or k3"),
+    "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous"),
+    "dynamic_sampling": Field("training", False, "drop groups in which no reward varies and refill the batch (DAPO)"),
+    "max_refills": Field("training", 8, "refill rounds per step under dynamic sampling before training on fewer groups"),
+    "mini_batches": Field("training", 1, "optimizer steps per epoch over a batch"),
+    "micro_batch_tokens": Field("training", 8192, "padded tokens per micro-batch (gradient accumulation beyond)"),
+    "zero_stage": Field("training", 2, "DeepSpeed ZeRO stage 0-3"),
+    "precision": Field("training", "fp32", "learner precision: fp32 or bf16"),
+    "weight_decay": Field("training", 0.0, "AdamW weight decay"),
+    "weight_sync": Field("training", "object_store", "weights to the rollout actors: object_store or broadcast"),
+    "weight_bucket_mb": Field("training", 256, "bucket size of a weight push (MiB)"),
+    "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)"),
+    "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)"),
+    "num_threads": Field("training", 1, "torch threads in every actor"),
+    # llm: the policy
+    "model_path": Field("llm", None, "a HF model directory, or demo | tiny | smollm2 (built locally)"),
+    "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
+    "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason"),
+    # generation: the rollout engine
+    "engine": Field("generation", "hf", "hf (transformers) or vllm"),
+    "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
+    "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)"),
+    "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)"),
+    "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)"),
+    "max_tokens": Field("generation", 1024, "most tokens per response"),
+    "stop": Field("generation", [], "stop strings (kept in the response)"),
+    "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor"),
+    "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor"),
+    "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor"),
+    # data: the prompts
+    "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows"),
+    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)"),
+    "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages"),
+    "id_column": Field("data", None, "column of unique prompt ids (default: the row number)"),
+}
+
+SECTIONS = ("training", "llm", "generation", "data")
+
+
+def section_fields(section: str) -> list[str]:
+    return [name for name, f in FIELDS.items() if f.section == section]
+
+
+def check(config: Any) -> None:
+    """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
+    from actors.engines import SamplingParams
+    from gdpo_ray.advantages import ESTIMATORS
+    from gdpo_ray.rewards import RewardSpec, check_specs
+
+    c = config
+    if c.estimator not in ESTIMATORS:
+        raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
+                         "use .training(estimator='gdpo')")
+    _int_at_least(c, "group_size", 2, "every prompt needs a group of >= 2 completions to normalize")
+    _int_at_least(c, "prompts_per_step", 1, "a step trains on >= 1 prompt group")
+    _int_at_least(c, "max_staleness", 0, "0 is the synchronous mode")
+    _int_at_least(c, "mini_batches", 1, "")
+    _int_at_least(c, "micro_batch_tokens", 1, "")
+    _int_at_least(c, "checkpoint_every", 0, "0 turns automatic checkpoints off")
+    _int_at_least(c, "max_refills", 0, "")
+    if c.mini_batches > c.prompts_per_step:
+        raise ValueError(f"mini_batches ({c.mini_batches}) must be <= prompts_per_step "
+                         f"({c.prompts_per_step}): a mini-batch holds whole groups")
+    if not (isinstance(c.eps, (int, float)) and c.eps >= 0):
+        raise ValueError(f"eps must be a number >= 0; got {c.eps!r}")
+    if not c.rewards:
+        raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
+                         "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
+    specs = [RewardSpec.from_dict(r) for r in c.rewards]
+    check_specs(specs)
+    for spec in specs:
+        spec.resolve()  # unknown functions or params fail here, before any actor starts
+    if c.weight_sync not in ("object_store", "broadcast"):
+        raise ValueError(f"weight_sync must be 'object_store' or 'broadcast'; got {c.weight_sync!r}")
+    if c.model_path is None:
+        raise ValueError("no policy model: use .llm(model_path='path/to/hf_model') (or 'demo', "
+                         "'tiny', 'smollm2')")
+    if c.prompts is None:
+        raise ValueError("no prompts: use .data(prompts='train.parquet') (or 'task:addition')")
+    if c.engine not in ("hf", "vllm"):
+        raise ValueError(f"engine must be 'hf' or 'vllm'; got {c.engine!r}")
+    if c.engine == "vllm" and (c.top_p < 1 or c.top_k):
+        raise ValueError("the vllm engine records logprobs after top-p/top-k truncation: use "
+                         "top_p=1.0 and top_k=0 with engine='vllm', or engine='hf'")
+    SamplingParams(**sampling_params(c))
+    policy_loss_config(c)
+    if c.num_env_runners < 1:
+        raise ValueError(f"num_env_runners ({c.num_env_runners}) must be >= 1: the rollout actors "
+                         "are the env runners; use .env_runners(num_env_runners=1)")
+
+
+def _int_at_least(config: Any, name: str, low: int, why: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}; got {value!r}" + (f" ({why})" if why else ""))
+
+
+def sampling_params(c: Any) -> dict:
+    return dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=c.max_tokens,
+                stop=tuple(c.stop))
+
+
+def policy_loss_config(c: Any):
+    from gdpo_ray.losses import PolicyLossConfig
+
+    return PolicyLossConfig(clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
+                            dual_clip=c.dual_clip, loss_agg=c.loss_agg, ratio_level=c.ratio_level,
+                            is_cap=c.is_cap, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator)
+
+
+# --------------------------------------------------------------------------------------------
+# YAML presets
+
+
+def _presets():
+    """The packaged presets (``gdpo_ray.configs``), or the repository's ``configs/`` when the
+    code runs from a checkout that is not installed (``ray job submit --working-dir .``)."""
+    try:
+        return resources.files("gdpo_ray.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[1] / "configs"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in _presets().iterdir() if p.name.endswith(".yaml"))
+
+
+def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> dict:
+    """A preset (packaged name or YAML path; None = ``demo``) merged with ``key=value``
+    overrides (e.g. ``training.lr=1e-5``) -> a plain dict of sections."""
+    from omegaconf import OmegaConf
+
+    name = name_or_path or "demo"
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise ValueError(f"config file {name} does not exist")
+        base = OmegaConf.load(path)
+    else:
+        packaged = _presets() / f"{name}.yaml"
+        if not packaged.is_file():
+            raise ValueError(f"unknown preset {name!r}; presets: {preset_names()} (or a YAML path)")
+        base = OmegaConf.create(packaged.read_text())
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+    except Exception as err:  # noqa: BLE001 - OmegaConf's own error types vary
+        raise ValueError(f"bad override in {list(overrides)}: {err}") from None
+    out = OmegaConf.to_container(merged, resolve=True)
+    if not isinstance(out, dict):
+        raise ValueError(f"{name}: a config is a mapping of sections; got {type(out).__name__}")
+    return out
+
+
+def apply_sections(config: Any, sections: Mapping[str, Any], skip: Sequence[str] = ("run",)) -> Any:
+    """Calls ``config.<section>(**values)`` for every section of a preset dict."""
+    for section, values in sections.items():
+        if section in skip:
+            continue
+        method = getattr(config, section, None)
+        if not callable(method) or section.startswith("_"):
+            raise ValueError(f"unknown config section {section!r}; sections: "
+                             f"{list(SECTIONS)} and RLlib's (env_runners, learners, resources, ...)")
+        if not isinstance(values, Mapping):
+            raise ValueError(f"section {section!r} must be a mapping of settings; got {values!r}")
+        try:
+            method(**values)
+        except TypeError as err:
+            raise ValueError(f"section {section!r}: {err}") from None
+    return config
