@@ -18,6 +18,7 @@ prompts, and ``resize(n)`` adds or removes actors while a run goes on.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
@@ -139,7 +140,7 @@ class RolloutActor:
 
     def generate(self, prompts: Sequence[Prompt]) -> tuple[dict, pa.RecordBatch | None]:
         """-> (metadata, one record batch of the complete groups). Use with num_returns=2."""
-        start = time.perf_counter()
+        start, wall_start = time.perf_counter(), time.time()
         version, filtered, kept, ids = self.version, [], [], []
         for p in prompts:
             tokens = self.tokenize(p.prompt)
@@ -177,7 +178,8 @@ class RolloutActor:
         meta["groups"] = [(gid, start, stop, version) for gid, start, stop in group_bounds(batch)]
         meta["tokens"] = sum(len(s.token_ids) for s in flat)
         meta["reward_metrics"] = scored.metrics
-        meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate}
+        meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate,
+                          "start": wall_start, "end": time.time()}
         return meta, batch
 
     def shutdown(self) -> None:
@@ -231,6 +233,8 @@ class RolloutGroup:
         self.slots: list[_Slot] = []
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0}
         self.reward_metrics: dict[str, float] = {}
+        # the latest finished calls: generate_s, score_s and wall-clock start, end
+        self.calls_timing: collections.deque[dict] = collections.deque(maxlen=4096)
         self.resize(num_actors)
 
     @property
@@ -337,6 +341,8 @@ class RolloutGroup:
         self.stats["groups"] += len(refs) - len(stale)
         self.stats["tokens"] += meta["tokens"]
         self.reward_metrics = meta["reward_metrics"]
+        if "timing" in meta:
+            self.calls_timing.append(meta["timing"])
 
     def _reissue(self, calls: list[_Call]) -> None:
         for call in calls:

@@ -44,8 +44,19 @@ def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
             continue
         if key not in allowed:
             raise TypeError(f"unknown setting {key!r} of .{section}(); settings: {allowed}")
+        if key == "rewards" and isinstance(value, (list, tuple)):
+            value = [_plain_reward(r) for r in value]
         setattr(self, key, value)
     return self
+
+
+def _plain_reward(reward: Any) -> Any:
+    """A reward declaration as plain data (JSON-able for Tune): YAML 1.1 reads an unquoted
+    ``on:`` key of a condition as the boolean True."""
+    if isinstance(reward, dict) and isinstance(reward.get("condition"), dict):
+        condition = {("on" if k is True else k): v for k, v in reward["condition"].items()}
+        return reward | {"condition": condition}
+    return reward
 
 
 class GDPOConfig(AlgorithmConfig):

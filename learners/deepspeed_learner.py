@@ -228,8 +228,8 @@ class DeepSpeedLearner:
 
     def _padded(self, values: Sequence[np.ndarray], width: int):
         t = self.torch.zeros((len(values), width), dtype=self.torch.float32, device=self.device)
-        for i, v in enumerate(values):
-            t[i, :len(v)] = self.torch.as_tensor(v, dtype=self.torch.float32)
+        for i, v in enumerate(values):  # torch.tensor copies: v may be a read-only Arrow view
+            t[i, :len(v)] = self.torch.tensor(v, dtype=self.torch.float32)
         return t
 
     def _mini_batch(self, rows: list[_Row], old: list[np.ndarray] | None) -> dict[str, float]:

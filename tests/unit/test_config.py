@@ -1,0 +1,97 @@
+"""GDPOConfig validation and YAML presets: every bad setting fails before any actor starts,
+with a message that names the field and the fix."""
+
+import pytest
+
+from gdpo_ray.algorithm import GDPOConfig
+from gdpo_ray.config import FIELDS, apply_sections, load_preset, preset_names
+
+REWARDS = [{"name": "correct", "fn": "math_correctness"}]
+
+
+def good() -> GDPOConfig:
+    return (GDPOConfig().llm(model_path="demo").data(prompts="task:addition")
+            .training(rewards=REWARDS, group_size=4, prompts_per_step=2))
+
+
+def test_defaults_and_sections():
+    config = good().training(lr=1e-4, clip_eps_high=0.3).generation(max_tokens=64)
+    config.validate()
+    assert (config.lr, config.clip_eps_high, config.max_tokens) == (1e-4, 0.3, 64)
+    assert config.estimator == "gdpo" and config.max_staleness == 0 and config.eps == 1e-6
+    assert all(f.doc and f.section in ("training", "llm", "generation", "data") for f in FIELDS.values())
+    # list defaults are not shared between configs
+    other = GDPOConfig()
+    assert other.rewards == [] and other.rewards is not GDPOConfig().rewards
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: c.training(estimator="ppo"), "estimator 'ppo' is not one of"),
+    (lambda c: c.training(group_size=1), "group_size must be an integer >= 2"),
+    (lambda c: c.training(prompts_per_step=0), "prompts_per_step must be an integer >= 1"),
+    (lambda c: c.training(max_staleness=-1), "max_staleness must be an integer >= 0"),
+    (lambda c: c.training(rewards=[]), "no rewards: use .training(rewards="),
+    (lambda c: c.training(rewards=[{"name": "x", "fn": "nope"}]), "unknown reward 'nope'"),
+    (lambda c: c.training(rewards=[{"name": "x", "fn": "length", "params": {"limit": -3}}]), "positive number of tokens"),
+    (lambda c: c.training(rewards=REWARDS + [{"name": "l", "fn": "length", "condition": {"on": "zz", "min": 1}}]), "zz"),
+    (lambda c: c.training(mini_batches=3), "mini_batches (3) must be <= prompts_per_step (2)"),
+    (lambda c: c.training(weight_sync="nccl-ish"), "weight_sync must be"),
+    (lambda c: c.training(clip_eps_low=-0.1), "clip_eps_low"),
+    (lambda c: c.training(eps=-1.0), "eps must be a number >= 0"),
+    (lambda c: c.llm(model_path=None), "no policy model: use .llm(model_path="),
+    (lambda c: c.data(prompts=None), "no prompts: use .data(prompts="),
+    (lambda c: c.generation(engine="tgi"), "engine must be 'hf' or 'vllm'"),
+    (lambda c: c.generation(engine="vllm", top_p=0.9), "top_p=1.0 and top_k=0 with engine='vllm'"),
+    (lambda c: c.generation(temperature=0.0), "temperature"),
+    (lambda c: c.env_runners(num_env_runners=0), "num_env_runners (0) must be >= 1"),
+])
+def test_validation_names_the_fix(change, message):
+    config = change(good())
+    with pytest.raises(ValueError) as err:
+        config.validate()
+    assert message in str(err.value)
+
+
+def test_unknown_setting_of_a_section():
+    with pytest.raises(TypeError, match="unknown setting 'modle_path' of .llm()"):
+        GDPOConfig().llm(modle_path="x")
+    with pytest.raises(TypeError):
+        GDPOConfig().training(not_a_field=1)
+
+
+def test_presets_load_merge_and_build_a_valid_config():
+    assert {"demo", "smollm2_math"} <= set(preset_names())
+    sections = load_preset("demo", ["training.lr=1e-3", "run.steps=5"])
+    assert sections["training"]["lr"] == 1e-3 and sections["run"]["steps"] == 5
+    config = apply_sections(GDPOConfig(), sections)
+    config.validate()
+    assert [r["name"] for r in config.rewards] == ["format", "correct", "length"]
+    # an unquoted `on:` in YAML is the boolean True (YAML 1.1): the condition still works
+    unquoted = {"name": "l", "fn": "length", "condition": {True: "correct", "min": 1.0}}
+    assert GDPOConfig().training(rewards=[unquoted]).rewards[0]["condition"] == {"on": "correct", "min": 1.0}
+    assert config.rewards[2]["condition"] == {"on": "correct", "min": 1.0}
+    assert apply_sections(GDPOConfig(), load_preset("smollm2_math")).model_path == "smollm2"
+
+
+def test_preset_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset 'nope'; presets: "):
+        load_preset("nope")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_preset(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValueError, match="unknown config section 'trainig'"):
+        apply_sections(GDPOConfig(), {"trainig": {"lr": 1.0}})
+    with pytest.raises(ValueError, match="section 'env_runners'"):
+        apply_sections(GDPOConfig(), {"env_runners": {"num_rollout_actors": 2}})
+
+
+def test_train_command_rejects_a_bad_config_before_ray(capsys):
+    from gdpo_ray.cli import main
+
+    assert main(["train", "training.group_size=1"]) == 2
+    err = capsys.readouterr().err
+    assert "group_size must be an integer >= 2" in err
+    assert main(["train", "demo", "run.stepz=3"]) == 2
+    assert "unknown run setting(s) ['stepz']" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()
