@@ -231,7 +231,8 @@ class RolloutGroup:
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
         self.version, self._weights = 0, None
         self.slots: list[_Slot] = []
-        self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0}
+        self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0,
+                      "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
         self.reward_metrics: dict[str, float] = {}
         # the latest finished calls: generate_s, score_s and wall-clock start, end
         self.calls_timing: collections.deque[dict] = collections.deque(maxlen=4096)
@@ -343,6 +344,8 @@ class RolloutGroup:
         self.reward_metrics = meta["reward_metrics"]
         if "timing" in meta:
             self.calls_timing.append(meta["timing"])
+            self.stats["generate_s"] += meta["timing"]["generate_s"]
+            self.stats["score_s"] += meta["timing"]["score_s"]
 
     def _reissue(self, calls: list[_Call]) -> None:
         for call in calls:

@@ -175,7 +175,8 @@ class GDPO(Algorithm):
         self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
         self.policy_version = 0
         self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}
-        self.update_intervals: list[tuple[float, float]] = []
+        self.update_intervals: list[tuple[float, float]] = []  # wall clock of each learner update
+        self._rollout_busy = (0.0, 0.0)  # generate_s, score_s summed at the last step
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
         self.learners = self._build_learners()
@@ -240,11 +241,11 @@ class GDPO(Algorithm):
         try:
             with _timed(timers, "update"):
                 learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
-        except ray.exceptions.RayActorError as err:
+            with _timed(timers, "push_weights"):
+                self._push_weights()
+        except ray.exceptions.RayActorError as err:  # a learner died: this step is redone
             self._recover(err)
             return None
-        with _timed(timers, "push_weights"):
-            self._push_weights()
         with _timed(timers, "metrics"):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
@@ -302,13 +303,13 @@ class GDPO(Algorithm):
         return ray.get(refs)[0]
 
     def _push_weights(self) -> None:
-        c = self.config
-        self.policy_version += 1
+        c, version = self.config, self.policy_version + 1
         bucket = int(c.weight_bucket_mb) << 20
         if c.weight_sync == "broadcast":
-            self.learners.broadcast_weights(self.rollouts, self.policy_version, bucket)
+            self.learners.broadcast_weights(self.rollouts, version, bucket)
         else:
-            self.learners.push_weights(self.rollouts, self.policy_version, bucket)
+            self.learners.push_weights(self.rollouts, version, bucket)
+        self.policy_version = version
 
     def _step_metrics(self, step, groups, batches, rewards, details, filtered) -> dict:
         lengths = np.concatenate([b.column("response_length").to_numpy() for b in batches])
@@ -321,7 +322,11 @@ class GDPO(Algorithm):
         values |= step_metrics.length_metrics(lengths, reasons)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
         stats = self.rollouts.stats
-        values |= {"rollout/dropped_stale": float(self.buffer.dropped_stale),
+        busy = (stats["generate_s"], stats["score_s"])
+        last = self._rollout_busy
+        self._rollout_busy = busy
+        values |= {"rollout/generate_s": busy[0] - last[0], "rollout/score_s": busy[1] - last[1],
+                   "rollout/dropped_stale": float(self.buffer.dropped_stale),
                    "rollout/reissued": float(stats["reissued"]),
                    "rollout/actor_restarts": float(stats["actor_restarts"]),
                    "rollout/prompts_filtered": float(stats["filtered"]),

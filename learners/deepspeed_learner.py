@@ -197,6 +197,7 @@ class DeepSpeedLearner:
         rows = _rows(read_groups(groups), np.asarray(advantages))
         if not rows:
             raise ValueError(f"learner {self.rank} received no rollouts: give every learner a group")
+        compute_start = time.perf_counter()
         fresh = cfg.epochs == 1 and cfg.mini_batches == 1  # old policy = current: no extra pass
         old = None if fresh else self._old_logprobs(rows)
         rng = np.random.default_rng([cfg.seed, self.step])  # the same mini-batch split on every rank
@@ -208,7 +209,8 @@ class DeepSpeedLearner:
         self.step += 1
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"],
-                   time_s=time.perf_counter() - start)
+                   time_s=time.perf_counter() - start,
+                   compute_s=time.perf_counter() - compute_start)  # forward, backward, step
         return out
 
     def _old_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:

@@ -38,3 +38,24 @@ def test_smollm2_generates_with_its_chat_template(smollm2):
         assert actor.tokenizer.decode(ids, skip_special_tokens=True).strip()  # real text
         assert all(math.isfinite(x) and x <= 0 for x in lps)
     assert meta["groups"][0][0] == prompt[0].group_id
+
+
+def test_smollm2_math_preset_trains_a_step(ray_cluster):
+    """The packaged SmolLM2 preset, shrunk to one small step: real pretrained weights through the
+    rollout actor, the rewards and a DeepSpeed update."""
+    from gdpo_ray.algorithm import GDPOConfig
+    from gdpo_ray.config import apply_sections, load_preset
+
+    config = apply_sections(GDPOConfig(), load_preset("smollm2_math", [
+        "training.prompts_per_step=2", "training.group_size=2", "generation.max_tokens=48"]))
+    algo = config.build_algo()
+    try:
+        before = algo.learners.call("weights_digest")[0]
+        result = algo.train()
+        changed = algo.learners.call("weights_digest")[0] != before
+    finally:
+        algo.stop()
+    assert 0 <= result["rewards/correct/mean"] <= 1 and 0 <= result["rewards/length/mean"] <= 1
+    assert math.isfinite(result["learner/loss"]) and result["groups"] == 2
+    # all-zero advantages (no reward varied in either group) give a zero gradient: no change
+    assert changed == (result["adv/final/mean_abs"] > 0)

@@ -84,14 +84,14 @@ def test_preset_errors(tmp_path):
         apply_sections(GDPOConfig(), {"env_runners": {"num_rollout_actors": 2}})
 
 
-def test_train_command_rejects_a_bad_config_before_ray(capsys):
+def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
     from gdpo_ray.cli import main
+    from gdpo_ray.train import TrainingRun
+
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
 
     assert main(["train", "training.group_size=1"]) == 2
     err = capsys.readouterr().err
     assert "group_size must be an integer >= 2" in err
     assert main(["train", "demo", "run.stepz=3"]) == 2
     assert "unknown run setting(s) ['stepz']" in capsys.readouterr().err
-    import ray
-
-    assert not ray.is_initialized()

@@ -173,7 +173,7 @@ def test_length():
 
 def test_registry_lists_known_names():
     with pytest.raises(ValueError, match="unknown reward 'toolrl'; known: code_bug, code_passrate, "
-                                         "length, math_correctness, toolrl_correctness, toolrl_format"):
+                                         "length, math_correctness, regex, toolrl_correctness, toolrl_format"):
         rewards.get("toolrl")
     with pytest.raises(ValueError, match=r"reward 'length': bad params"):
         rewards.get("length", lim=3)
@@ -257,3 +257,14 @@ def test_code_reward_default_timeout_exceeds_sandbox_bound():
     (fn,) = check_specs([spec])
     # sandbox worst case: 4 runs x (2 + 0.5) s + 5 s = 15 s; default timeout 30 s
     assert fn.min_timeout_s == 15.0 and spec.call_timeout_s(fn) == 30.0
+
+
+def test_regex_format_reward():
+    from gdpo_ray.tasks import ADDITION_FORMAT
+
+    fn = rewards.get("regex", pattern=ADDITION_FORMAT)
+    assert fn(None, ["<think>add</think><answer>7</answer>", " <think></think>\n<answer>7</answer>\n",
+                     "<think>add</think>\\boxed{7}", "<answer>7</answer>",
+                     "<think>a</think><answer>7</answer> more"]) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="bad pattern"):
+        rewards.get("regex", pattern="(")
