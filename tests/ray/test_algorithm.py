@@ -56,6 +56,22 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         algo.stop()
 
 
+def test_dynamic_sampling_filters_groups_where_no_reward_varies(ray_cluster):
+    # one binary reward and groups of 2: many groups have no spread
+    config = demo_config("training.dynamic_sampling=true", "training.group_size=2")
+    algo = config.training(rewards=config.rewards[:1]).build_algo()  # the format reward
+    try:
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    assert all(r["groups"] == 4 and r["zero_advantage_groups"] == 0 for r in results)
+    filtered = sum(r["filtered_groups"] for r in results)
+    p = algo.prompts
+    outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
+    assert filtered > 0 and outcomes.count("filtered: no reward varies within the group") == filtered
+    assert outcomes.count("trained") == 12
+
+
 def test_learns_the_demo_task_synchronously(ray_cluster):
     """max_staleness = 0, fixed seeds: every reward's mean over the last steps beats the first."""
     algo = demo_config("training.prompts_per_step=16", "training.group_size=8",
@@ -129,7 +145,12 @@ def test_tune_runs_and_restores(ray_cluster, tmp_path):
         checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True), verbose=0))
     result = tuner.fit().get_best_result(metric="rewards/format/mean", mode="max")
     assert result.error is None and result.metrics["step"] == 1
-    assert result.checkpoint is not None
+    # the trial's checkpoint is a GDPO checkpoint
+    algo = GDPO.from_checkpoint(result.checkpoint.path)
+    try:
+        assert algo.policy_version == 1 and algo.train()["step"] == 2
+    finally:
+        algo.stop()
     restored = tune.Tuner.restore(str(tmp_path / "gdpo"), trainable=GDPO)
     # the restored experiment is complete (stop reached): fit returns the same trial result
     again = restored.fit().get_best_result(metric="rewards/format/mean", mode="max")
