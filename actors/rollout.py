@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import os
 import time
 from typing import Any, Mapping, Sequence
 
@@ -47,16 +46,19 @@ class RolloutActor:
         max_prompt_tokens: longer prompts are filtered ("prompt too long"), not generated.
         reward_workers: scoring worker processes of this actor.
         num_threads: torch threads in this actor.
+        model_files: ``model_path``'s files in the object store (``gdpo_ray.model_files.pack``),
+            used when this node cannot read ``model_path``.
     """
 
     def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]], group_size: int,
                  engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
                  sampling: Mapping[str, Any] | None = None, chat_template: bool = True,
                  max_prompt_tokens: int = 1024, reward_workers: int = 1, num_threads: int = 1,
-                 seed: int = 0) -> None:
+                 seed: int = 0, model_files: Any = None) -> None:
         import torch
 
         from actors.reward import RewardPool
+        from gdpo_ray.model_files import local_dir
 
         torch.set_num_threads(num_threads)
         if group_size < 2:
@@ -64,13 +66,27 @@ class RolloutActor:
         self.group_size, self.chat_template = group_size, chat_template
         self.max_prompt_tokens = max_prompt_tokens
         self.sampling = SamplingParams(**dict(sampling or {}))
+        model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
         self.engine = make_engine(engine, model_path, seed=seed, **dict(engine_kwargs or {}))
         self.tokenizer = self.engine.tokenizer
         self.rewards = RewardPool(rewards, num_workers=reward_workers)
         self.version = 0
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> str:
+        """The id of the Ray node this actor runs on (once it has started)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def sleep(self) -> None:
+        """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep
+        mode); the hf engine keeps its weights where they are."""
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+
+    def wake_up(self) -> None:
+        if hasattr(self.engine, "wake_up"):
+            self.engine.wake_up()
 
     def policy_version(self) -> int:
         return self.version
@@ -199,6 +215,7 @@ class _Slot:
     starting: Any  # ObjectRef of handle.ready() until the actor has started, then None
     calls: list[_Call] = dataclasses.field(default_factory=list)
     restarts: int = 0
+    node_id: str | None = None  # where the actor runs, once started
 
 
 class RolloutGroup:
@@ -213,15 +230,18 @@ class RolloutGroup:
             does something else.
         num_cpus, num_gpus, resources: Ray resources of each actor (``resources={"rollout": 1}``
             places them on nodes that offer a custom ``rollout`` resource).
+        placement_group: the colocated layout: actor i runs in bundle i of this placement group
+            (the learners', whose bundles hold room for it).
     """
 
     def __init__(self, actor_kwargs: Mapping[str, Any], num_actors: int, prompts: PromptSource,
                  buffer: ArrowBuffer, prompts_per_call: int = 1, calls_per_actor: int = 2,
                  num_cpus: float = 1, num_gpus: float = 0,
-                 resources: Mapping[str, float] | None = None) -> None:
+                 resources: Mapping[str, float] | None = None, placement_group: Any = None) -> None:
         import ray
 
         self._ray = ray
+        self._placement_group = placement_group  # colocated: actor i in bundle i
         self._cls = ray.remote(RolloutActor).options(
             num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
             max_restarts=0, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1",
@@ -243,8 +263,14 @@ class RolloutGroup:
         """Groups being generated (handed out, not yet in the buffer)."""
         return sum(len(c.prompts) for s in self.slots for c in s.calls)
 
-    def _start_actor(self) -> _Slot:
-        handle = self._cls.remote(**self.actor_kwargs)
+    def _start_actor(self, index: int) -> _Slot:
+        cls = self._cls
+        if self._placement_group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            cls = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=index))
+        handle = cls.remote(**self.actor_kwargs)
         if self._weights is not None:
             handle.set_weights.remote(self.version, self._weights)
         # no work goes to an actor before it has started: prompts wait for a ready one instead
@@ -255,11 +281,24 @@ class RolloutGroup:
         if n < 1:
             raise ValueError(f"a rollout group needs >= 1 actor; got {n}")
         while len(self.slots) < n:
-            self.slots.append(self._start_actor())
-        while len(self.slots) > n:
-            slot = self.slots.pop()
+            self.slots.append(self._start_actor(len(self.slots)))
+        while len(self.slots) > n:  # actors still waiting to be placed go first
+            waiting = [s for s in self.slots if s.starting is not None]
+            slot = waiting[-1] if waiting else self.slots[-1]
+            self.slots.remove(slot)
             self._reissue(slot.calls)
             self._ray.kill(slot.handle)
+
+    def placement(self) -> list[str | None]:
+        """The node id of every actor (None: not started yet, e.g. waiting for a node)."""
+        return [None if s.starting is not None else s.node_id for s in self.slots]
+
+    def sleep(self) -> None:
+        """Every actor's engine releases its accelerator memory (colocated layout)."""
+        self._ray.get([s.handle.sleep.remote() for s in self.slots if s.starting is None])
+
+    def wake_up(self) -> None:
+        self._ray.get([s.handle.wake_up.remote() for s in self.slots if s.starting is None])
 
     def set_weights(self, version: int, weights: Any) -> None:
         """Queues new weights on every actor (applied between generations)."""
@@ -295,14 +334,14 @@ class RolloutGroup:
 
     def _started(self, slot: _Slot) -> None:
         try:
-            self._ray.get(slot.starting)
+            slot.node_id = self._ray.get(slot.starting)
             slot.starting = None
         except self._ray.exceptions.RayActorError:  # died while starting: start another
             self._ray.kill(slot.handle)
             self._replace(slot)
 
     def _replace(self, slot: _Slot) -> None:
-        fresh = self._start_actor()
+        fresh = self._start_actor(self.slots.index(slot))
         slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []
         slot.restarts += 1
         self.stats["actor_restarts"] += 1

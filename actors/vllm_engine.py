@@ -75,6 +75,16 @@ class VLLMEngine:
     # rank_offset, world_size} and update_info {names, dtype_names, shapes}, which leave the
     # worker in its unpacked mode: one NCCL broadcast per tensor, in update_info's order.
 
+    def sleep(self) -> None:
+        """Colocated with learners on a GPU: offload the weights and drop the KV cache (vLLM's
+        sleep mode, level 1; needs ``enable_sleep_mode=True`` in ``engine_kwargs``)."""
+        if self.device == "cuda":
+            self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if self.device == "cuda":
+            self.llm.wake_up()
+
     def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Joins a trainer's NCCL group (rank 0 at host:port) as rank ``rank`` of
         ``world_size``; returns once every member has joined. This engine is one vLLM worker

@@ -33,6 +33,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
+from gdpo_ray import model_files
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,11 @@ class GDPO(Algorithm):
                    **config.custom_resources_per_env_runner}
         learner = {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner}
         bundles = [{"CPU": config.num_cpus_for_main_process}]
-        bundles += [rollout] * config.num_env_runners + [learner] * max(1, config.num_learners)
+        if config.colocate:  # each learner's bundle also holds its rollout actor
+            learner = {k: learner.get(k, 0) + rollout.get(k, 0) for k in learner | rollout}
+        else:
+            bundles += [rollout] * fields.env_runner_range(config)[0]
+        bundles += [learner] * max(1, config.num_learners)
         return PlacementGroupFactory([{k: v for k, v in b.items() if v} for b in bundles],
                                      strategy=config.placement_strategy)
 
@@ -170,6 +175,7 @@ class GDPO(Algorithm):
         self.reward_names = [RewardSpec.from_dict(r).name for r in c.rewards]
         self.reward_weights = np.array([RewardSpec.from_dict(r).weight for r in c.rewards], np.float32)
         self.model_path = resolve_model_path(c.model_path)
+        self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
                                     id_column=c.id_column, seed=c.seed or 0)
         self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
@@ -188,24 +194,56 @@ class GDPO(Algorithm):
         from learners.deepspeed_learner import LearnerGroup
 
         c = self.config
+        extra = None
+        if c.colocate:
+            extra = {"CPU": c.num_cpus_per_env_runner, "GPU": c.num_gpus_per_env_runner,
+                     **c.custom_resources_per_env_runner}
         return LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
                             num_cpus_per_learner=c.num_cpus_per_learner,
-                            num_gpus_per_learner=c.num_gpus_per_learner)
+                            num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
 
     def _build_rollouts(self):
         from actors.rollout import RolloutGroup
 
         c = self.config
-        return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path)),
-                            num_actors=c.num_env_runners, prompts=self.prompts, buffer=self.buffer,
+        low, high = fields.env_runner_range(c)
+        if low != high:
+            _request_rollout_nodes(c.custom_resources_per_env_runner, high)
+        return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path),
+                                 model_files=self.model_files),
+                            num_actors=low, prompts=self.prompts, buffer=self.buffer,
                             prompts_per_call=c.prompts_per_call, calls_per_actor=c.calls_per_actor,
                             num_cpus=c.num_cpus_per_env_runner, num_gpus=c.num_gpus_per_env_runner,
-                            resources=c.custom_resources_per_env_runner)
+                            resources=c.custom_resources_per_env_runner,
+                            placement_group=self.learners.pg if c.colocate else None)
+
+    def _scale_rollouts(self) -> None:
+        """Elastic rollouts (num_env_runners = [min, max]): as many actors as the nodes offering
+        the rollout resource can hold, within the range; shrinking drops actors still waiting
+        for a node first, and re-issues the prompts of any removed actor."""
+        import ray
+
+        c = self.config
+        low, high = fields.env_runner_range(c)
+        if low == high:
+            return
+        need = c.custom_resources_per_env_runner
+        total = ray.cluster_resources()
+        capacity = min(int(total.get(k, 0) // v) for k, v in need.items() if v)
+        current = len(self.rollouts.slots)
+        if capacity < current:
+            self.rollouts.resize(max(low, capacity))
+        elif current < high and None not in self.rollouts.placement():
+            free = ray.available_resources()
+            room = min(int(free.get(k, 0) // v) for k, v in need.items() if v)
+            if room > 0:
+                self.rollouts.resize(min(high, current + room))
 
     def _with_model(self, learner_config):
         import dataclasses
 
-        return dataclasses.replace(learner_config, model_path=str(self.model_path))
+        return dataclasses.replace(learner_config, model_path=str(self.model_path),
+                                   model_files=self.model_files)
 
     def _callback(self, name: str, **kwargs: Any) -> None:
         from ray.rllib.callbacks.utils import make_callback
@@ -234,6 +272,7 @@ class GDPO(Algorithm):
 
         c, timers, step = self.config, {}, self.policy_version
         with _timed(timers, "take_groups"):
+            self._scale_rollouts()
             groups, batches, filtered = self._take_groups()
         with _timed(timers, "advantages"):
             rewards, index = _rewards_and_index(batches)
@@ -296,11 +335,16 @@ class GDPO(Algorithm):
         import ray
 
         start = time.time()
+        if self.config.colocate:  # the engines give the shared devices to the learners
+            self.rollouts.sleep()
         refs = self.learners.update_async(groups, advantages)
         while ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
             self.rollouts.pump(timeout=0.05)
         self.update_intervals.append((start, time.time()))
-        return ray.get(refs)[0]
+        metrics = ray.get(refs)[0]
+        if self.config.colocate:
+            self.rollouts.wake_up()
+        return metrics
 
     def _push_weights(self) -> None:
         c, version = self.config, self.policy_version + 1
@@ -325,7 +369,10 @@ class GDPO(Algorithm):
         busy = (stats["generate_s"], stats["score_s"])
         last = self._rollout_busy
         self._rollout_busy = busy
+        placement = self.rollouts.placement()
         values |= {"rollout/generate_s": busy[0] - last[0], "rollout/score_s": busy[1] - last[1],
+                   "rollout/actors": float(len(placement)),
+                   "rollout/nodes": float(len({n for n in placement if n is not None})),
                    "rollout/dropped_stale": float(self.buffer.dropped_stale),
                    "rollout/reissued": float(stats["reissued"]),
                    "rollout/actor_restarts": float(stats["actor_restarts"]),
@@ -435,6 +482,16 @@ def _informative(batches, c) -> np.ndarray:
     rewards, index = _rewards_and_index(batches)
     details = compute_advantage_details(rewards, index, estimator=c.estimator, eps=c.eps)
     return ~details.zero_spread.all(axis=1)
+
+
+def _request_rollout_nodes(per_actor: dict, actors: int) -> None:
+    """Asks the autoscaler (where one runs) for room for ``actors`` rollout actors."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[dict(per_actor)] * actors)
+    except Exception as err:  # noqa: BLE001 - no autoscaler (a local or fixed cluster): fine
+        logger.info("no autoscaler to ask for rollout nodes: %s", err)
 
 
 def resolve_model_path(spec: str) -> pathlib.Path:

@@ -72,6 +72,7 @@ FIELDS: dict[str, Field] = {
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor"),
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor"),
     "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor"),
+    "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
     "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows"),
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)"),
@@ -129,9 +130,32 @@ def check(config: Any) -> None:
                          "top_p=1.0 and top_k=0 with engine='vllm', or engine='hf'")
     SamplingParams(**sampling_params(c))
     policy_loss_config(c)
-    if c.num_env_runners < 1:
-        raise ValueError(f"num_env_runners ({c.num_env_runners}) must be >= 1: the rollout actors "
-                         "are the env runners; use .env_runners(num_env_runners=1)")
+    low, high = env_runner_range(c)
+    if low != high and not c.custom_resources_per_env_runner:
+        raise ValueError(f"num_env_runners {list(c.num_env_runners)} is elastic: rollout actors "
+                         "are counted by a custom Ray resource of the rollout nodes; use "
+                         ".env_runners(custom_resources_per_env_runner={'rollout': 1})")
+    if c.colocate:
+        if c.max_staleness != 0:
+            raise ValueError(f"colocate=True shares devices between generation and learning, which "
+                             f"cannot overlap: use max_staleness=0 (got {c.max_staleness})")
+        if low != high or low != max(1, c.num_learners):
+            raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
+                             f"num_env_runners == num_learners (got {c.num_env_runners} and "
+                             f"{c.num_learners})")
+
+
+def env_runner_range(c: Any) -> tuple[int, int]:
+    """(min, max) rollout actors: ``num_env_runners`` is a number or a range [min, max]."""
+    value = c.num_env_runners
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        low, high = value
+    else:
+        low = high = value
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) or not 1 <= low <= high:
+        raise ValueError(f"num_env_runners must be an integer >= 1 or a range [min, max] with "
+                         f"1 <= min <= max; got {value!r}; use .env_runners(num_env_runners=1)")
+    return low, high
 
 
 def _int_at_least(config: Any, name: str, low: int, why: str) -> None:

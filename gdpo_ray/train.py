@@ -86,9 +86,14 @@ class TrainingRun:
         try:
             bar = tqdm(total=steps, initial=algo.policy_version, desc="gdpo", unit="step",
                        dynamic_ncols=True, file=sys.stderr)
+            actors = len(algo.rollouts.slots)
             while algo.policy_version < steps:
                 scalars = flat_scalars(algo.train())
                 log.log(algo.policy_version, scalars)
+                if scalars.get("rollout/actors", actors) != actors:  # elastic rollouts
+                    bar.write(f"gdpo-ray: rollout actors {actors} -> {int(scalars['rollout/actors'])} "
+                              f"on {int(scalars['rollout/nodes'])} node(s)")
+                    actors = int(scalars["rollout/actors"])
                 bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
                 bar.update(algo.policy_version - bar.n)
             bar.close()

@@ -31,6 +31,7 @@ from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
     model_path: str  # a HF model directory
+    model_files: Any = None  # the directory shipped through the object store (gdpo_ray.model_files)
     zero_stage: int = 2
     precision: str = "fp32"  # or "bf16"
     lr: float = 1e-6
@@ -112,7 +113,10 @@ class DeepSpeedLearner:
     """One rank. ``setup`` joins the process group and builds the engine."""
 
     def __init__(self, config: LearnerConfig, rank: int, world_size: int) -> None:
+        from gdpo_ray.model_files import local_dir
+
         self.config, self.rank, self.world_size = config, rank, world_size
+        self.model_path = local_dir(config.model_path, config.model_files)
         self.step = 0
 
     def address(self) -> tuple[str, int]:
@@ -137,7 +141,7 @@ class DeepSpeedLearner:
         self.torch, self.deepspeed = torch, deepspeed
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
@@ -148,7 +152,7 @@ class DeepSpeedLearner:
         self.ref = None
         self.device = self.engine.device
         if cfg.loss.kl_coef > 0:  # the frozen reference policy of the KL term
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.model_path, dtype=torch.float32)
+            self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref.to(self.device).eval().requires_grad_(False)
 
     # -- the update -------------------------------------------------------------------------
@@ -398,10 +402,10 @@ class DeepSpeedLearner:
         if self.rank == 0:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(self.config.model_path, dtype=self.torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.torch.float32)
             model.load_state_dict(weights, strict=False)
             model.save_pretrained(path)
-            AutoTokenizer.from_pretrained(self.config.model_path).save_pretrained(path)
+            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
 
 
 def _hash_nested(h, value) -> None:
@@ -424,13 +428,18 @@ class LearnerGroup:
     """N learners in a placement group (gang-scheduled), one process group among them."""
 
     def __init__(self, config: LearnerConfig, num_learners: int = 1, num_cpus_per_learner: float = 1,
-                 num_gpus_per_learner: float = 0) -> None:
+                 num_gpus_per_learner: float = 0, bundle_extra: dict | None = None) -> None:
+        """``bundle_extra``: resources added to every learner's bundle for a rollout actor placed
+        beside it (the colocated layout: ``RolloutGroup(placement_group=group.pg)``)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray = ray
-        bundle = {"CPU": num_cpus_per_learner, **({"GPU": num_gpus_per_learner} if num_gpus_per_learner else {})}
+        bundle = {"CPU": num_cpus_per_learner, "GPU": num_gpus_per_learner}
+        for key, value in (bundle_extra or {}).items():
+            bundle[key] = bundle.get(key, 0) + value
+        bundle = {k: v for k, v in bundle.items() if v}
         # inside a Ray Tune trial the learners take bundles of the trial's own placement group
         # (GDPO.default_resource_request reserved them); a second group would wait forever
         current = ray.util.get_current_placement_group()

@@ -43,7 +43,11 @@ def test_defaults_and_sections():
     (lambda c: c.generation(engine="tgi"), "engine must be 'hf' or 'vllm'"),
     (lambda c: c.generation(engine="vllm", top_p=0.9), "top_p=1.0 and top_k=0 with engine='vllm'"),
     (lambda c: c.generation(temperature=0.0), "temperature"),
-    (lambda c: c.env_runners(num_env_runners=0), "num_env_runners (0) must be >= 1"),
+    (lambda c: c.env_runners(num_env_runners=0), "num_env_runners must be an integer >= 1 or a range"),
+    (lambda c: c.env_runners(num_env_runners=[3, 2]), "1 <= min <= max; got [3, 2]"),
+    (lambda c: c.env_runners(num_env_runners=[1, 4]), "custom_resources_per_env_runner={'rollout': 1}"),
+    (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
+    (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
 ])
 def test_validation_names_the_fix(change, message):
     config = change(good())

@@ -1,0 +1,64 @@
+"""A model directory that exists only on the driver's node, shipped to the other nodes.
+
+On one machine every actor reads the driver's model directory. On a cluster the driver's local
+folders (the demo's warm-started model in ``~/.cache``, a checkpoint exported on the head) do not
+exist on the rollout and learner nodes: the driver puts the directory's files into Ray's object
+store once (``pack``) and each actor that cannot see the path writes them into a node-local cache
+keyed by their content hash (``local_dir``), so every process starts from the same bytes. Models
+larger than ``max_bytes`` are not shipped: give them a path every node can read (shared storage)
+or a hub name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+MAX_BYTES = 4 << 30
+
+
+def pack(path: str | Path, max_bytes: int = MAX_BYTES) -> Any | None:
+    """ObjectRef of ``{"digest", "files": {relative path: bytes}}``, or None when ``path`` is
+    not a local directory (a hub name) or is larger than ``max_bytes``."""
+    import ray
+
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    if sum(p.stat().st_size for p in files) > max_bytes:
+        return None
+    digest = hashlib.sha256()
+    payload = {}
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        data = p.read_bytes()
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        payload[rel] = data
+    return ray.put({"digest": digest.hexdigest()[:16], "files": payload})
+
+
+def local_dir(path: str, shipped: Any | None, cache: str | Path | None = None) -> str:
+    """``path`` if this node can read it, else the shipped copy in a node-local cache."""
+    if shipped is None or (Path(path) / "config.json").exists():
+        return path
+    import ray
+
+    bundle = ray.get(shipped) if isinstance(shipped, ray.ObjectRef) else shipped
+    root = Path(cache or os.environ.get("GDPO_RAY_CACHE", Path.home() / ".cache" / "gdpo-ray"))
+    target = root / "shipped" / bundle["digest"]
+    if (target / "config.json").exists():
+        return str(target)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    for rel, data in bundle["files"].items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_bytes(data)
+    try:
+        tmp.rename(target)  # atomic: a concurrent actor on this node never sees half of it
+    except OSError:  # another actor finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
