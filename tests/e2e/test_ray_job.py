@@ -1,0 +1,108 @@
+"""A real Ray cluster on this machine: `ray start --head` on private ports and a temp dir of its
+own, the demo submitted with `ray job submit`, a second node offering the `rollout` resource
+added while the job runs; the job's rollout actors grow onto it and the job succeeds. Only the
+processes of this cluster are stopped (those whose command line carries its temp dir)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:  # the ephemeral range: outside Ray's worker ports 10002-19999
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def our_processes(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "cmdline").read_bytes().decode(errors="ignore"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def stop_cluster(marker: str) -> None:
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 0)):
+        for pid in our_processes(marker):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while our_processes(marker) and time.time() < deadline:
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def cluster():
+    temp = tempfile.mkdtemp(prefix="gdpo-rt-")
+    port, dash = free_port(), free_port()
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([RAY, "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
+                    "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}",
+                    f"--temp-dir={temp}", "--num-cpus=4", '--resources={"rollout": 1}',
+                    "--disable-usage-stats"], check=True, env=env, capture_output=True, timeout=120)
+    try:
+        yield {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp": temp,
+               "env": env}
+    finally:
+        stop_cluster(temp)
+
+
+def job(cluster, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([RAY, "job", *args, "--address", cluster["dashboard"]], env=cluster["env"],
+                          capture_output=True, text=True, timeout=kwargs.get("timeout", 120))
+
+
+def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
+    runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", ".venv-gpu", "runs"],
+                              "env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}})
+    submitted = subprocess.run(
+        [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
+         "--runtime-env-json", runtime_env, "--no-wait", "--",
+         sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=120", "run.name=job",
+         f"run.output_dir={tmp_path}", "training.prompts_per_step=2", "training.group_size=4",
+         "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
+         "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
+        env=cluster["env"], capture_output=True, text=True, timeout=180)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = next(w for w in submitted.stdout.split() if w.startswith("raysubmit_")).strip("'")
+    metrics = tmp_path / "job" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert time.time() < deadline, job(cluster, "logs", job_id).stdout[-3000:]
+        time.sleep(1)
+    # a second node offering the rollout resource joins while the job trains
+    subprocess.run([RAY, "start", f"--address={cluster['gcs']}", "--num-cpus=2",
+                    '--resources={"rollout": 1}', "--disable-usage-stats"],
+                   check=True, env=cluster["env"], capture_output=True, timeout=120)
+    while True:
+        status = job(cluster, "status", job_id).stdout
+        if "SUCCEEDED" in status or "FAILED" in status or "STOPPED" in status:
+            break
+        assert time.time() < deadline + 300, status
+        time.sleep(2)
+    logs = job(cluster, "logs", job_id).stdout
+    assert "SUCCEEDED" in status, logs[-4000:]
+    assert "rollout actors 1 -> 2 on 2 node(s)" in logs, logs[-4000:]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert rows[0]["rollout/actors"] == 1 and rows[-1]["rollout/actors"] == 2
+    assert rows[-1]["rollout/nodes"] == 2 and rows[-1]["step"] == 120
