@@ -86,14 +86,14 @@ class TrainingRun:
         try:
             bar = tqdm(total=steps, initial=algo.policy_version, desc="gdpo", unit="step",
                        dynamic_ncols=True, file=sys.stderr)
-            actors = len(algo.rollouts.slots)
+            placed = None  # (actors, nodes) of the rollout group: elastic runs change it
             while algo.policy_version < steps:
                 scalars = flat_scalars(algo.train())
                 log.log(algo.policy_version, scalars)
-                if scalars.get("rollout/actors", actors) != actors:  # elastic rollouts
-                    bar.write(f"gdpo-ray: rollout actors {actors} -> {int(scalars['rollout/actors'])} "
-                              f"on {int(scalars['rollout/nodes'])} node(s)")
-                    actors = int(scalars["rollout/actors"])
+                now = (int(scalars.get("rollout/actors", 0)), int(scalars.get("rollout/nodes", 0)))
+                if now != placed:
+                    bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
+                    placed = now
                 bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
                 bar.update(algo.policy_version - bar.n)
             bar.close()

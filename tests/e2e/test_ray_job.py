@@ -5,6 +5,7 @@ processes of this cluster are stopped (those whose command line carries its temp
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,27 +28,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def our_processes(marker: str) -> list[int]:
-    pids = []
+def our_processes(markers: list[str]) -> list[int]:
+    """Processes whose command line carries one of ``markers`` (arguments end with NUL), and
+    their descendants (Ray's workers and agents rename themselves: ray::IDLE, ...)."""
+    marked, parent = set(), {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker in (proc / "cmdline").read_bytes().decode(errors="ignore"):
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="ignore")
+            parent[int(proc.name)] = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(m in cmdline for m in markers):
+            marked.add(int(proc.name))
+    grown = True
+    while grown:
+        children = {pid for pid, ppid in parent.items() if ppid in marked} - marked
+        marked |= children
+        grown = bool(children)
+    return sorted(marked)
 
 
-def stop_cluster(marker: str) -> None:
+def stop_cluster(markers: list[str]) -> None:
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 0)):
-        for pid in our_processes(marker):
+        for pid in our_processes(markers):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.time() + wait
-        while our_processes(marker) and time.time() < deadline:
+        while our_processes(markers) and time.time() < deadline:
             time.sleep(0.2)
 
 
@@ -63,46 +74,52 @@ def cluster():
     try:
         yield {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp": temp,
                "env": env}
-    finally:
-        stop_cluster(temp)
+    finally:  # the temp dir, or the GCS address (Ray's client server carries only that)
+        stop_cluster([temp, f":{port}\0"])
 
 
-def job(cluster, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([RAY, "job", *args, "--address", cluster["dashboard"]], env=cluster["env"],
-                          capture_output=True, text=True, timeout=kwargs.get("timeout", 120))
+def job(cluster, *args: str) -> str:
+    """What `ray job ...` printed (the CLI writes some of it to stderr)."""
+    done = subprocess.run([RAY, "job", *args, "--address", cluster["dashboard"]], env=cluster["env"],
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout + done.stderr
 
 
 def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
     runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", ".venv-gpu", "runs"],
                               "env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}})
-    submitted = subprocess.run(
-        [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
-         "--runtime-env-json", runtime_env, "--no-wait", "--",
-         sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=120", "run.name=job",
-         f"run.output_dir={tmp_path}", "training.prompts_per_step=2", "training.group_size=4",
-         "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
-         "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
-        env=cluster["env"], capture_output=True, text=True, timeout=180)
+    for _ in range(30):  # the dashboard's job agent needs a few seconds after `ray start`
+        submitted = subprocess.run(
+            [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
+             "--runtime-env-json", runtime_env, "--no-wait", "--",
+             sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=300", "run.name=job",
+             f"run.output_dir={tmp_path}", "training.prompts_per_step=4", "training.group_size=4",
+             "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
+             "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
+            env=cluster["env"], capture_output=True, text=True, timeout=180)
+        if "No available agent" not in submitted.stderr:
+            break
+        time.sleep(2)
     assert submitted.returncode == 0, submitted.stderr
-    job_id = next(w for w in submitted.stdout.split() if w.startswith("raysubmit_")).strip("'")
+    job_id = re.search(r"raysubmit_[A-Za-z0-9]+", submitted.stdout + submitted.stderr).group(0)
     metrics = tmp_path / "job" / "metrics.jsonl"
     deadline = time.time() + 240
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert time.time() < deadline, job(cluster, "logs", job_id).stdout[-3000:]
+        assert time.time() < deadline, job(cluster, "logs", job_id)[-3000:]
         time.sleep(1)
     # a second node offering the rollout resource joins while the job trains
     subprocess.run([RAY, "start", f"--address={cluster['gcs']}", "--num-cpus=2",
                     '--resources={"rollout": 1}', "--disable-usage-stats"],
                    check=True, env=cluster["env"], capture_output=True, timeout=120)
     while True:
-        status = job(cluster, "status", job_id).stdout
-        if "SUCCEEDED" in status or "FAILED" in status or "STOPPED" in status:
+        status = job(cluster, "status", job_id).lower()  # "Job '...' succeeded"
+        if any(f"' {end}" in status for end in ("succeeded", "failed", "stopped")):
             break
-        assert time.time() < deadline + 300, status
+        assert time.time() < deadline + 240, status
         time.sleep(2)
-    logs = job(cluster, "logs", job_id).stdout
-    assert "SUCCEEDED" in status, logs[-4000:]
-    assert "rollout actors 1 -> 2 on 2 node(s)" in logs, logs[-4000:]
+    logs = job(cluster, "logs", job_id)
+    assert "' succeeded" in status, logs[-4000:]
+    assert "rollout actors 1 on 1 node(s)" in logs and "rollout actors 2 on 2 node(s)" in logs, logs[-4000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert rows[0]["rollout/actors"] == 1 and rows[-1]["rollout/actors"] == 2
-    assert rows[-1]["rollout/nodes"] == 2 and rows[-1]["step"] == 120
+    assert rows[-1]["rollout/nodes"] == 2 and rows[-1]["step"] == 300
