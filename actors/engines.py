@@ -117,17 +117,26 @@ class HFEngine:
         return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """New weights by reference, never written in place: a tensor already on the right
+        device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
+        push through the object store, the read-only shared-memory buffer, which generation only
+        reads); anything else is converted into fresh memory."""
+        import warnings
+
         params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
-        with self.torch.no_grad():
+        with self.torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer
             for name, tensor in named_tensors:
                 if name not in params:
                     raise ValueError(f"the model has no parameter {name!r}")
                 target, source = params[name], self.torch.as_tensor(tensor)
-                if (target.device.type == "cpu" and target.dtype == source.dtype
-                        and target.is_contiguous() and source.is_contiguous()):
-                    np.copyto(target.detach().numpy(), source.numpy())  # a plain memcpy
+                if tuple(source.shape) != tuple(target.shape):
+                    raise ValueError(f"{name}: shape {tuple(source.shape)} does not match the "
+                                     f"model's {tuple(target.shape)}")
+                if source.device == target.device and source.dtype == target.dtype:
+                    target.data = source
                 else:
-                    target.copy_(source)
+                    target.data = source.to(device=target.device, dtype=target.dtype)
 
 
 def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:

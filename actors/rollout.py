@@ -242,10 +242,10 @@ class RolloutGroup:
 
         self._ray = ray
         self._placement_group = placement_group  # colocated: actor i in bundle i
-        self._cls = ray.remote(RolloutActor).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
-            max_restarts=0, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1",
-                                                      "TOKENIZERS_PARALLELISM": "false"}})
+        self._remote = ray.remote(RolloutActor)
+        self._options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
+                             max_restarts=0, runtime_env={"env_vars": {
+                                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
         self.actor_kwargs = dict(actor_kwargs)
         self.prompts, self.buffer = prompts, buffer
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
@@ -264,13 +264,13 @@ class RolloutGroup:
         return sum(len(c.prompts) for s in self.slots for c in s.calls)
 
     def _start_actor(self, index: int) -> _Slot:
-        cls = self._cls
+        options = dict(self._options)
         if self._placement_group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            cls = cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=self._placement_group, placement_group_bundle_index=index))
-        handle = cls.remote(**self.actor_kwargs)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=index)
+        handle = self._remote.options(**options).remote(**self.actor_kwargs)
         if self._weights is not None:
             handle.set_weights.remote(self.version, self._weights)
         # no work goes to an actor before it has started: prompts wait for a ready one instead

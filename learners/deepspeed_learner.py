@@ -299,15 +299,37 @@ class DeepSpeedLearner:
             else:
                 yield name, param.detach().float().cpu()
 
+    def _flat_parameters(self) -> list[tuple[np.ndarray, list]] | None:
+        """Under ZeRO-1/2 on the host every parameter is a view into DeepSpeed's flat buffers
+        (``bit16_groups_flat``): [(the buffer's bytes, [(offset, name, dtype, shape, nbytes)])]
+        over every checkpoint name, or None where some tensor lies outside them (ZeRO-0/3, GPU)."""
+        flats = getattr(getattr(self.engine, "optimizer", None), "bit16_groups_flat", None)
+        if not flats or self.config.zero_stage not in (1, 2) or self.device.type != "cpu":
+            return None
+        spans = [(f.data_ptr(), f.data_ptr() + f.numel() * f.element_size()) for f in flats]
+        entries: list[list] = [[] for _ in flats]
+        for name, tensor in self.engine.module.state_dict(keep_vars=True).items():
+            ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+            hit = [i for i, (a, b) in enumerate(spans) if a <= ptr and ptr + nbytes <= b]
+            if not hit or not tensor.is_contiguous():
+                return None
+            entries[hit[0]].append((ptr - spans[hit[0]][0], name,
+                                    str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes))
+        return [(f.detach().view(-1).view(self.torch.uint8).numpy(), e)
+                for f, e in zip(flats, entries) if e]
+
     def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int] | None:
         """Rank 0: (ObjectRefs of the weight buckets, largest bucket's bytes); None elsewhere.
         Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
         import ray
 
-        from learners.weight_sync import bucket_bytes_of, pack_buckets
+        from learners.weight_sync import bucket_bytes_of, pack_buckets, pack_flat_buckets
 
         refs, peak = [], 0
-        for bucket in pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes):
+        flat = self._flat_parameters() if self.rank == 0 else None
+        buckets = ((b for data, entries in flat for b in pack_flat_buckets(data, entries, bucket_bytes))
+                   if flat is not None else pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes))
+        for bucket in buckets:
             if self.rank == 0:
                 peak = max(peak, bucket_bytes_of(bucket))
                 refs.append(ray.put(bucket))

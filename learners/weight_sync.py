@@ -56,6 +56,35 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
         yield bucket
 
 
+def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, tuple, int]],
+                      bucket_bytes: int) -> Iterator[dict]:
+    """Buckets over one contiguous byte buffer in which the tensors already live (DeepSpeed's
+    flat parameter buffers under ZeRO-1/2): each bucket is ONE view of a byte range, ``offsets``
+    locate its tensors. ``entries``: (byte offset, name, dtype, shape, nbytes); tied names share
+    an offset. One large array per bucket is written into the object store at memory-copy speed,
+    where hundreds of small views are not."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
+    bucket, start, end = None, 0, 0
+    for offset, name, dtype, shape, nbytes in sorted(entries, key=lambda e: (e[0], e[1])):
+        grows = offset + nbytes > end  # a tied name inside the current range costs nothing
+        if bucket is not None and bucket["names"] and grows and offset + nbytes - start > bucket_bytes:
+            bucket["arrays"] = [flat[start:end]]
+            yield bucket
+            bucket = None
+        if bucket is None:
+            bucket = {"names": [], "dtypes": [], "shapes": [], "offsets": []}
+            start = end = offset
+        bucket["names"].append(name)
+        bucket["dtypes"].append(dtype)
+        bucket["shapes"].append(tuple(shape))
+        bucket["offsets"].append(offset - start)
+        end = max(end, offset + nbytes)
+    if bucket is not None and bucket["names"]:
+        bucket["arrays"] = [flat[start:end]]
+        yield bucket
+
+
 def bucket_bytes_of(bucket: dict) -> int:
     return sum(a.nbytes for a in bucket["arrays"])
 
@@ -69,6 +98,15 @@ def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
     out = []
     with warnings.catch_warnings():  # tensors over read-only object-store memory: only read
         warnings.simplefilter("ignore", UserWarning)
+        if "offsets" in bucket:  # one byte range (pack_flat_buckets)
+            data = bucket["arrays"][0]
+            whole = torch.frombuffer(memoryview(data), dtype=torch.uint8) if data.nbytes else torch.zeros(0, dtype=torch.uint8)
+            for name, dtype, shape, offset in zip(bucket["names"], bucket["dtypes"], bucket["shapes"],
+                                                  bucket["offsets"]):
+                kind = getattr(torch, dtype)
+                size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=kind).element_size()
+                out.append((name, whole[offset:offset + size].view(kind).view(shape)))
+            return out
         for name, dtype, shape, raw in zip(bucket["names"], bucket["dtypes"], bucket["shapes"],
                                            bucket["arrays"]):
             flat = torch.frombuffer(memoryview(raw), dtype=torch.uint8) if raw.nbytes else torch.zeros(0, dtype=torch.uint8)

@@ -1,6 +1,7 @@
 """A real Ray cluster on this machine: `ray start --head` on private ports and a temp dir of its
 own, the demo submitted with `ray job submit`, a second node offering the `rollout` resource
-added while the job runs; the job's rollout actors grow onto it and the job succeeds. Only the
+added while the job runs and removed again; the job's rollout actors grow onto it and shrink
+back, and the job succeeds with every step trained. Only the
 processes of this cluster are stopped (those whose command line carries its temp dir)."""
 
 import json
@@ -92,7 +93,7 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
         submitted = subprocess.run(
             [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
              "--runtime-env-json", runtime_env, "--no-wait", "--",
-             sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=300", "run.name=job",
+             sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=600", "run.name=job",
              f"run.output_dir={tmp_path}", "training.prompts_per_step=4", "training.group_size=4",
              "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
              "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
@@ -107,10 +108,17 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
         assert time.time() < deadline, job(cluster, "logs", job_id)[-3000:]
         time.sleep(1)
-    # a second node offering the rollout resource joins while the job trains
+    # a second node offering the rollout resource joins while the job trains ...
+    node_port = free_port()
     subprocess.run([RAY, "start", f"--address={cluster['gcs']}", "--num-cpus=2",
-                    '--resources={"rollout": 1}', "--disable-usage-stats"],
+                    '--resources={"rollout": 1}', f"--node-manager-port={node_port}",
+                    "--disable-usage-stats"],
                    check=True, env=cluster["env"], capture_output=True, timeout=120)
+    while not any(json.loads(line)["rollout/nodes"] == 2 for line in metrics.read_text().splitlines()):
+        assert time.time() < deadline + 120, job(cluster, "logs", job_id)[-3000:]
+        time.sleep(1)
+    # ... and leaves again (its raylet and every process under it die)
+    stop_cluster([f"--node_manager_port={node_port}\0"])
     while True:
         status = job(cluster, "status", job_id).lower()  # "Job '...' succeeded"
         if any(f"' {end}" in status for end in ("succeeded", "failed", "stopped")):
@@ -121,5 +129,8 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
     assert "' succeeded" in status, logs[-4000:]
     assert "rollout actors 1 on 1 node(s)" in logs and "rollout actors 2 on 2 node(s)" in logs, logs[-4000:]
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert rows[0]["rollout/actors"] == 1 and rows[-1]["rollout/actors"] == 2
-    assert rows[-1]["rollout/nodes"] == 2 and rows[-1]["step"] == 300
+    placement = [(r["rollout/actors"], r["rollout/nodes"]) for r in rows]
+    grown = placement.index((2, 2))
+    assert placement[0] == (1, 1) and placement[-1] == (1, 1) and grown < len(rows) - 1
+    # no prompt lost: every step trained its 4 groups, through the growth and the shrink
+    assert [r["step"] for r in rows] == list(range(1, 601)) and all(r["groups"] == 4 for r in rows)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from learners.weight_sync import MULTI_RANK_GPU_ENV
+from tests.ray.test_learner import greedy_with  # an hf engine's greedy decode with given weights
 
 pytestmark = pytest.mark.gpu
 
@@ -119,18 +120,6 @@ def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
                              **actor_kwargs),
                         1, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1),
                         num_gpus=num_gpus)
-
-
-def greedy_with(model_dir, weights, prompts, max_tokens):
-    """Greedy decode of chat-templated prompts by an hf engine (CPU) holding ``weights``."""
-    from actors.engines import HFEngine
-
-    engine = HFEngine(model_dir)
-    engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())
-    template = engine.tokenizer.apply_chat_template
-    ids = [engine.tokenizer(template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                     tokenize=False), add_special_tokens=False)["input_ids"] for p in prompts]
-    return engine.greedy(ids, max_tokens)
 
 
 def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir, gpu_batch):

@@ -72,6 +72,20 @@ def test_dynamic_sampling_filters_groups_where_no_reward_varies(ray_cluster):
     assert outcomes.count("trained") == 12
 
 
+def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
+    algo = demo_config("generation.colocate=true", "training.max_staleness=0").build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+        # one bundle per learner, holding the learner's CPU and its rollout actor's
+        assert algo.learners.pg.bundle_specs == [{"CPU": 2.0}]
+        assert algo.rollouts._placement_group is algo.learners.pg
+        actor = algo.rollouts.slots[0].handle
+        assert ray_cluster.get(actor.weights_digest.remote()) == learner_digest(algo)
+    finally:
+        algo.stop()
+    assert [r["step"] for r in results] == [1.0, 2.0] and results[-1]["staleness/max"] == 0
+
+
 def test_learns_the_demo_task_synchronously(ray_cluster):
     """max_staleness = 0, fixed seeds: every reward's mean over the last steps beats the first."""
     algo = demo_config("training.prompts_per_step=16", "training.group_size=8",
