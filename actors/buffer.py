@@ -53,6 +53,10 @@ class ArrowBuffer:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def group_ids(self) -> list[str]:
+        """The ids of the buffered groups, oldest first."""
+        return [g.group_id for g in self._entries]
+
     def room(self, in_flight: int) -> int:
         """How many more groups may be started now (the admission rule)."""
         limit = (self.max_staleness + self.version + 1) * self.groups_per_step

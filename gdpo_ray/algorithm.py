@@ -408,7 +408,7 @@ class GDPO(Algorithm):
     # learners' DeepSpeed checkpoint (model, optimizer, scheduler, RNG, step) beside it
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        in_buffer = [g.group_id for g in self.buffer._entries]
+        in_buffer = self.buffer.group_ids()
         return {"policy_version": self.policy_version, "iteration": self.iteration,
                 "prompts": self.prompts.state_dict(in_buffer=in_buffer),
                 "buffer": self.buffer.state_dict(), "counters": dict(self.counters),

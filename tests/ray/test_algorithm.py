@@ -109,8 +109,8 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
         algo.train()
         path = algo.save_to_path(str(tmp_path / "ckpt"))
         saved = {"digest": learner_digest(algo), "opt": algo.learners.call("optimizer_digest")[0],
-                 "prompts": algo.prompts.state_dict([g.group_id for g in algo.buffer._entries]),
-                 "buffered": [g.group_id for g in algo.buffer._entries]}
+                 "prompts": algo.prompts.state_dict(algo.buffer.group_ids()),
+                 "buffered": algo.buffer.group_ids()}
         algo.train()  # the original run goes on; the restored one starts from step 2
     finally:
         algo.stop()
@@ -119,7 +119,7 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
         assert restored.policy_version == 2 and restored.iteration == 2
         assert learner_digest(restored) == saved["digest"]
         assert restored.learners.call("optimizer_digest")[0] == saved["opt"]
-        assert [g.group_id for g in restored.buffer._entries] == saved["buffered"]
+        assert restored.buffer.group_ids() == saved["buffered"]
         assert restored.prompts.state_dict(saved["buffered"]) == saved["prompts"]
         actor = restored.rollouts.slots[0].handle
         assert ray_cluster.get(actor.weights_digest.remote()) == saved["digest"]

@@ -59,7 +59,7 @@ def test_stale_groups_are_dropped_and_their_prompts_reissued(ray_cluster, tiny_m
     group = make_group(tiny_model_dir, groups_per_step=2, max_staleness=0)
     try:
         group.wait_for(2, timeout=180)
-        first = [g.group_id for g in list(group.buffer._entries)]
+        first = group.buffer.group_ids()
         group.on_update(1, tiny_weights)  # version 0 groups are too stale for step 1 when eta = 0
         assert len(group.buffer) == 0 and group.buffer.dropped_stale == 2
         group.wait_for(2, timeout=180)

@@ -49,3 +49,11 @@ def test_capacity_is_an_invariant():
         buf.add(refs([0, 0]))
     with pytest.raises(ValueError, match="max_staleness"):
         ArrowBuffer(groups_per_step=2, max_staleness=-1)
+
+
+def test_group_ids_are_the_buffered_groups_oldest_first():
+    buffer = ArrowBuffer(groups_per_step=2, max_staleness=1)
+    buffer.add([GroupRef(None, 0, 2, "a", 0), GroupRef(None, 2, 4, "b", 0)])
+    assert buffer.group_ids() == ["a", "b"]
+    buffer.take(1)
+    assert buffer.group_ids() == ["b"]
