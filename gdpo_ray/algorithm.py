@@ -401,7 +401,7 @@ class GDPO(Algorithm):
             self.set_state(self._initial_state)
             self.learners.push_weights(self.rollouts, self.policy_version,
                                        int(self.config.weight_bucket_mb) << 20)
-        self.counters["learner_recoveries"] = recoveries
+        self.counters["learner_recoveries"] = recoveries  # the restored state predates this one
 
     # ---------------------------------------------------------------------------------------
     # checkpoints: the driver's state (prompts, buffer, counters) in RLlib's state file, the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -21,11 +22,8 @@ def flat_scalars(result: Mapping[str, Any], prefix: str = "") -> dict[str, float
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             out |= flat_scalars(value, name + "/")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item"):
-            try:
-                out[name] = float(value)
-            except (TypeError, ValueError):
-                continue
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
+            out[name] = float(value)
     return out
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from learners.weight_sync import MULTI_RANK_GPU_ENV
-from tests.ray.test_learner import greedy_with  # an hf engine's greedy decode with given weights
+# the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
+from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -35,29 +36,6 @@ def test_hf_engine_on_cuda_matches_a_forward_pass(tiny_model_dir):
         np.testing.assert_allclose(s.logprobs, expected.cpu().numpy(), atol=1e-3)
 
 
-ADV = np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32)
-
-
-@pytest.fixture(scope="module")
-def gpu_batch(ray_cluster):
-    """4 groups x 4 rollouts of random tokens in the object store (GroupRefs)."""
-    from actors.buffer import GroupRef
-    from gdpo_ray.batch import GroupData, build_groups, group_bounds
-
-    rng = np.random.default_rng(0)
-    groups = []
-    for p in range(4):
-        responses = [rng.integers(3, 300, rng.integers(4, 12)).tolist() for _ in range(4)]
-        groups.append(GroupData(prompt_id=str(p), group_id=f"{p}/e0/a0", prompt_token_ids=[1, 5, 7],
-                                response_token_ids=responses,
-                                response_logprobs=[[-5.0] * len(r) for r in responses],
-                                finish_reasons=["stop"] * 4, policy_version=0, rewards=np.zeros((4, 1)),
-                                reward_errors=[[""]] * 4))
-    batch = build_groups(groups, ["r"])
-    ref = ray_cluster.put(batch)
-    return [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
-
-
 def learner_config(model_dir, **kw):
     from gdpo_ray.losses import PolicyLossConfig
     from learners.deepspeed_learner import LearnerConfig
@@ -66,13 +44,13 @@ def learner_config(model_dir, **kw):
     return LearnerConfig(model_path=model_dir, **kw)
 
 
-def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir, gpu_batch):
+def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir, fixed_batch):
     from learners.deepspeed_learner import LearnerGroup
 
     learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2), num_learners=1,
                             num_gpus_per_learner=1)
     try:
-        m = learners.update(gpu_batch, ADV)
+        m = learners.update(fixed_batch, ADV)
     finally:
         learners.shutdown()
     assert m["loss_last"] < m["loss_first"]
@@ -122,7 +100,7 @@ def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
                         num_gpus=num_gpus)
 
 
-def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir, gpu_batch):
+def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir, fixed_batch):
     from learners.deepspeed_learner import LearnerGroup
 
     shares = gpu_shares()
@@ -134,7 +112,7 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
         ray_cluster.get(rollouts.slots[0].starting)
         pushes = []
         for version in (1, 2):  # the second push reuses the group
-            learners.update(gpu_batch, ADV)
+            learners.update(fixed_batch, ADV)
             peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
             pushes.append((ray_cluster.get(actor.weights_digest.remote()),
                            ray_cluster.get(actor.policy_version.remote()), learners.call("weights_digest")[0]))
@@ -150,7 +128,7 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
 
 
 def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray_cluster, tiny_model_dir,
-                                                                              gpu_batch):
+                                                                              fixed_batch):
     pytest.importorskip("vllm")
     from learners.deepspeed_learner import LearnerGroup
 
@@ -167,7 +145,7 @@ def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray
         ray_cluster.get(rollouts.slots[0].starting)
         greedy_before = ray_cluster.get(actor.greedy.remote(prompts, 8))
         for _ in range(3):  # a large step, so that the random tiny model's greedy choice moves
-            learners.update(gpu_batch, ADV)
+            learners.update(fixed_batch, ADV)
         learners.broadcast_weights(rollouts, 1)
         greedy_after = ray_cluster.get(actor.greedy.remote(prompts, 8))
         version = ray_cluster.get(actor.policy_version.remote())

@@ -48,20 +48,26 @@ def test_vllm_logprobs_match_a_forward_pass(engine, tiny_model_dir, temperature)
                                    atol=2e-3)
 
 
+def perturbed(model, seed: int, scale: float):
+    """``model`` with seeded gaussian noise of ``scale`` added to every parameter (new weights)."""
+    import torch
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return model
+
+
 def test_vllm_refuses_truncated_sampling(engine):
     with pytest.raises(ValueError, match="use top_p=1 and top_k=0 with vllm"):
         engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9))
 
 
 def test_vllm_loads_new_weights(engine, tiny_model_dir):
-    import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
+    model = perturbed(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32"), 0, 0.5)
     engine.load_weights((k, v.clone()) for k, v in model.state_dict().items())
     prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
     (samples,) = engine.generate([prompt], 2, SamplingParams(temperature=1.0, max_tokens=8))
@@ -95,16 +101,11 @@ def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
 
 def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
     """The object-store push: buckets of raw bytes, loaded one at a time into the running engine."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from learners.weight_sync import pack_buckets, unpack_bucket
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
+    model = perturbed(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32"), 1, 0.3)
     # every checkpoint name, the tied lm_head.weight included: vLLM's reload needs them all
     buckets = list(pack_buckets(model.state_dict().items(), bucket_bytes=64 << 10))
     assert len(buckets) > 3
@@ -117,15 +118,10 @@ def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
 
 
 def test_vllm_greedy_follows_its_weights(engine, tiny_model_dir):
-    import torch
-
     from actors.engines import HFEngine
 
     prompts = [engine.tokenizer(t)["input_ids"] for t in ("What is 1 + 1?", "Name a color.")]
     hf = HFEngine(tiny_model_dir)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for p in hf.model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
+    perturbed(hf.model, 2, 0.5)
     engine.load_weights((k, v.detach().clone()) for k, v in hf.model.state_dict().items())
     assert engine.greedy(prompts, 8) == hf.greedy(prompts, 8)

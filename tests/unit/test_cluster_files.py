@@ -21,12 +21,17 @@ def test_launcher_yaml_matches_rays_schema():
     assert "learner" in types["learner"]["resources"]
     assert types["rollout"]["resources"]["rollout"] > 0  # the elastic rollout node type
     assert types["rollout"]["min_workers"] == 0 < types["rollout"]["max_workers"]
+    # every node gets this checkout and installs it (no placeholder package source)
+    assert config["file_mounts"] == {"~/gdpo-ray": "."}
+    assert any("~/gdpo-ray" in c or "$HOME/gdpo-ray" in c for c in config["setup_commands"])
 
 
 def test_rayjob_has_the_same_layout():
     job = yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
     spec = job["spec"]
+    dockerfile = (CLUSTER / "Dockerfile").read_text()  # the image the manifest names is built here
+    assert "COPY" in dockerfile and "/app[gpu]" in dockerfile
     assert spec["entrypoint"].startswith("python -m gdpo_ray train")
     runtime = yaml.safe_load(spec["runtimeEnvYAML"])
     assert runtime["env_vars"]["RAY_AUTH_MODE"] == "disabled"
