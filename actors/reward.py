@@ -153,6 +153,7 @@ class RewardPool:
             msg = conn.recv()
         except (EOFError, OSError):
             entry = busy.pop(conn, None)
+            worker.process.join(timeout=1.0)  # its pipe closes before it is reaped: wait for the code
             code = worker.process.exitcode
             if not worker.ready:
                 self._startup_failures += 1
