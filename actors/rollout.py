@@ -418,10 +418,29 @@ class RolloutGroup:
         self.slots = []
 
 
-def read_groups(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
-    """One record batch per group of ``refs`` (zero-copy slices of the object store)."""
+def _objects(refs: Sequence[GroupRef]) -> dict:
+    """ObjectRef -> record batch, one ray.get for the distinct objects of ``refs``."""
     import ray
 
     unique = list(dict.fromkeys(g.ref for g in refs))
-    objects = dict(zip(unique, ray.get(unique)))
+    return dict(zip(unique, ray.get(unique)))
+
+
+def read_groups(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
+    """One record batch per group of ``refs`` (zero-copy slices of the object store)."""
+    objects = _objects(refs)
     return [objects[g.ref].slice(g.start, g.stop - g.start) for g in refs]
+
+
+def read_rows(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
+    """The rows of ``refs``, in order, as few zero-copy slices as possible: consecutive groups
+    that are consecutive rows of one object come back as one slice (a learner reads hundreds of
+    groups as a handful of batches)."""
+    runs: list[list] = []  # [ref, start, stop]
+    for g in refs:
+        if runs and runs[-1][0] == g.ref and runs[-1][2] == g.start:
+            runs[-1][2] = g.stop
+        else:
+            runs.append([g.ref, g.start, g.stop])
+    objects = _objects(refs)
+    return [objects[ref].slice(start, stop - start) for ref, start, stop in runs]

@@ -82,10 +82,10 @@ class Producer:
 
 class Learner:
     def arrow(self, refs) -> int:
-        from actors.rollout import read_groups
+        from actors.rollout import read_rows
 
         tokens = 0
-        for batch in read_groups(refs):
+        for batch in read_rows(refs):
             ids = batch.column("response_token_ids").flatten().to_numpy()  # zero-copy views
             lps = batch.column("response_logprobs").flatten().to_numpy()
             assert len(ids) == len(lps)

@@ -62,13 +62,19 @@ def group_schema(reward_names: Sequence[str], sampling: Mapping[str, Any] | None
 
 
 def _ragged(rows: Sequence[Sequence], dtype: type, large: bool) -> pa.Array:
-    """A list array from per-row sequences: one concatenation, offsets by cumsum."""
+    """A list array from per-row sequences (arrays or lists): offsets by cumsum, values copied
+    once, straight into a buffer of Arrow's memory pool (which keeps freed pages for reuse, so a
+    rollout actor does not page-fault fresh memory for every batch)."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, np.int64 if large else np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.concatenate([np.asarray(r, dtype) for r in rows]) if len(rows) else np.zeros(0, dtype)
+    value_type = pa.from_numpy_dtype(dtype)
+    values = pa.allocate_buffer(int(offsets[-1]) * np.dtype(dtype).itemsize)
+    if len(rows):  # casting as np.asarray(row, dtype) would
+        np.concatenate(rows, out=np.frombuffer(values, dtype), casting="unsafe")
+    flat = pa.Array.from_buffers(value_type, int(offsets[-1]), [None, values])
     cls = pa.LargeListArray if large else pa.ListArray
-    return cls.from_arrays(pa.array(offsets), pa.array(flat.astype(dtype, copy=False)))
+    return cls.from_arrays(pa.array(offsets), flat)
 
 
 @dataclasses.dataclass

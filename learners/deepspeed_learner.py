@@ -194,11 +194,11 @@ class DeepSpeedLearner:
     def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
         """One policy update over this rank's share: whole groups (GroupRefs, read zero-copy
         here) and the advantages of their rows, in order."""
-        from actors.rollout import read_groups
+        from actors.rollout import read_rows
 
         cfg = self.config
         start = time.perf_counter()
-        rows = _rows(read_groups(groups), np.asarray(advantages))
+        rows = _rows(read_rows(groups), np.asarray(advantages))
         if not rows:
             raise ValueError(f"learner {self.rank} received no rollouts: give every learner a group")
         compute_start = time.perf_counter()

@@ -7,7 +7,7 @@ import pytest
 
 from actors.buffer import ArrowBuffer
 from actors.prompts import PromptSource
-from actors.rollout import RolloutGroup, read_groups
+from actors.rollout import RolloutGroup, read_groups, read_rows
 from gdpo_ray.batch import check_group, reward_names
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "ground_truth": str(a + b)} for a in range(4) for b in range(4)]
@@ -184,3 +184,30 @@ def test_generation_in_flight_finishes_on_its_version(ray_cluster, tiny_model_di
     # the call that started before the new weights keeps its version; the next one has the new one
     assert {v for _, _, _, v in meta1["groups"]} == {0} and set(batch1.column("policy_version").to_pylist()) == {0}
     assert {v for _, _, _, v in meta2["groups"]} == {1} and set(batch2.column("policy_version").to_pylist()) == {1}
+
+
+def test_read_rows_coalesces_consecutive_groups_of_one_object(ray_cluster):
+    from actors.buffer import GroupRef
+    from gdpo_ray.batch import GroupData, build_groups
+
+    def obj(tag):
+        groups = [GroupData(prompt_id=f"{tag}{i}", group_id=f"{tag}{i}", prompt_token_ids=[i],
+                            response_token_ids=[[i, j] for j in range(2)],
+                            response_logprobs=[[-1.0, -j] for j in range(2)],
+                            finish_reasons=["stop"] * 2, policy_version=0, rewards=np.zeros((2, 1)),
+                            reward_errors=[[""]] * 2) for i in range(3)]
+        return ray_cluster.put(build_groups(groups, ["r"]))
+
+    a, b = obj("a"), obj("b")
+    refs = [GroupRef(a, 0, 2, "a0", 0), GroupRef(a, 2, 4, "a1", 0),  # one run: rows 0..4 of a
+            GroupRef(b, 4, 6, "b2", 0),  # another object
+            GroupRef(a, 4, 6, "a2", 0),  # a again, after b: a new run
+            GroupRef(b, 0, 2, "b0", 0)]  # b, but not after row 6: a new run
+    runs = read_rows(refs)
+    assert [r.num_rows for r in runs] == [4, 2, 2, 2]
+    assert [r.column("group_id").to_pylist() for r in runs] == [
+        ["a0", "a0", "a1", "a1"], ["b2", "b2"], ["a2", "a2"], ["b0", "b0"]]
+    # the same rows, in the same order, as read_groups gives group by group
+    assert sum((r.column("response_token_ids").to_pylist() for r in runs), []) == sum(
+        (g.column("response_token_ids").to_pylist() for g in read_groups(refs)), [])
+    assert read_rows([]) == []

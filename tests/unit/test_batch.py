@@ -122,3 +122,14 @@ def test_learner_rows_are_views_of_group_slices():
     assert [r.advantage for r in rows] == [1.0, 2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="3 advantages for 4 rollouts"):
         _rows([batch.slice(2, 4)], np.zeros(3))
+
+
+def test_ragged_columns_from_lists_arrays_and_empty_rows():
+    from gdpo_ray.batch import _ragged
+
+    ids = _ragged([[1, 2], np.array([3], np.int64), [], np.array([4, 5], np.int32)], np.int32, large=True)
+    assert ids.type == pa.large_list(pa.int32())
+    assert ids.to_pylist() == [[1, 2], [3], [], [4, 5]] and ids.offsets.to_pylist() == [0, 2, 3, 3, 5]
+    lps = _ragged([[-0.5], np.array([], np.float32), np.array([-1.25, 0.0])], np.float32, large=False)
+    assert lps.type == pa.list_(pa.float32()) and lps.to_pylist() == [[-0.5], [], [-1.25, 0.0]]
+    assert _ragged([], np.int32, large=True).to_pylist() == []
