@@ -70,17 +70,22 @@ class PromptSource:
         prompt_column: the column holding the prompt text or chat messages.
         id_column: a column of unique prompt ids (default: the row number).
         seed: the order of epoch e is a permutation drawn from (seed, e).
+        columns: extra columns taken from nested fields, ``{name: "column.field..."}``: verl's
+            parquet keeps the answer in ``reward_model.ground_truth``, the rewards read
+            ``ground_truth`` (``{"ground_truth": "reward_model.ground_truth"}``).
     """
 
     def __init__(self, data: Any, prompt_column: str = "prompt", id_column: str | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, columns: Mapping[str, str] | None = None) -> None:
         table = load_table(data)
-        if prompt_column not in table.column_names:
-            raise ValueError(f"prompt_column {prompt_column!r} is not a column of the dataset; "
-                             f"columns: {table.column_names}")
         if table.num_rows == 0:
             raise ValueError("the dataset has no rows")
         self._rows = table.to_pylist()
+        for name, path in (columns or {}).items():
+            _add_column(self._rows, name, path, table.column_names)
+        if prompt_column not in self._rows[0]:
+            raise ValueError(f"prompt_column {prompt_column!r} is not a column of the dataset; "
+                             f"columns: {list(self._rows[0])}")
         self._prompt_column, self.seed = prompt_column, seed
         ids = ([str(r[id_column]) for r in self._rows] if id_column else
                [str(i) for i in range(len(self._rows))])
@@ -179,6 +184,26 @@ class PromptSource:
         self._in_flight = {g: (r, e, a) for g, r, e, a in state.get("in_buffer", [])}
         self._done = {(e, r): s for e, r, s in state["done"]}
         self.reissued = state["reissued"]
+
+
+def _add_column(rows: list[dict], name: str, path: str, column_names: list[str]) -> None:
+    """Sets ``row[name]`` to the nested field ``path`` ("column.field.field") of every row."""
+    first, *rest = path.split(".")
+    if first not in column_names:
+        raise ValueError(f"data column {name!r} comes from {path!r}, but the dataset has no column "
+                         f"{first!r}; columns: {column_names}")
+    for i, row in enumerate(rows):
+        value, where = row[first], first
+        for part in rest:
+            if not isinstance(value, dict) or part not in value:
+                keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+                raise ValueError(f"dataset row {i}: data column {name!r} comes from {path!r}, but "
+                                 f"{where!r} has no field {part!r} (it has: {keys})")
+            value, where = value[part], f"{where}.{part}"
+        if value is None:
+            raise ValueError(f"dataset row {i}: data column {name!r} comes from {path!r}, which is "
+                             "empty (null) in this row")
+        row[name] = value
 
 
 def _check_prompt(value: Any, row: int, column: str) -> None:

@@ -177,7 +177,8 @@ class GDPO(Algorithm):
         self.model_path = resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
-                                    id_column=c.id_column, seed=c.seed or 0)
+                                    id_column=c.id_column, seed=c.seed or 0,
+                                    columns=dict(c.columns))
         self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
         self.policy_version = 0
         self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}

@@ -78,6 +78,7 @@ FIELDS: dict[str, Field] = {
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)"),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages"),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)"),
+    "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})"),
 }
 
 SECTIONS = ("training", "llm", "generation", "data")
@@ -123,6 +124,10 @@ def check(config: Any) -> None:
                          "'tiny', 'smollm2')")
     if c.prompts is None:
         raise ValueError("no prompts: use .data(prompts='train.parquet') (or 'task:addition')")
+    if not isinstance(c.columns, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
+        raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
+                         f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
     if c.engine not in ("hf", "vllm"):
         raise ValueError(f"engine must be 'hf' or 'vllm'; got {c.engine!r}")
     if c.engine == "vllm" and (c.top_p < 1 or c.top_k):

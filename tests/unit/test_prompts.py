@@ -81,3 +81,38 @@ def test_hugging_face_dataset():
     taken = src.take(10)
     assert len(src) == 10 and sorted(p.prompt_id for p in taken) == sorted(str(i) for i in range(10))
     assert all(p.prompt == f"q{p.prompt_id}" and p.columns == {"ground_truth": p.prompt_id} for p in taken)
+
+
+def verl_rows():
+    """Rows laid out as verl's parquet files are (DeepScaleR, Eurus-2-RL, ToolRL)."""
+    return [{"data_source": "math", "prompt": [{"role": "user", "content": f"q{i}"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(i * i)},
+             "extra_info": {"split": "train", "index": 100 + i}} for i in range(3)]
+
+
+def test_verl_parquet_columns_from_nested_fields(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(verl_rows()), tmp_path / "train.parquet")
+    src = PromptSource(str(tmp_path / "train.parquet"), id_column="index",
+                       columns={"ground_truth": "reward_model.ground_truth", "index": "extra_info.index"})
+    taken = sorted(src.take(3), key=lambda p: p.row)
+    assert [p.prompt_id for p in taken] == ["100", "101", "102"]
+    assert [p.columns["ground_truth"] for p in taken] == ["0", "1", "4"]
+    assert taken[1].prompt == [{"role": "user", "content": "q1"}]
+
+
+def test_bad_nested_columns_are_named():
+    rows = verl_rows()
+    del rows[2]["reward_model"]["ground_truth"]  # in the table, this row's field is null
+    with pytest.raises(ValueError, match=r"dataset row 2: data column 'ground_truth' comes from "
+                                         r"'reward_model.ground_truth', which is empty \(null\)"):
+        PromptSource(rows, columns={"ground_truth": "reward_model.ground_truth"})
+    with pytest.raises(ValueError, match=r"dataset row 0: .* 'reward_model' has no field 'answer' "
+                                         r"\(it has: \['ground_truth', 'style'\]\)"):
+        PromptSource(verl_rows(), columns={"ground_truth": "reward_model.answer"})
+    with pytest.raises(ValueError, match="has no column 'reward'; columns: .*'reward_model'"):
+        PromptSource(verl_rows(), columns={"ground_truth": "reward.ground_truth"})
+    with pytest.raises(ValueError, match="'reward_model.style' has no field 'x' \\(it has: str\\)"):
+        PromptSource(verl_rows(), columns={"ground_truth": "reward_model.style.x"})
