@@ -200,8 +200,9 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> dict:
-    """A preset (packaged name or YAML path; None = ``demo``) merged with ``key=value``
-    overrides (e.g. ``training.lr=1e-5``) -> a plain dict of sections."""
+    """A preset (packaged name or YAML path; None = ``demo``) with ``key=value`` overrides
+    (e.g. ``training.lr=1e-5``; a value replaces the preset's, a mapping included:
+    ``generation.engine_kwargs={}`` empties it) -> a plain dict of sections."""
     from omegaconf import OmegaConf
 
     name = name_or_path or "demo"
@@ -215,11 +216,16 @@ def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
         if not packaged.is_file():
             raise ValueError(f"unknown preset {name!r}; presets: {preset_names()} (or a YAML path)")
         base = OmegaConf.create(packaged.read_text())
-    try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-    except Exception as err:  # noqa: BLE001 - OmegaConf's own error types vary
-        raise ValueError(f"bad override in {list(overrides)}: {err}") from None
-    out = OmegaConf.to_container(merged, resolve=True)
+    for item in overrides:  # each value replaces the preset's (a mapping is not merged into it)
+        key = item.split("=", 1)[0]
+        try:
+            if "=" not in item or not key:
+                raise ValueError("expected section.key=value")
+            value = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
+            OmegaConf.update(base, key, value, merge=False, force_add=True)
+        except Exception as err:  # noqa: BLE001 - OmegaConf's own error types vary
+            raise ValueError(f"bad override {item!r}: {err}") from None
+    out = OmegaConf.to_container(base, resolve=True)
     if not isinstance(out, dict):
         raise ValueError(f"{name}: a config is a mapping of sections; got {type(out).__name__}")
     return out

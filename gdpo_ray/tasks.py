@@ -9,11 +9,19 @@ would name a dataset path (``data.prompts``).
   is right, a short response (the paper's conditioned length reward).
 - ``arithmetic`` (the SmolLM2 math preset): small word problems with +, - and x on numbers up to
   50, answer in \\boxed{}.
+- ``tool_calls`` (a stand-in for the ToolRL data of the ``toolrl`` preset): chat prompts whose
+  system message lists tools as JSON schemas; the gold answer is ToolRL's text,
+  ``<think>…</think>`` then one ``<tool_call>`` block with a JSON call per line, or a
+  ``<response>`` when no tool fits.
+- ``code`` (a stand-in for Eurus-2-RL of the ``code`` preset): small Python exercises with test
+  cases in the PRIME/APPS layout, ``{"fn_name", "inputs", "outputs"}`` (call-based) or stdin/stdout.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import json
 
 import numpy as np
 
@@ -65,6 +73,120 @@ def arithmetic(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
         question = text.format(name=_NAMES[int(rng.integers(len(_NAMES)))], a=a, b=b)
         rows.append({"id": f"arith-{i}", "ground_truth": str(answer),
                      "prompt": question + " Put the final answer in \\boxed{}."})
+    return rows
+
+
+_TOOLS = [
+    {"name": "get_weather", "description": "Current weather in a city",
+     "parameters": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}},
+    {"name": "convert_currency", "description": "Convert an amount of money",
+     "parameters": {"amount": {"type": "number"}, "from_currency": {"type": "string"},
+                    "to_currency": {"type": "string"}}},
+    {"name": "set_timer", "description": "Start a countdown timer",
+     "parameters": {"minutes": {"type": "integer"}}},
+    {"name": "search_recipes", "description": "Find recipes with an ingredient",
+     "parameters": {"ingredient": {"type": "string"}, "max_results": {"type": "integer"}}},
+]
+TOOL_SYSTEM = (
+    "You can call these tools (JSON schemas, one per line):\n{tools}\n\n"
+    "Answer in this format: first your reasoning in <think>...</think>, then on a new line either\n"
+    "<tool_call>\n{{\"name\": <tool name>, \"parameters\": {{<arguments>}}}}\n</tool_call>\n"
+    "with one JSON object per line for each call, or, if no tool fits the request,\n"
+    "<response>your answer</response>"
+)
+_CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Denver"]
+_CURRENCIES = ["USD", "EUR", "JPY", "GBP"]
+_INGREDIENTS = ["lentils", "salmon", "tofu", "spinach", "mango"]
+
+
+def _tool_request(rng: np.random.Generator) -> tuple[str, list[dict]]:
+    """A user request and the gold calls (none: the answer is a plain response)."""
+    kind = int(rng.integers(6))
+    city, other = rng.choice(_CITIES, 2, replace=False)
+    unit = str(rng.choice(["celsius", "fahrenheit"]))
+    if kind == 0:
+        return f"How warm is it in {city} right now, in {unit}?", [
+            {"name": "get_weather", "parameters": {"city": str(city), "unit": unit}}]
+    if kind == 1:
+        return f"Compare the weather in {city} and {other}, both in {unit}.", [
+            {"name": "get_weather", "parameters": {"city": str(c), "unit": unit}} for c in (city, other)]
+    if kind == 2:
+        amount = int(rng.integers(5, 500))
+        a, b = (str(x) for x in rng.choice(_CURRENCIES, 2, replace=False))
+        return f"How much is {amount} {a} in {b}?", [
+            {"name": "convert_currency", "parameters": {"amount": amount, "from_currency": a, "to_currency": b}}]
+    if kind == 3:
+        minutes = int(rng.integers(1, 61))
+        return f"Set a timer for {minutes} minutes.", [{"name": "set_timer", "parameters": {"minutes": minutes}}]
+    if kind == 4:
+        ingredient, k = str(rng.choice(_INGREDIENTS)), int(rng.integers(1, 6))
+        return f"Find me {k} recipes that use {ingredient}.", [
+            {"name": "search_recipes", "parameters": {"ingredient": ingredient, "max_results": k}}]
+    return "Thanks, that is all for today!", []
+
+
+@TASKS.register("tool_calls")
+def tool_calls(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` tool-calling requests (single and parallel calls, and some with no fitting tool)."""
+    rng = np.random.default_rng(seed)
+    tools = "\n".join(json.dumps(t) for t in _TOOLS)
+    rows = []
+    for i in range(n):
+        request, calls = _tool_request(rng)
+        if calls:
+            names = ", ".join(dict.fromkeys(c["name"] for c in calls))
+            answer = (f"<think>The user's request needs {names}.</think>\n<tool_call>\n"
+                      + "\n".join(json.dumps(c) for c in calls) + "\n</tool_call>")
+        else:
+            answer = "<think>No tool is needed.</think>\n<response>You're welcome!</response>"
+        rows.append({"id": f"tool-{i}", "ground_truth": answer, "prompt": [
+            {"role": "system", "content": TOOL_SYSTEM.format(tools=tools)},
+            {"role": "user", "content": request}]})
+    return rows
+
+
+def _code_problem(rng: np.random.Generator) -> tuple[str, dict]:
+    """A statement and its tests (PRIME/APPS layout)."""
+    kind = int(rng.integers(5))
+    if kind == 0:
+        k = int(rng.integers(2, 10))
+        xs = [int(x) for x in rng.integers(-50, 50, 4)]
+        return (f"Write a function `scale_add(x)` that returns {k} * x + 1.",
+                {"fn_name": "scale_add", "inputs": [[x] for x in xs], "outputs": [k * x + 1 for x in xs]})
+    if kind == 1:
+        c = str(rng.choice(list("aeiou")))
+        words = ["banana", "education", "sky", "queue", "aardvark"]
+        return (f"Write a function `count_char(s)` that returns how many times '{c}' occurs in s.",
+                {"fn_name": "count_char", "inputs": [[w] for w in words], "outputs": [w.count(c) for w in words]})
+    if kind == 2:
+        a, b = (int(x) for x in rng.choice([2, 3, 5, 7], 2, replace=False))
+        ns = [int(x) for x in rng.integers(1, 60, 4)]
+        return (f"Write a function `sum_multiples(n)` that returns the sum of the numbers below n "
+                f"that are divisible by {a} or {b}.",
+                {"fn_name": "sum_multiples", "inputs": [[n] for n in ns],
+                 "outputs": [sum(i for i in range(n) if i % a == 0 or i % b == 0) for n in ns]})
+    if kind == 3:
+        lists = [[int(x) for x in rng.integers(-9, 10, int(rng.integers(1, 6)))] for _ in range(4)]
+        return ("Write a function `largest_gap(nums)` that returns the largest absolute difference "
+                "between two neighbouring numbers of the list (0 for a list of one number).",
+                {"fn_name": "largest_gap", "inputs": [[xs] for xs in lists],
+                 "outputs": [max((abs(p - q) for p, q in zip(xs, xs[1:])), default=0) for xs in lists]})
+    k = int(rng.integers(1, 10))
+    pairs = [(int(a), int(b)) for a, b in rng.integers(0, 100, (4, 2))]
+    return (f"Write a program that reads two integers a and b (one line, separated by a space) from "
+            f"standard input and prints a * b + {k}.",
+            {"inputs": [f"{a} {b}\n" for a, b in pairs], "outputs": [f"{a * b + k}\n" for a, b in pairs]})
+
+
+@TASKS.register("code")
+def code(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` small Python exercises (functions and stdin programs), four test cases each."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        statement, tests = _code_problem(rng)
+        rows.append({"id": f"code-{i}", "ground_truth": json.dumps(tests),
+                     "prompt": statement + " Answer with the code in one ```python block."})
     return rows
 
 

@@ -76,6 +76,13 @@ def test_presets_load_merge_and_build_a_valid_config():
     assert GDPOConfig().training(rewards=[unquoted]).rewards[0]["condition"] == {"on": "correct", "min": 1.0}
     assert config.rewards[2]["condition"] == {"on": "correct", "min": 1.0}
     assert apply_sections(GDPOConfig(), load_preset("smollm2_math")).model_path == "smollm2"
+    for name in ("tool_calling", "math", "code"):  # the paper's presets, as shipped (GPU scale)
+        apply_sections(GDPOConfig(), load_preset(name)).validate()
+    # an override replaces the preset's value, a mapping too (it is not merged into it)
+    gpu = load_preset("math", ["generation.engine_kwargs={}", "data.columns={ground_truth: a.b}",
+                               "training.rewards.1.params.limit=12"])
+    assert gpu["generation"]["engine_kwargs"] == {} and gpu["data"]["columns"] == {"ground_truth": "a.b"}
+    assert gpu["training"]["rewards"][1] == {"name": "length", "fn": "length", "params": {"limit": 12}}
 
 
 def test_preset_errors(tmp_path):
@@ -83,6 +90,8 @@ def test_preset_errors(tmp_path):
         load_preset("nope")
     with pytest.raises(ValueError, match="does not exist"):
         load_preset(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValueError, match="bad override 'training.lr': expected section.key=value"):
+        load_preset("demo", ["training.lr"])
     with pytest.raises(ValueError, match="unknown config section 'trainig'"):
         apply_sections(GDPOConfig(), {"trainig": {"lr": 1.0}})
     with pytest.raises(ValueError, match="section 'env_runners'"):
