@@ -5,7 +5,7 @@ with one torch thread): logprobs of the responses under logits / T, the GDPO pol
 token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no process
 group and no metrics. Key (``--json``): deepspeed_over_torch (aim >= 0.8).
 
-    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 1]
+    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5]
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpus", type=int, default=0, help="1 for the GPU variant (both sides on the GPU)")
+    parser.add_argument("--gpus", type=float, default=0,
+                        help="the GPU variant: each side's share of a GPU (both actors live at once, "
+                             "so 0.5 on a one-GPU machine; 1 needs two GPUs)")
     args = parser.parse_args()
 
     import ray

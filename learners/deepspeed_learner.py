@@ -187,7 +187,8 @@ class DeepSpeedLearner:
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         torch = self.torch
-        t = torch.tensor(values, dtype=torch.float64)
+        # on this rank's device: the default group on CUDA is NCCL only, which takes no CPU tensor
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op.upper()))
         return t.tolist()
 

@@ -341,12 +341,18 @@ def _vllm_trainer_group(host: str, port: int, world_size: int, device: Any) -> A
     """Rank 0 of vLLM's NCCL weight-transfer group: the same StatelessProcessGroup rendezvous and
     PyNcclCommunicator (with its warm-up all_reduce) that each worker builds in
     ``init_weight_transfer_engine`` (vllm/distributed/weight_transfer/nccl_common.py,
-    ``stateless_init_process_group``; ``NCCLWeightTransferEngine._stateless_init_process_group``
-    in the older nccl_engine.py). Built from these primitives, not vLLM's trainer helpers, whose
-    API moved from a static ``trainer_init`` to ``WeightTransferTrainerFactory`` across
-    versions."""
+    ``stateless_init_process_group``, in 0.32 and 0.34; ``NCCLWeightTransferEngine.
+    _stateless_init_process_group`` in the older nccl_engine.py). Built from these primitives,
+    not vLLM's trainer helpers, whose API moved from a static ``trainer_init`` to
+    ``WeightTransferTrainerFactory`` across versions. A communicator that came up disabled (no
+    NCCL library found, or VLLM_DISABLE_PYNCCL) would turn every broadcast into a silent no-op,
+    so it is refused here, as the workers refuse theirs (0.34: ``_require_usable_communicator``)."""
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
     from vllm.distributed.utils import StatelessProcessGroup
 
     group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
-    return PyNcclCommunicator(group, device=device)
+    comm = PyNcclCommunicator(group, device=device)
+    if getattr(comm, "disabled", False):
+        raise RuntimeError("vLLM's PyNcclCommunicator is disabled in this learner (no NCCL library, "
+                           "or VLLM_DISABLE_PYNCCL): the weight broadcast would send nothing")
+    return comm
