@@ -495,6 +495,32 @@ def _request_rollout_nodes(per_actor: dict, actors: int) -> None:
         logger.info("no autoscaler to ask for rollout nodes: %s", err)
 
 
+#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
+RESUME_FIXED = ("prompts", "num_prompts", "columns", "prompt_column", "id_column", "seed")
+
+
+def resume_changes(config: GDPOConfig, checkpoint: str) -> list[tuple[str, Any, Any]]:
+    """(field, saved value, this config's value) of every GDPO field that differs from the
+    checkpoint's config. Raises ValueError, before anything starts, if one of ``RESUME_FIXED``
+    differs: the saved prompt state would then point into other data."""
+    import pickle
+
+    path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
+    if not path.is_file():
+        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no {path.name})")
+    with open(path, "rb") as f:
+        saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
+    names = [*fields.FIELDS, "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
+    changes = [(name, saved.get(name), getattr(config, name)) for name in names
+               if saved.get(name) != getattr(config, name)]
+    for name, old, new in changes:
+        if name in RESUME_FIXED:
+            raise ValueError(f"--resume {checkpoint}: {fields.FIELDS[name].section}.{name} was {old!r} "
+                             f"and is {new!r} now; a run resumes on the data it started with (set it "
+                             f"back, or start a new run)")
+    return changes
+
+
 def resolve_model_path(spec: str) -> pathlib.Path:
     """``demo`` (the warm-started tiny model), ``tiny`` (random), ``smollm2`` or a directory."""
     if spec == "demo":

@@ -27,6 +27,7 @@ WORKER_ENV = {"RAY_AUTH_MODE": "disabled", "TRANSFORMERS_VERBOSITY": "error",
 class TrainingRun:
     def __init__(self, config: Any, run: dict, preset: str, resume: str | None = None) -> None:
         self.config, self.run_settings, self.preset, self.resume = config, run, preset, resume
+        self.changes: list = []  # settings that differ from the resumed checkpoint's
         name = run["name"] or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run_dir = Path(run["output_dir"]).resolve() / name
 
@@ -50,8 +51,12 @@ class TrainingRun:
         if gdpo.checkpoint_dir is None:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
         gdpo.validate()
-        if resume and not Path(resume).is_dir():
-            raise ValueError(f"--resume {resume}: no such checkpoint directory")
+        if resume:
+            from gdpo_ray.algorithm import resume_changes
+
+            if not Path(resume).is_dir():
+                raise ValueError(f"--resume {resume}: no such checkpoint directory")
+            self.changes = resume_changes(gdpo, resume)
         return self
 
     def _start_ray(self) -> None:
@@ -73,14 +78,17 @@ class TrainingRun:
     def run(self) -> int:
         from tqdm import tqdm
 
-        from gdpo_ray.algorithm import GDPO
         from gdpo_ray.run_outputs import RunLog, flat_scalars, plot_rewards, read_metrics
 
         steps = self.run_settings["steps"]
         print(f"gdpo-ray: run directory {self.run_dir}", flush=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._start_ray()
-        algo = GDPO.from_checkpoint(self.resume) if self.resume else self.config.build_algo()
+        algo = self.config.build_algo()
+        if self.resume:  # this run's config, the checkpoint's state (weights, optimizer, prompts)
+            for name, old, new in self.changes:
+                print(f"gdpo-ray: resuming with {name} {old!r} -> {new!r}")
+            algo.restore_from_path(self.resume)
         names = algo.reward_names
         log = RunLog(self.run_dir)
         try:

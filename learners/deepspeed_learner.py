@@ -214,6 +214,7 @@ class DeepSpeedLearner:
         self.step += 1
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"],
+                   lr=float(self.engine.optimizer.param_groups[0]["lr"]),
                    time_s=time.perf_counter() - start,
                    compute_s=time.perf_counter() - compute_start)  # forward, backward, step
         return out
@@ -408,6 +409,8 @@ class DeepSpeedLearner:
         _, state = self.engine.load_checkpoint(path)
         self.step = state["step"]
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        for group in self.engine.optimizer.param_groups:  # this run's settings, not the saved ones
+            group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
         return self.step
 
     def optimizer_digest(self) -> str:

@@ -26,8 +26,16 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     AutoModelForCausalLM.from_pretrained(run / "policy")
     AutoTokenizer.from_pretrained(run / "policy")
 
+    assert all(r["learner/lr"] == 2e-4 for r in rows)  # the demo's
     checkpoint = run / "checkpoints" / "final"
-    assert main(["train", "demo", "run.steps=3", "run.name=second", *common,
+    # a resumed run keeps the checkpoint's state (step, weights, optimizer, prompts) and takes
+    # this command's settings: here a lower learning rate
+    assert main(["train", "demo", "run.steps=3", "run.name=second", "training.lr=5e-5", *common,
                  "--resume", str(checkpoint)]) == 0
+    assert "resuming with lr 0.0002 -> 5e-05" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [3]
+    assert [r["step"] for r in rows] == [3] and rows[0]["learner/lr"] == 5e-5
+    # other data would make the saved prompt state point at other rows: refused before Ray starts
+    assert main(["train", "demo", "run.steps=4", "data.num_prompts=50", *common,
+                 "--resume", str(checkpoint)]) == 2
+    assert "data.num_prompts was None and is 50 now" in capsys.readouterr().err
