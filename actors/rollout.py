@@ -270,7 +270,9 @@ class RolloutGroup:
 
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=self._placement_group, placement_group_bundle_index=index)
-        handle = self._remote.options(**options).remote(**self.actor_kwargs)
+        # each actor its own sampling stream (a restarted one takes up its predecessor's)
+        seed = self.actor_kwargs.get("seed", 0) + 7919 * index
+        handle = self._remote.options(**options).remote(**dict(self.actor_kwargs, seed=seed))
         if self._weights is not None:
             handle.set_weights.remote(self.version, self._weights)
         # no work goes to an actor before it has started: prompts wait for a ready one instead

@@ -211,3 +211,18 @@ def test_read_rows_coalesces_consecutive_groups_of_one_object(ray_cluster):
     assert sum((r.column("response_token_ids").to_pylist() for r in runs), []) == sum(
         (g.column("response_token_ids").to_pylist() for g in read_groups(refs)), [])
     assert read_rows([]) == []
+
+
+def test_each_actor_samples_its_own_stream(ray_cluster, tiny_model_dir):
+    from actors.prompts import PromptSource
+
+    group = make_group(tiny_model_dir, num_actors=2)
+    try:
+        prompt = PromptSource(ROWS[:1]).take(1)
+        ray_cluster.get([s.handle.ready.remote() for s in group.slots])
+        batches = [ray_cluster.get(s.handle.generate.options(num_returns=2).remote(prompt)[1])
+                   for s in group.slots]
+    finally:
+        group.shutdown()
+    first, second = (b.column("response_token_ids").to_pylist() for b in batches)
+    assert first != second  # the same prompt, the same call count, other random numbers
