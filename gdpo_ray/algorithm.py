@@ -510,12 +510,13 @@ def resume_changes(config: GDPOConfig, checkpoint: str) -> list[tuple[str, Any, 
         raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no {path.name})")
     with open(path, "rb") as f:
         saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
-    names = [*fields.FIELDS, "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
+    names = [*fields.FIELDS, "seed", "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
     changes = [(name, saved.get(name), getattr(config, name)) for name in names
                if saved.get(name) != getattr(config, name)]
     for name, old, new in changes:
         if name in RESUME_FIXED:
-            raise ValueError(f"--resume {checkpoint}: {fields.FIELDS[name].section}.{name} was {old!r} "
+            section = fields.FIELDS[name].section if name in fields.FIELDS else "debugging"
+            raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
                              f"and is {new!r} now; a run resumes on the data it started with (set it "
                              f"back, or start a new run)")
     return changes

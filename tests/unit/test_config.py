@@ -109,3 +109,22 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
     assert "group_size must be an integer >= 2" in err
     assert main(["train", "demo", "run.stepz=3"]) == 2
     assert "unknown run setting(s) ['stepz']" in capsys.readouterr().err
+
+
+def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
+    import pickle
+
+    from gdpo_ray.algorithm import resume_changes
+
+    saved = good().training(lr=2e-4)
+    with open(tmp_path / "class_and_ctor_args.pkl", "wb") as f:  # as RLlib writes a checkpoint
+        pickle.dump({"class": None, "ctor_args_and_kwargs": ((saved.get_state(),), {})}, f)
+    assert resume_changes(good().training(lr=2e-4), str(tmp_path)) == []
+    assert resume_changes(good().training(lr=1e-5, max_staleness=1), str(tmp_path)) == [
+        ("max_staleness", 0, 1), ("lr", 2e-4, 1e-5)]
+    with pytest.raises(ValueError, match="data.prompts was 'task:addition' and is 'task:arithmetic'"):
+        resume_changes(good().training(lr=2e-4).data(prompts="task:arithmetic"), str(tmp_path))
+    with pytest.raises(ValueError, match="debugging.seed was None and is 1"):
+        resume_changes(good().training(lr=2e-4).debugging(seed=1), str(tmp_path))
+    with pytest.raises(ValueError, match="not a gdpo-ray checkpoint"):
+        resume_changes(good(), str(tmp_path / "nothing"))
