@@ -89,7 +89,8 @@ def job(cluster, *args: str) -> str:
 def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
     runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", ".venv-gpu", "runs"],
                               "env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}})
-    for _ in range(30):  # the dashboard's job agent needs a few seconds after `ray start`
+    deadline = time.time() + 300  # the dashboard's job agent registers some time after `ray start`
+    while True:  # (seconds; minutes on a loaded 2-core machine)
         submitted = subprocess.run(
             [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
              "--runtime-env-json", runtime_env, "--no-wait", "--",
@@ -98,9 +99,9 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
              "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
              "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
             env=cluster["env"], capture_output=True, text=True, timeout=180)
-        if "No available agent" not in submitted.stderr:
+        if "No available agent" not in submitted.stderr or time.time() > deadline:
             break
-        time.sleep(2)
+        time.sleep(3)
     assert submitted.returncode == 0, submitted.stderr
     job_id = re.search(r"raysubmit_[A-Za-z0-9]+", submitted.stdout + submitted.stderr).group(0)
     metrics = tmp_path / "job" / "metrics.jsonl"
