@@ -15,6 +15,7 @@ CPU = ["llm.model_path=tiny", "llm.max_prompt_tokens=1000", "data.num_prompts=8"
        "training.group_size=2", "training.prompts_per_step=2", "training.precision=fp32",
        "training.dynamic_sampling=false",  # a random model rarely varies a reward
        "env_runners.num_env_runners=1", "env_runners.num_gpus_per_env_runner=0",
+       "env_runners.num_cpus_per_env_runner=1",
        "learners.num_learners=1", "learners.num_gpus_per_learner=0"]
 
 

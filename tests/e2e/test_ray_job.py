@@ -63,6 +63,14 @@ def stop_cluster(markers: list[str]) -> None:
             time.sleep(0.2)
 
 
+def private_ports() -> list[str]:
+    """Ports of a node's own agents: the defaults (e.g. the dashboard agent's 52365) belong to
+    the session's Ray of the other tests, and a second agent on them never comes up ("No
+    available agent to submit job")."""
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+
+
 @pytest.fixture
 def cluster():
     temp = tempfile.mkdtemp(prefix="gdpo-rt-")
@@ -71,7 +79,8 @@ def cluster():
     subprocess.run([RAY, "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
                     "--dashboard-host=127.0.0.1", f"--ray-client-server-port={free_port()}",
                     f"--temp-dir={temp}", "--num-cpus=4", '--resources={"rollout": 1}',
-                    "--disable-usage-stats"], check=True, env=env, capture_output=True, timeout=120)
+                    "--disable-usage-stats", *private_ports()],
+                   check=True, env=env, capture_output=True, timeout=120)
     try:
         yield {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dash}", "temp": temp,
                "env": env}
@@ -113,7 +122,7 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
     node_port = free_port()
     subprocess.run([RAY, "start", f"--address={cluster['gcs']}", "--num-cpus=2",
                     '--resources={"rollout": 1}', f"--node-manager-port={node_port}",
-                    "--disable-usage-stats"],
+                    "--disable-usage-stats", *private_ports()],
                    check=True, env=cluster["env"], capture_output=True, timeout=120)
     while not any(json.loads(line)["rollout/nodes"] == 2 for line in metrics.read_text().splitlines()):
         assert time.time() < deadline + 120, job(cluster, "logs", job_id)[-3000:]
