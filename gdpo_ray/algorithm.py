@@ -3,8 +3,8 @@
 ``GDPO.training_step`` runs five named, timed phases (DESIGN.md §2):
 
 1. take_groups: B complete groups from the ArrowBuffer (the rollout actors keep generating in the
-   background, within the staleness bound; dynamic sampling drops groups in which no reward
-   varies and refills);
+   background, within the staleness bound; dynamic sampling drops groups that would get no
+   advantage, ``informative_groups``, and refills);
 2. advantages: GDPO advantages over the step's B groups, on the driver (only the reward column
    is read: the payload stays in the object store);
 3. update: the DeepSpeed learners' policy update (the rollout group is pumped meanwhile, so
@@ -34,6 +34,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files
+from gdpo_ray.advantages import compute_advantage_details, informative_groups
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +173,12 @@ class GDPO(Algorithm):
         self.offline_data = None
         self._set_up_metrics()
         c = self.config
-        self.reward_names = [RewardSpec.from_dict(r).name for r in c.rewards]
-        self.reward_weights = np.array([RewardSpec.from_dict(r).weight for r in c.rewards], np.float32)
+        specs = [RewardSpec.from_dict(r) for r in c.rewards]
+        self.reward_names = [s.name for s in specs]
+        self.reward_weights = np.array([s.weight for s in specs], np.float64)
+        self.reward_gates = {s.name: (self.reward_names.index(s.condition.on), s.condition.min)
+                             for s in specs if s.condition is not None}
+        self._warned_cancelling: set[tuple[str, str]] = set()
         self.model_path = resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
@@ -312,10 +317,12 @@ class GDPO(Algorithm):
             taken = self.buffer.take(need)
             got = read_groups(taken)
             if c.dynamic_sampling:
-                informative = _informative(got, c)
+                informative = informative_groups(*_rewards_and_index(got), estimator=c.estimator,
+                                                 weights=self.reward_weights, eps=c.eps)
                 for g, ok in zip(taken, informative):
                     if not ok:
-                        self.prompts.mark_filtered(g.group_id, "no reward varies within the group")
+                        self.prompts.mark_filtered(g.group_id, "no training signal in the group "
+                                                   "(no weighted reward varies)")
                 self.buffer.release(int((~informative).sum()))
                 filtered += int((~informative).sum())
                 taken = [g for g, ok in zip(taken, informative) if ok]
@@ -327,7 +334,7 @@ class GDPO(Algorithm):
         self.counters["filtered_groups"] += filtered
         if not kept:
             raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
-                               "rounds: no reward varies within any group; raise max_refills, "
+                               "rounds: no weighted reward varies within any group; raise max_refills, "
                                "group_size or temperature, or turn dynamic_sampling off")
         return kept, batches, filtered
 
@@ -364,6 +371,8 @@ class GDPO(Algorithm):
                   "tokens": float(lengths.sum()), "prompt_epoch": float(self.prompts.epoch)}
         values |= step_metrics.reward_metrics(rewards, self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)
+        values |= step_metrics.signal_metrics(rewards, details, self.reward_names, self.reward_gates)
+        self._warn_cancelling(details)
         values |= step_metrics.length_metrics(lengths, reasons)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
         stats = self.rollouts.stats
@@ -380,6 +389,16 @@ class GDPO(Algorithm):
                    "rollout/prompts_filtered": float(stats["filtered"]),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}
         return values
+
+    def _warn_cancelling(self, details) -> None:
+        """Once per pair: two rewards that cancel in every group give GDPO no signal."""
+        for pair in step_metrics.cancelling_pairs(details, self.reward_names):
+            if pair not in self._warned_cancelling:
+                self._warned_cancelling.add(pair)
+                logger.warning(
+                    "rewards %r and %r cancel in every group of this step (their weighted, "
+                    "group-normalized advantages sum to 0, e.g. one is 1 - the other with equal "
+                    "weights): GDPO gets no signal from them; change a weight or drop one", *pair)
 
     # ---------------------------------------------------------------------------------------
     # faults
@@ -471,18 +490,7 @@ def _rewards_and_index(batches) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _advantage_details(rewards, index, c, weights):
-    from gdpo_ray.advantages import compute_advantage_details
-
     return compute_advantage_details(rewards, index, estimator=c.estimator, weights=weights, eps=c.eps)
-
-
-def _informative(batches, c) -> np.ndarray:
-    """[B] bool: some reward varies within the group (its pre-batch-norm advantages are not all 0)."""
-    from gdpo_ray.advantages import compute_advantage_details
-
-    rewards, index = _rewards_and_index(batches)
-    details = compute_advantage_details(rewards, index, estimator=c.estimator, eps=c.eps)
-    return ~details.zero_spread.all(axis=1)
 
 
 def _request_rollout_nodes(per_actor: dict, actors: int) -> None:

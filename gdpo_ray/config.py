@@ -40,12 +40,12 @@ FIELDS: dict[str, Field] = {
     "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)"),
     "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)"),
     "loss_agg": Field("training", "token_mean", "token_mean, seq_mean_token_mean or seq_mean_token_sum"),
-    "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio)"),
+    "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio; with clip_eps ~3e-4/4e-4 and loss_agg seq_mean_token_mean)"),
     "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)"),
     "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)"),
     "kl_estimator": Field("training", "k3", "KL estimator: k1, k2 or k3"),
     "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous"),
-    "dynamic_sampling": Field("training", False, "drop groups in which no reward varies and refill the batch (DAPO)"),
+    "dynamic_sampling": Field("training", False, "drop groups that would get no advantage (no weighted reward varies) and refill the batch (DAPO)"),
     "max_refills": Field("training", 8, "refill rounds per step under dynamic sampling before training on fewer groups"),
     "mini_batches": Field("training", 1, "optimizer steps per epoch over a batch"),
     "micro_batch_tokens": Field("training", 8192, "padded tokens per micro-batch (gradient accumulation beyond)"),
@@ -135,6 +135,8 @@ def check(config: Any) -> None:
                          "top_p=1.0 and top_k=0 with engine='vllm', or engine='hf'")
     SamplingParams(**sampling_params(c))
     policy_loss_config(c)
+    if c.ratio_level == "sequence":
+        _check_gspo(c)
     low, high = env_runner_range(c)
     if low != high and not c.custom_resources_per_env_runner:
         raise ValueError(f"num_env_runners {list(c.num_env_runners)} is elastic: rollout actors "
@@ -148,6 +150,25 @@ def check(config: Any) -> None:
             raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
                              f"num_env_runners == num_learners (got {c.num_env_runners} and "
                              f"{c.num_learners})")
+
+
+#: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,
+#: which stays within ~1e-3 of 1); GSPO's paper uses 3e-4 / 4e-4
+GSPO_MAX_CLIP = 0.01
+
+
+def _check_gspo(c: Any) -> None:
+    if max(c.clip_eps_low, c.clip_eps_high) > GSPO_MAX_CLIP:
+        raise ValueError(
+            f"ratio_level='sequence' (GSPO) clips the sequence-level ratio, which stays within "
+            f"~1e-3 of 1: clip_eps_low={c.clip_eps_low} / clip_eps_high={c.clip_eps_high} leave "
+            f"its clipping almost inactive (the limit here is {GSPO_MAX_CLIP}); use "
+            f".training(clip_eps_low=3e-4, clip_eps_high=4e-4) (GSPO's values)")
+    if c.loss_agg != "seq_mean_token_mean":
+        raise ValueError(
+            f"ratio_level='sequence' (GSPO) averages the policy loss over rollouts (each term is "
+            f"already a per-token mean), so loss_agg={c.loss_agg!r} would be ignored there; use "
+            f".training(loss_agg='seq_mean_token_mean'), which the KL term then follows too")
 
 
 def env_runner_range(c: Any) -> tuple[int, int]:

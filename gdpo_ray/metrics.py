@@ -2,15 +2,30 @@
 
 Names are namespaced as in the paper's plots: ``rewards/<name>/mean``, ``adv/<name>/std``,
 ``distinct_advantage_groups``, ``response_length/max``, ``staleness/mean``.
+
+Why a reward does not move (``signal_metrics``), per reward k of the step's batch:
+- ``adv/<name>/share``: reward k's share of the variance of the weighted sum before batch
+  normalization, w_k Cov(A_k, S) / Var(S) = sum_ij c_k,ij S_ij / sum_ij S_ij^2 with c_k reward
+  k's weighted part of S (``AdvantageDetails.contributions``; S has zero mean in every group).
+  The shares sum to 1; a reward that works against the others has a negative share; all 0 when
+  no group carries signal.
+- ``rewards/<name>/zero_spread_groups``: the fraction of groups in which reward k has zero spread
+  (all valid values equal, or fewer than two valid): there it contributes nothing.
+- ``rewards/<name>/gate_open``, for a conditioned reward: the fraction of rollouts (with a
+  computed gate) whose gate reward reaches the condition's threshold.
+- ``adv/cancelled_groups``: the fraction of groups in which a reward of non-zero weight varies
+  but the weighted sum has no spread (the rewards cancel: no signal from the group).
+``cancelling_pairs`` names the pairs of rewards that cancel in every group where either varies
+(the paper's §3.1 erratum case, r2 = 1 - r1 with equal weights): GDPO gets no signal from them.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from gdpo_ray.advantages import AdvantageDetails
+from gdpo_ray.advantages import RESIDUE_ULPS, AdvantageDetails
 
 
 def reward_metrics(rewards: np.ndarray, names: Sequence[str]) -> dict[str, float]:
@@ -39,8 +54,56 @@ def advantage_metrics(details: AdvantageDetails, names: Sequence[str], decimals:
     bounds = np.concatenate(([0], np.cumsum(details.group_sizes)))
     distinct = {tuple(np.round(np.sort(adv[a:b]), decimals)) for a, b in zip(bounds[:-1], bounds[1:])}
     out["distinct_advantage_groups"] = float(len(distinct))
-    out["zero_advantage_groups"] = float(details.zero_spread.all(axis=1).sum())
+    out["zero_advantage_groups"] = float((details.zero_spread.all(axis=1) | details.cancelled).sum())
     return out
+
+
+def signal_metrics(rewards: np.ndarray, details: AdvantageDetails, names: Sequence[str],
+                   gates: Mapping[str, tuple[int, float]] = {}) -> dict[str, float]:
+    """rewards: [N, K] in contiguous groups of ``details.group_sizes``; gates: {conditioned
+    reward: (column of its gate, threshold)} (see the module docstring)."""
+    summed = np.asarray(details.summed, np.float64)
+    power = float(summed @ summed)
+    shares = details.contributions.T @ summed / power if power > 0 else np.zeros(len(names))
+    spread_zero = _zero_spread_per_reward(rewards, details.group_sizes)
+    out = {"adv/cancelled_groups": float(details.cancelled.mean())}
+    for k, name in enumerate(names):
+        out[f"adv/{name}/share"] = float(shares[k])
+        out[f"rewards/{name}/zero_spread_groups"] = float(spread_zero[:, k].mean())
+    for name, (gate, threshold) in gates.items():
+        column = rewards[:, gate]
+        computed = column[~np.isnan(column)]
+        out[f"rewards/{name}/gate_open"] = float((computed >= threshold).mean()) if computed.size else float("nan")
+    return out
+
+
+def _zero_spread_per_reward(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """[B, K] bool: all valid values of the reward in the group equal, or fewer than two valid."""
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    valid = ~np.isnan(rewards)
+    with np.errstate(invalid="ignore"):
+        spread = np.fmax.reduceat(rewards, starts, axis=0) - np.fmin.reduceat(rewards, starts, axis=0)
+    return (np.add.reduceat(valid, starts, axis=0) < 2) | (spread == 0)
+
+
+def cancelling_pairs(details: AdvantageDetails, names: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs of rewards whose weighted parts of S cancel (|c_k + c_l| within a few float32 ulps
+    of their size: the rewards come as float32) in every group where either varies, in at least
+    one group."""
+    c = np.abs(details.contributions)
+    starts = np.concatenate(([0], np.cumsum(details.group_sizes)[:-1]))
+    largest = np.maximum.reduceat(c, starts, axis=0)  # [B, K]
+    pairs = []
+    for k in range(c.shape[1]):
+        for m in range(k + 1, c.shape[1]):
+            scale = largest[:, k] + largest[:, m]
+            varied = scale > 0
+            both = np.abs(details.contributions[:, k] + details.contributions[:, m])
+            left = np.maximum.reduceat(both, starts)
+            cancelled = left <= RESIDUE_ULPS * np.finfo(np.float32).eps * scale
+            if varied.any() and cancelled[varied].all():
+                pairs.append((names[k], names[m]))
+    return pairs
 
 
 def length_metrics(lengths: np.ndarray, finish_reasons: Sequence[str]) -> dict[str, float]:

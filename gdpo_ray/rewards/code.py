@@ -1,50 +1,104 @@
 """Code rewards of the paper's §4.3: test-case pass rate and bug-free execution.
 
-The program is the last fenced code block of the completion (the whole completion if there is
-none). Ground truth is JSON ``{"inputs": [...], "outputs": [...], "fn_name": optional}``:
-without ``fn_name`` each input is the program's stdin and each output its expected stdout; with
-it, each input is the list of arguments of ``fn_name`` (a function, or a method of class
-``Solution``) and each output its expected return value.
+The program (``extract_program``) is the last fenced code block tagged ``python``, ``py`` or
+``python3`` (any case); if there is none, the last untagged block (```` ``` ```` alone); if there
+is none either, the last block of any other language; with no fenced block at all, the whole
+completion. So an untagged or ```` ```text ```` example after the solution is not graded
+instead of it. With ``after_tag`` (say ``"</think>"``) only the text after the last occurrence
+of the tag is searched, and a completion without the tag has no program at all.
+
+Ground truth is JSON ``{"inputs": [...], "outputs": [...], "fn_name": optional}``: without
+``fn_name`` each input is the program's stdin and each output its expected stdout; with it,
+each input is the list of arguments of ``fn_name`` (a function, or a method of class
+``Solution``) and each output its expected return value (compared as JSON, see ``_plain``).
 
 Every run happens in ``gdpo_ray.rewards.sandbox``. A program that fails, crashes, loops, hits a
-limit or attacks the sandbox has failed its test cases (pass rate counts them, bug = 0); only a
-failure of the sandbox itself makes the reward NaN (``SandboxUnavailable`` propagates and the
-reward runtime records it).
+limit or attacks the sandbox has failed its test cases; whether it has a bug is ``has_error``.
+Only a failure of the sandbox itself makes the reward NaN (``SandboxUnavailable`` propagates and
+the reward runtime records it).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import sys
 from collections import OrderedDict
 from typing import Any
 
+from gdpo_ray.rewards.math_answer import after_last
 from gdpo_ray.rewards.sandbox import Limits, RunResult, run_program
+
+SIGKILL, SIGXCPU = 9, 24
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _RESULT_MARK = "\x1e__gdpo_result__"
+
+_PYTHON_TAGS = {"python", "py", "python3"}
+
+
+def _plain(value):
+    """``value`` as data ``json.dumps`` encodes: tuples and lists -> lists, sets -> lists (sorted
+    when their elements are sortable, else in iteration order), dict keys json cannot take ->
+    their repr, objects with ``tolist`` (numpy) -> that, anything else -> its repr string.
+    (Runs inside the call harness: builtins only.)"""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        try:
+            items = sorted(value)
+        except TypeError:
+            items = list(value)
+        return [_plain(v) for v in items]
+    if isinstance(value, dict):
+        return {k if k is None or isinstance(k, (bool, int, float, str)) else repr(k): _plain(v)
+                for k, v in value.items()}
+    if callable(getattr(value, "tolist", None)):
+        return _plain(value.tolist())
+    return repr(value)
+
 
 # Runs a call-based test: the solution is imported as a module, the arguments come on stdin.
 _HARNESS = f"""\
 import json, sys
 sys.setrecursionlimit(10000)
+if hasattr(sys, "set_int_max_str_digits"):
+    sys.set_int_max_str_digits(0)  # a huge int result is encoded, not a harness error
+{inspect.getsource(_plain)}
 args = json.loads(sys.stdin.read())
 namespace = {{"__name__": "solution"}}
 exec(compile(open("solution.py").read(), "solution.py", "exec"), namespace)
 name = sys.argv[1]
 fn = namespace.get(name)
-if fn is None and "Solution" in namespace:
-    fn = getattr(namespace["Solution"](), name)
+if fn is None and isinstance(namespace.get("Solution"), type):
+    fn = getattr(namespace["Solution"](), name, None)
+if not callable(fn):
+    raise NameError(f"the solution defines no function {{name!r}} (nor a method {{name!r}} of "
+                    "class Solution); define it with that name")
 result = fn(*args)
-sys.stdout.write("\\n" + {_RESULT_MARK!r} + json.dumps(result))
+try:
+    encoded = json.dumps(_plain(result))
+except (RecursionError, ValueError):  # a cyclic value, or nested past the recursion limit
+    encoded = json.dumps(repr(result))
+sys.stdout.write("\\n" + {_RESULT_MARK!r} + encoded)
 """
 
 
-def extract_program(completion: str) -> str:
-    """The last fenced code block (```python ... ```), or the whole completion if none."""
+def extract_program(completion: str, after_tag: str | None = None) -> str | None:
+    """The program of a completion (the module docstring's rule); None when ``after_tag`` is
+    given and missing."""
+    if after_tag:
+        completion = after_last(completion, after_tag)
+        if completion is None:
+            return None
     blocks = _FENCE.findall(completion)
-    return blocks[-1][1] if blocks else completion
+    python = [code for tag, code in blocks if tag.lower() in _PYTHON_TAGS]
+    untagged = [code for tag, code in blocks if not tag]
+    chosen = python or untagged or [code for _, code in blocks]
+    return chosen[-1] if chosen else completion
 
 
 def parse_tests(ground_truth: Any) -> dict:
@@ -126,9 +180,31 @@ def _tests(truth: Any, max_tests: int) -> dict:
     return {**tests, "inputs": tests["inputs"][:max_tests], "outputs": tests["outputs"][:max_tests]}
 
 
-def code_passrate(max_tests: int = 32, **limits: Any):
+def has_error(result: RunResult, timeouts_are_bugs: bool = False) -> bool:
+    """Whether a run is a bug: a compile or runtime error (non-zero exit, a Python traceback,
+    MemoryError and RecursionError included) or a crash signal (SIGSEGV, SIGABRT, ...).
+
+    Not a bug unless ``timeouts_are_bugs`` (the paper counts only runtime and compilation
+    errors): a wall timeout (``timed_out``: the sandbox stops waiting, no exit status), too much
+    output (``output_exceeded``), or a CPU-time kill (RLIMIT_CPU with soft = hard limit: the
+    kernel sends SIGKILL; SIGXCPU where the soft limit is lower). With ``timeouts_are_bugs``
+    every run that is not ``RunResult.ok`` is a bug."""
+    if timeouts_are_bugs:
+        return not result.ok
+    if result.timed_out or result.output_exceeded:
+        return False
+    if result.signal is not None:
+        return result.signal not in (SIGKILL, SIGXCPU)
+    return result.exit_code != 0
+
+
+def code_passrate(max_tests: int = 32, after_tag: str | None = None, **limits: Any):
     """Fraction of test cases whose output matches, in [0, 1] (the first ``max_tests`` cases).
-    Other keywords: sandbox ``Limits``."""
+
+    ``after_tag`` (say "</think>"): the program comes from the text after the tag's last
+    occurrence; a completion without the tag scores 0 (nothing runs). An empty program: on a
+    stdin task it prints nothing, so it passes only cases whose expected output is empty; on a
+    call-based task the function is missing, 0. Other keywords: sandbox ``Limits``."""
     limits_ = Limits(**limits)
 
     def code_passrate(prompts, completions, *, ground_truth, **_columns) -> list[float]:
@@ -137,7 +213,11 @@ def code_passrate(max_tests: int = 32, **limits: Any):
             tests = _tests(truth, max_tests)
             if not tests["inputs"]:
                 raise ValueError("code_passrate needs at least one test case in ground_truth")
-            runs = _EXECUTIONS.run(extract_program(completion), tests, limits_)
+            program = extract_program(completion, after_tag)
+            if program is None:
+                out.append(0.0)
+                continue
+            runs = _EXECUTIONS.run(program, tests, limits_)
             if tests.get("fn_name"):
                 passed = sum(call_matches(r, e) for r, e in runs)
             else:
@@ -149,18 +229,28 @@ def code_passrate(max_tests: int = 32, **limits: Any):
     return code_passrate
 
 
-def code_bug(max_tests: int = 32, **limits: Any):
-    """1 if every run ends without compile error, runtime error, timeout or limit kill, else 0
-    (wrong answers are not bugs; without test cases the program runs once on empty stdin).
-    The first ``max_tests`` cases run; other keywords: sandbox ``Limits``."""
+def code_bug(max_tests: int = 32, timeouts_are_bugs: bool = False, after_tag: str | None = None,
+             **limits: Any):
+    """R_bug: 1 if no run of the first ``max_tests`` cases has an error (``has_error``: compile
+    or runtime error or crash; timeouts and limit kills only with ``timeouts_are_bugs``), else 0.
+    Wrong answers are not bugs; without test cases a stdin program runs once on empty stdin.
+
+    ``after_tag`` (say "</think>"): the program comes from the text after the tag's last
+    occurrence; a completion without the tag has no program and scores 0 (an unfinished answer
+    earns nothing, as in code_passrate). An empty program: on a stdin task it runs without
+    error, 1; on a call-based task the function is missing (a NameError), 0.
+    Other keywords: sandbox ``Limits``."""
     limits_ = Limits(**limits)
 
+    def bug_free(completion: str, truth: Any) -> float:
+        program = extract_program(completion, after_tag)
+        if program is None:
+            return 0.0
+        runs = _EXECUTIONS.run(program, _tests(truth, max_tests), limits_)
+        return float(not any(has_error(r, timeouts_are_bugs) for r, _ in runs))
+
     def code_bug(prompts, completions, *, ground_truth, **_columns) -> list[float]:
-        return [
-            float(all(r.ok for r, _ in _EXECUTIONS.run(extract_program(c), _tests(t, max_tests),
-                                                          limits_)))
-            for c, t in zip(completions, ground_truth)
-        ]
+        return [bug_free(c, t) for c, t in zip(completions, ground_truth)]
 
     code_bug.min_timeout_s = limits_.total_s(max_tests)
     return code_bug

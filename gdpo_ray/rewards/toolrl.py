@@ -32,22 +32,36 @@ def _gold_parts(ground_truth: Any) -> tuple[bool, bool]:
     return "<tool_call>" in text, "<response>" in text
 
 
-def format_matches(completion: str, ground_truth: Any) -> bool:
-    """The whole output is <think>…</think>, a newline, then the parts the gold answer has
-    (<tool_call>\\n…\\n</tool_call> and/or <response>…</response>, newline-separated), each tag
-    exactly once and nothing after."""
+def _format_parts(ground_truth: Any) -> tuple[str, set[str]]:
+    """The pattern the gold answer's case asks for and its <tool_call>/<response> tags."""
     has_call, has_response = _gold_parts(ground_truth)
-    parts = [r"<think>.*?</think>"]
-    required = {"<think>", "</think>"}
+    parts, tags = [r"<think>.*?</think>"], set()
     if has_call:
         parts.append(r"<tool_call>\n.*?\n</tool_call>")
-        required |= {"<tool_call>", "</tool_call>"}
+        tags |= {"<tool_call>", "</tool_call>"}
     if has_response:
         parts.append(r"<response>.*?</response>")
-        required |= {"<response>", "</response>"}
-    if re.fullmatch("\n".join(parts), completion, re.DOTALL) is None:
+        tags |= {"<response>", "</response>"}
+    return "\n".join(parts), tags
+
+
+def format_matches(completion: str, ground_truth: Any, strict: bool = False) -> bool:
+    """The output is <think>…</think>, a newline, then the parts the gold answer has
+    (<tool_call>\\n…\\n</tool_call> and/or <response>…</response>, newline-separated), nothing
+    after.
+
+    Default (ToolRL's reward): the output is stripped first, and only the <tool_call> /
+    </tool_call> / <response> / </response> tags of the gold answer's case must occur exactly
+    once (<think> tags are not counted). ``strict``: no stripping, and each of the six tags
+    occurs exactly once if the case requires it and not at all otherwise."""
+    pattern, tags = _format_parts(ground_truth)
+    text = completion if strict else completion.strip()
+    if re.fullmatch(pattern, text, re.DOTALL) is None:
         return False
-    return all(completion.count(tag) == (1 if tag in required else 0) for tag in _TAGS)
+    if strict:
+        tags |= {"<think>", "</think>"}
+        return all(text.count(tag) == (1 if tag in tags else 0) for tag in _TAGS)
+    return all(text.count(tag) == 1 for tag in tags)
 
 
 def parse_calls(block: str) -> list[tuple[str, dict]]:
@@ -103,19 +117,26 @@ def pair_score(gold: tuple[str, dict], pred: tuple[str, dict]) -> float:
     return keys + sum(k in p and same_value(v, p[k]) for k, v in g.items())
 
 
+def _greedy_matching(gold, pred) -> float:
+    """ToolRL's matching: each gold call in order takes the first unused same-name prediction
+    with the highest pair score, and only if that score is above 0."""
+    used: set[int] = set()
+    total = 0.0
+    for g in gold:
+        best, best_j = 0.0, None
+        for j, p in enumerate(pred):
+            if j not in used and p[0] == g[0] and (score := pair_score(g, p)) > best:
+                best, best_j = score, j
+        if best_j is not None:
+            used.add(best_j)
+            total += best
+    return total
+
+
 def _best_matching(gold, pred, greedy: bool) -> float:
     """Largest total pair score over matchings of same-name calls (or ToolRL's greedy one)."""
     if greedy:
-        used: set[int] = set()
-        total = 0.0
-        for g in gold:
-            options = [(pair_score(g, p), j) for j, p in enumerate(pred)
-                       if j not in used and p[0] == g[0]]
-            if options:
-                best = max(options, key=lambda sj: (sj[0], -sj[1]))
-                used.add(best[1])
-                total += best[0]
-        return total
+        return _greedy_matching(gold, pred)
     from scipy.optimize import linear_sum_assignment
 
     total = 0.0
@@ -132,8 +153,15 @@ def _best_matching(gold, pred, greedy: bool) -> float:
 def correctness(completion: str, ground_truth: Any, matching: str = "optimal") -> float:
     """R = 6 * R_max / S_max - 3 in [-3, 3], S_max = 1 + |G| + sum |keys(G_j)|.
 
-    R_max = Jaccard of the multisets of tool names + the best matching's pair scores. Gold
-    without tool calls -> 0 (not applicable); an unparsable prediction -> -3."""
+    R_max = Jaccard of the tool names + the matching's pair scores (``pair_score``). Gold
+    without tool calls -> 0 (not applicable); an unparsable prediction -> -3.
+
+    Tool names are compared as multisets (|G & P| / |G | P| with multiplicities: gold [f, f]
+    vs predicted [f] is 1/2), as ToolRL's code does; the paper's text says sets.
+    Values compare type-strictly (``same_value``): where ToolRL's code uses Python ``==``, which
+    takes true == 1, false == 0 and true == 1.0, we do not ("5" != 5 under both).
+    ``matching``: "optimal" (the paper: the assignment of same-name calls with the largest
+    total) or "greedy" (ToolRL's code: ``_greedy_matching``)."""
     gold = _calls_in(ground_truth)
     if not gold:
         return 0.0
@@ -148,11 +176,12 @@ def correctness(completion: str, ground_truth: Any, matching: str = "optimal") -
     return 6.0 * r_max / s_max - 3.0
 
 
-def toolrl_format():
-    """1 if the output has exactly the structure the gold answer asks for, else 0."""
+def toolrl_format(strict: bool = False):
+    """1 if the output has the structure the gold answer asks for, else 0 (``format_matches``:
+    ToolRL's check by default; ``strict=True``: no stripping, all six tags counted)."""
 
     def toolrl_format(prompts, completions, *, ground_truth, **_columns) -> list[float]:
-        return [float(format_matches(c, g)) for c, g in zip(completions, ground_truth)]
+        return [float(format_matches(c, g, strict)) for c, g in zip(completions, ground_truth)]
 
     return toolrl_format
 

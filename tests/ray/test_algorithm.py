@@ -34,6 +34,10 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         for r in results:
             for name in ("format", "correct", "length"):
                 assert 0 <= r[f"rewards/{name}/mean"] <= 1 and f"adv/{name}/std" in r
+                assert 0 <= r[f"rewards/{name}/zero_spread_groups"] <= 1
+            shares = [r[f"adv/{name}/share"] for name in ("format", "correct", "length")]
+            assert sum(shares) == pytest.approx(1.0, abs=1e-5) or shares == [0.0] * 3
+            assert 0 <= r["rewards/length/gate_open"] <= 1  # length is paid only when correct
             for phase in ("take_groups", "advantages", "update", "push_weights", "metrics"):
                 assert r[f"timing/{phase}_s"] >= 0
             assert r["staleness/max"] <= 1 and r["groups"] == 4
@@ -68,7 +72,7 @@ def test_dynamic_sampling_filters_groups_where_no_reward_varies(ray_cluster):
     filtered = sum(r["filtered_groups"] for r in results)
     p = algo.prompts
     outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
-    assert filtered > 0 and outcomes.count("filtered: no reward varies within the group") == filtered
+    assert filtered > 0 and outcomes.count("filtered: no training signal in the group (no weighted reward varies)") == filtered
     assert outcomes.count("trained") == 12
 
 

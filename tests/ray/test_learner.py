@@ -58,18 +58,27 @@ def test_update_lowers_the_loss_and_replicas_agree(ray_cluster, tiny_model_dir, 
     assert len(set(digests)) == 1  # every learner holds the same weights, bit for bit
 
 
-def test_one_and_two_learners_compute_the_same_loss(ray_cluster, tiny_model_dir, fixed_batch):
-    losses = []
+def test_one_and_two_learners_compute_the_same_update(ray_cluster, tiny_model_dir, fixed_batch):
+    losses, weights = [], []
     for n in (1, 2):
         group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=n)
         try:
+            start = group.call("get_weights")[0]
             m = group.update(fixed_batch, ADV)
+            weights.append(group.call("get_weights")[0])
         finally:
             group.shutdown()
         losses.append((m["loss"], m["tokens"]))
     # the loss is normalized by the global token count, whatever the split across learners
     assert losses[0][1] == losses[1][1]
     assert losses[0][0] == pytest.approx(losses[1][0], abs=1e-6)
+    # and so is the gradient: the same weights after the update (Adam's first step moves each
+    # weight by about lr = 1e-3; two learners only sum the gradient in another order)
+    assert weights[0].keys() == weights[1].keys()
+    moved = max(float(np.abs(weights[0][k] - start[k]).max()) for k in start)
+    assert moved > 5e-4
+    for name in weights[0]:
+        np.testing.assert_allclose(weights[1][name], weights[0][name], rtol=0, atol=2e-6, err_msg=name)
 
 
 def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):

@@ -1,12 +1,26 @@
 """Exact numbers for the advantage math of DESIGN.md §1, with the arithmetic beside them."""
 
 import math
+import zlib
+from decimal import Decimal, getcontext
 
 import numpy as np
 import pytest
 import torch
 
-from gdpo_ray.advantages import ESTIMATORS, compute_advantage_details, compute_advantages
+from gdpo_ray.advantages import (
+    ESTIMATORS,
+    RESIDUE_ULPS,
+    compute_advantage_details,
+    compute_advantages,
+    informative_groups,
+)
+
+getcontext().prec = 50  # the plain-loop reference's decimal arithmetic
+
+
+def D(value):
+    return Decimal(float(value))  # exact: every float is a finite decimal
 
 SQRT2, SQRT3 = math.sqrt(2), math.sqrt(3)
 H = 1 / SQRT2  # 0.70710678...: (0, 1) normalized with the unbiased std
@@ -212,52 +226,183 @@ def test_group_of_one_rollout_is_an_error():
 
 
 # ----------------------------------------------------------------------------------------------
+# Weights, float32 and eps = 0: rounding never becomes signal.
+
+
+def test_grpo_identical_rows_give_exactly_zero_under_float32_weights():
+    # three identical rows (0.9, 0.8, 0.4), weights (2, 1, 0.3), float32 as the driver has them:
+    # t = 1.8 + 0.8 + 0.12 = 2.72 for every row. A BLAS product rounded equal rows differently:
+    # (0.140, -0.070, -0.070) at eps 1e-6 and (1.155, -0.577, -0.577) at eps 0.
+    r = np.array([[0.9, 0.8, 0.4]] * 3, np.float32)
+    w = np.array([2.0, 1.0, 0.3], np.float32)
+    for name in ("grpo", "grpo_no_std"):
+        for eps in (1e-6, 0.0):
+            out = compute_advantages(r, np.zeros(3, int), estimator=name, weights=w, eps=eps)
+            assert out.tolist() == [0.0, 0.0, 0.0]
+    # 256 groups of 16 identical random rows each: wherever a row sits in a BLAS block
+    rng = np.random.default_rng(0)
+    rows = rng.random((256, 5)).astype(np.float32)
+    r = np.repeat(rows, 16, axis=0)
+    for name in ESTIMATORS:
+        out = compute_advantages(r, np.repeat(np.arange(256), 16), estimator=name,
+                                 weights=rng.uniform(-2, 3, 5), eps=0.0)
+        assert (out == 0).all(), name
+
+
+def test_rounding_residue_is_zero_spread_and_real_small_spread_is_signal():
+    # GRPO: totals 0.1 + 0.5 = 0.6 and 0.2 + 0.4 = 0.6 differ by 1.1e-16 in float64 (and 0.1f +
+    # 0.5f, 0.2f + 0.4f by 7.5e-9 in float32's own values); at eps 0 that was (-0.7071, 0.7071)
+    for dtype in (np.float64, np.float32):
+        r = np.array([[0.1, 0.5], [0.2, 0.4]], dtype)
+        for name in ("grpo", "grpo_no_std"):
+            assert compute_advantages(r, [0, 0], estimator=name, eps=0).tolist() == [0.0, 0.0]
+    # GDPO: r2 = 1 - r1 in group 0 (A2 = -A1, S = +-1e-16), an all-zero group 1; the batch std
+    # of S was 1e-16 and eps 0 gave (0.5, -1.5, 0.5, 0.5)
+    r = np.array([[0.1, 0.9], [0.7, 0.3], [0.0, 0.0], [0.0, 0.0]])
+    d = compute_advantage_details(r, [0, 0, 1, 1], estimator="gdpo", eps=0)
+    assert d.advantages.tolist() == [0.0] * 4 and d.summed.tolist() == [0.0] * 4
+    assert d.cancelled.tolist() == [True, False]  # group 0's rewards vary but cancel
+    np.testing.assert_allclose(d.reward_advantages[:2], [[-H, H], [H, -H]], rtol=1e-12)
+    # a real small spread stays signal: (0, 1e-6) at eps 0 -> (-0.7071, 0.7071)
+    for dtype in (np.float64, np.float32):
+        r = np.array([[0.0], [1e-6]], dtype)
+        np.testing.assert_allclose(compute_advantages(r, [0, 0], estimator="grpo", eps=0),
+                                   [-H, H], rtol=1e-6)
+
+
+def test_residue_threshold_is_sixteen_ulps_of_the_magnitude():
+    # float64 totals 1 and 1 + k ulp (ulp = 2^-52): M = |mean| + std (n-1)/sqrt(n) = (1 + k/2 ulp)
+    # + (k ulp / sqrt2) / sqrt2 = 1 + k ulp; tol = 16 ulp M: 16 ulp is residue, 17 ulp signal
+    ulp = 2.0 ** -52
+    for k, expected in ((16, [0.0, 0.0]), (17, [-H, H])):
+        r = np.array([[1.0], [1.0 + k * ulp]])
+        np.testing.assert_allclose(adv(r, [0, 0], "grpo", eps=0), expected, rtol=1e-12)
+    # relative to the magnitude: at 1000 (its ulp is 2^-43), tol = 16 * 2^-52 * 1000 = 3.553e-12;
+    # 31 of its ulps = 3.524e-12 are residue, 32 = 3.638e-12 are signal
+    for k, expected in ((31, [0.0, 0.0]), (32, [-H, H])):
+        r = np.array([[1000.0], [1000.0 + k * 2.0 ** -43]])
+        np.testing.assert_allclose(adv(r, [0, 0], "grpo", eps=0), expected, rtol=1e-12)
+    assert RESIDUE_ULPS == 16
+
+
+def test_zero_signal_rollouts_stay_exactly_zero_after_batch_normalization():
+    # the batch mean of S is 0 by construction (S sums to 0 in every group); it is not
+    # subtracted, so group 1 (no spread) keeps exactly 0 while group 0 = (0, 1, 1):
+    # A = (-2/3, 1/3, 1/3) * sqrt(3) = (-1.1547, 0.5774, 0.5774); batch std over the 5 rollouts
+    # = sqrt((4/3 + 1/3 + 1/3) / 4) = sqrt(1/2) -> S / 0.7071
+    r = np.array([[0.0], [1.0], [1.0], [0.3], [0.3]], np.float32)
+    out = compute_advantages(r, [0, 0, 0, 1, 1], estimator="gdpo", eps=0)
+    assert out[3:].tolist() == [0.0, 0.0]
+    np.testing.assert_allclose(out[:3], np.array([-2, 1, 1]) / SQRT3 / H, rtol=1e-6)
+
+
+def test_informative_groups_use_the_weights():
+    # GRPO (1, 0), (0, 1) with weights (2, 1): totals (2, 1) -> trains at (0.7071, -0.7071);
+    # with equal weights the totals (1, 1) are equal -> not informative
+    r = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert informative_groups(r, [0, 0], estimator="grpo", weights=[2, 1]).tolist() == [True]
+    assert informative_groups(r, [0, 0], estimator="grpo").tolist() == [False]
+    np.testing.assert_allclose(adv(r, [0, 0], "grpo", weights=[2, 1], eps=0), [H, -H], rtol=1e-12)
+    # weights (0, 1): in group "b" only the weight-0 reward varies -> S = 0, not informative;
+    # in "a" and "c" reward 1 varies. Weights (1, 1): "b" informative, "c" has r2 = 1 - r1
+    # (they cancel, S = 0) -> not. One bool per group, in the order the groups first appear.
+    r = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.2, 0.8], [0.9, 0.1]])
+    labels = ["b", "b", "a", "a", "c", "c"]
+    for name in ("gdpo", "gdpo_no_std"):
+        got = informative_groups(r, labels, estimator=name, weights=[0.0, 1.0], eps=0)
+        assert got.tolist() == [False, True, True], name
+        got = informative_groups(r, labels, estimator=name, weights=[1.0, 1.0], eps=0)
+        assert got.tolist() == [True, True, False], name
+
+
+# ----------------------------------------------------------------------------------------------
 # Invariances and equivalences.
 
 
 def reference(rewards, groups, estimator, weights=None, eps=1e-6):
-    """A plain loop over groups and rewards, written straight from DESIGN.md §1."""
+    """A plain loop over groups and rewards, written straight from DESIGN.md §1 and the module
+    docstring (the rounding-residue rule included), in 50-digit decimal arithmetic: its own
+    rounding is far below any tolerance, so the zeros it returns are true zeros."""
+    ulp = D(np.finfo(np.float64 if rewards.dtype == np.float64 else np.float32).eps)
     n, k = rewards.shape
-    w = np.ones(k) if weights is None else np.asarray(weights, float)
+    w = [D(v) for v in (np.ones(k) if weights is None else np.asarray(weights, np.float64))]
+    e = D(eps)
+    table = [[None if np.isnan(v) else D(v) for v in row] for row in rewards]
 
-    def normalize(values, use_std):
-        out = np.zeros(len(values))
-        ok = ~np.isnan(values)
-        v = values[ok]
-        if len(v) < 2 or v.max() == v.min():
-            return out
-        centred = values[ok] - v.mean()
-        out[ok] = centred / (v.std(ddof=1) + eps) if use_std else centred
-        return out
+    def stats(values):  # (mean, std) of the valid values, None for zero spread or < 2 valid
+        v = [x for x in values if x is not None]
+        if len(v) < 2 or max(v) == min(v):
+            return None
+        mean = sum(v) / len(v)
+        return mean, (sum((x - mean) ** 2 for x in v) / (len(v) - 1)).sqrt()
+
+    def without_residue(values, magnitude):  # spread <= 16 ulp M: exactly 0
+        v = [x for x in values if x is not None]
+        if v and max(v) - min(v) <= D(RESIDUE_ULPS) * ulp * magnitude:
+            return [None if x is None else D(0) for x in values]
+        return values
 
     use_std = not estimator.endswith("no_std")
-    result = np.zeros(n)
-    if estimator.startswith("grpo"):
-        total = np.array([np.nan if np.isnan(row).any() else float(row @ w) for row in rewards])
-        for label in np.unique(groups):
-            rows = np.flatnonzero(groups == label)
-            result[rows] = normalize(total[rows], use_std)
-        return result
-    s = np.zeros(n)
+    out = [D(0)] * n
     for label in np.unique(groups):
         rows = np.flatnonzero(groups == label)
+        if estimator.startswith("grpo"):
+            totals = [None if None in table[i] else sum(wk * v for wk, v in zip(w, table[i]))
+                      for i in rows]
+            scorable = [table[i] for i, t in zip(rows, totals) if t is not None]
+            magnitude = D(0)
+            for j in range(k):
+                st = stats([r[j] for r in scorable])
+                if st is not None:
+                    count = D(len(scorable))
+                    magnitude += abs(w[j]) * (abs(st[0]) + st[1] * (count - 1) / count.sqrt())
+            totals = without_residue(totals, magnitude)
+            st = stats(totals)
+            for i, t in zip(rows, totals):
+                if st is not None and t is not None:
+                    out[i] = (t - st[0]) / (st[1] + e) if use_std else t - st[0]
+            continue
+        s, magnitude = [D(0)] * len(rows), D(0)
         for j in range(k):
-            s[rows] += w[j] * normalize(rewards[rows, j], use_std)
-    scored = ~np.isnan(rewards).all(axis=1)
-    v = s[scored]
-    if len(v) < 2 or v.max() == v.min():
-        return result
-    result[scored] = (v - v.mean()) / (v.std(ddof=1) + eps)
-    return result
+            column = [table[i][j] for i in rows]
+            st = stats(column)
+            if st is None:
+                continue
+            scale = 1 / (st[1] + e) if use_std else D(1)
+            count = D(sum(x is not None for x in column))
+            magnitude += abs(w[j]) * (abs(st[0]) + st[1] * (count - 1) / count.sqrt()) * scale
+            s = [a if x is None else a + w[j] * (x - st[0]) * scale for a, x in zip(s, column)]
+        for i, a in zip(rows, without_residue(s, magnitude)):
+            out[i] = a
+    if estimator.startswith("gdpo"):
+        scored = [i for i in range(n) if any(v is not None for v in table[i])]
+        v = [out[i] for i in scored]
+        batch = [D(0)] * n
+        if len(v) >= 2 and max(v) != min(v):
+            mean = sum(v) / len(v)
+            std = (sum((x - mean) ** 2 for x in v) / (len(v) - 1)).sqrt()
+            for i in scored:
+                batch[i] = (out[i] - mean) / (std + e)
+        out = batch
+    # |x| < 1e-30: the decimals' own rounding (50 digits) of a true zero, such as t - mean(t)
+    return np.array([float(x) if abs(x) > D(1e-30) else 0.0 for x in out])
 
 
 def random_table(rng, num_groups, k, nan_fraction, uniform):
     sizes = np.full(num_groups, 4) if uniform else rng.integers(2, 9, num_groups)
     groups = np.repeat(rng.permutation(num_groups * 3)[:num_groups], sizes)
-    # binary, three-level and continuous rewards, so that zero spread occurs
-    kinds = [rng.integers(0, 2, len(groups)), rng.integers(0, 3, len(groups)) / 2,
-             rng.normal(size=len(groups))]
-    r = np.stack([kinds[j % 3] for j in range(k)], axis=1).astype(float)
+    # binary, three-level, continuous and tenths, so that zero spread occurs; from the fourth
+    # reward on, every other one is c - (an earlier reward), so rewards cancel (rounding residue)
+    n = len(groups)
+    kinds = [rng.integers(0, 2, n), rng.integers(0, 3, n) / 2, rng.normal(size=n),
+             rng.integers(0, 10, n) / 10]
+    columns = []
+    for j in range(k):
+        if j >= 3 and j % 2:
+            columns.append(rng.uniform(0, 2) - columns[rng.integers(0, j)])
+        else:
+            columns.append(kinds[j % 4])
+    r = np.stack(columns, axis=1).astype(float)
     r[rng.random(r.shape) < nan_fraction] = np.nan
     return r, groups
 
@@ -266,16 +411,26 @@ def random_table(rng, num_groups, k, nan_fraction, uniform):
 @pytest.mark.parametrize("uniform", [True, False])
 @pytest.mark.parametrize("nan_fraction", [0.0, 0.15])
 @pytest.mark.parametrize("shuffled", [False, True])
-def test_vectorized_equals_plain_loop(estimator, uniform, nan_fraction, shuffled):
-    rng = np.random.default_rng(hash((estimator, uniform, nan_fraction, shuffled)) % 2**32)
-    for k in (1, 2, 3, 5):
-        r, g = random_table(rng, 40, k, nan_fraction, uniform)
+@pytest.mark.parametrize("dtype, eps", [(np.float64, 1e-6), (np.float32, 1e-6), (np.float32, 0.0),
+                                        (np.float64, 0.0)])
+def test_vectorized_equals_plain_loop(estimator, uniform, nan_fraction, shuffled, dtype, eps):
+    # float32 rewards, non-unit weights and eps = 0 are the driver's and the paper's settings;
+    # at eps = 0 any rounding residue that escapes the rule becomes an order-1 advantage
+    rng = np.random.default_rng(zlib.crc32(repr((estimator, uniform, nan_fraction, shuffled, eps)).encode()))
+    for k in (1, 2, 3, 5, 6):
+        r, g = random_table(rng, 30, k, nan_fraction, uniform)
         if shuffled:
             order = rng.permutation(len(g))
             r, g = r[order], g[order]
-        w = rng.uniform(-1, 3, k)
-        got = adv(r, g, estimator, weights=w, eps=1e-6)
-        np.testing.assert_allclose(got, reference(r, g, estimator, w, 1e-6), rtol=1e-9, atol=1e-12)
+        r = r.astype(dtype)
+        w = np.round(rng.uniform(-1, 3, k), 1) if k < 4 else np.ones(k)  # c - r cancels at w = 1
+        got = compute_advantages(r, g, estimator=estimator, weights=w.astype(dtype), eps=eps)
+        want = reference(r, g, estimator, w.astype(dtype), eps)
+        # the same groups without any signal (all exactly 0), then the same values
+        zero = lambda a: [bool((a[g == label] == 0).all()) for label in np.unique(g)]  # noqa: E731
+        assert zero(got) == zero(want)
+        rtol = 1e-9 if dtype == np.float64 else 1e-6
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
 
 
 def test_row_permutation_permutes_advantages():

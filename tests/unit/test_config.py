@@ -49,12 +49,22 @@ def test_defaults_and_sections():
     (lambda c: c.env_runners(num_env_runners=[1, 4]), "custom_resources_per_env_runner={'rollout': 1}"),
     (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
     (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
+    # GSPO: the default clip range (0.2 / 0.28) barely acts on a sequence ratio within ~1e-3 of 1
+    (lambda c: c.training(ratio_level="sequence", loss_agg="seq_mean_token_mean"),
+     "use .training(clip_eps_low=3e-4, clip_eps_high=4e-4)"),
+    (lambda c: c.training(ratio_level="sequence", clip_eps_low=3e-4, clip_eps_high=4e-4),
+     "loss_agg='token_mean' would be ignored there; use .training(loss_agg='seq_mean_token_mean')"),
 ])
 def test_validation_names_the_fix(change, message):
     config = change(good())
     with pytest.raises(ValueError) as err:
         config.validate()
     assert message in str(err.value)
+
+
+def test_gspo_with_its_own_clip_range_and_aggregation_validates():
+    good().training(ratio_level="sequence", clip_eps_low=3e-4, clip_eps_high=4e-4,
+                    loss_agg="seq_mean_token_mean").validate()
 
 
 def test_unknown_setting_of_a_section():

@@ -8,7 +8,9 @@ import pytest
 
 from gdpo_ray import rewards
 from gdpo_ray.rewards import RewardSpec, apply_conditions, check_specs, from_verl
+from gdpo_ray.rewards.code import _plain, extract_program, has_error
 from gdpo_ray.rewards.math_answer import final_answer, last_boxed
+from gdpo_ray.rewards.sandbox import RunResult
 from gdpo_ray.rewards.toolrl import correctness, format_matches, same_value
 
 
@@ -25,31 +27,47 @@ def tool_output(*calls, think="ok"):
 
 
 @pytest.mark.parametrize(
-    "completion, gold, expected",
+    "completion, gold, default, strict",
     [
-        (tool_output(call("f", a=1)), tool_output(call("f", a=1)), True),
-        ("<think>x</think>\n<response>hi</response>", "<think>g</think>\n<response>yo</response>", True),
+        (tool_output(call("f", a=1)), tool_output(call("f", a=1)), True, True),
+        ("<think>x</think>\n<response>hi</response>", "<think>g</think>\n<response>yo</response>", True, True),
         (tool_output(call("f")) + "\n<response>done</response>",
-         tool_output(call("f")) + "\n<response>r</response>", True),
+         tool_output(call("f")) + "\n<response>r</response>", True, True),
+        # gold with neither part: the think block alone
+        ("<think>x</think>", "<think>g</think>", True, True),
         # response missing although the gold answer has one
-        (tool_output(call("f")), tool_output(call("f")) + "\n<response>r</response>", False),
+        (tool_output(call("f")), tool_output(call("f")) + "\n<response>r</response>", False, False),
         # something after the last part
-        (tool_output(call("f")) + " trailing", tool_output(call("f")), False),
-        # a second think tag
-        ("<think>a</think><think>b</think>\n<tool_call>\n{}\n</tool_call>", tool_output(call("f")), False),
+        (tool_output(call("f")) + " trailing", tool_output(call("f")), False, False),
+        # a trailing newline / a leading space: ToolRL strips the output first
+        (tool_output(call("f")) + "\n", tool_output(call("f")), True, False),
+        (" " + tool_output(call("f")), tool_output(call("f")), True, False),
+        # a literal <think> inside the think text: ToolRL does not count think tags
+        (tool_output(call("f"), think="I write <think> here"), tool_output(call("f")), True, False),
+        # a second think block: `.*?` spans "a</think><think>b", think tags are not counted
+        ("<think>a</think><think>b</think>\n<tool_call>\n{}\n</tool_call>", tool_output(call("f")),
+         True, False),
+        # a tag of another case is not counted by ToolRL (response-only gold, a <tool_call> inside)
+        ("<think>a</think>\n<response>see <tool_call></response>",
+         "<think>g</think>\n<response>r</response>", True, False),
+        # the required tags twice: counted, fails both ways
+        ("<think>a</think>\n<response>x</response><response>y</response>",
+         "<think>g</think>\n<response>r</response>", False, False),
         # a response although the gold answer is tool calls only
-        (tool_output(call("f")) + "\n<response>x</response>", tool_output(call("f")), False),
+        (tool_output(call("f")) + "\n<response>x</response>", tool_output(call("f")), False, False),
         # no newline between think and tool_call
-        ("<think>a</think><tool_call>\n{}\n</tool_call>", tool_output(call("f")), False),
+        ("<think>a</think><tool_call>\n{}\n</tool_call>", tool_output(call("f")), False, False),
         # parts out of order
         ("<think>a</think>\n<response>r</response>\n<tool_call>\n{}\n</tool_call>",
-         tool_output(call("f")) + "\n<response>r</response>", False),
+         tool_output(call("f")) + "\n<response>r</response>", False, False),
     ],
 )
-def test_toolrl_format(completion, gold, expected):
-    assert format_matches(completion, gold) is expected
-    fn = rewards.get("toolrl_format")
-    assert fn(["p"], [completion], ground_truth=[gold]) == [float(expected)]
+def test_toolrl_format(completion, gold, default, strict):
+    assert format_matches(completion, gold) is default
+    assert format_matches(completion, gold, strict=True) is strict
+    for fn, expected in ((rewards.get("toolrl_format"), default),
+                         (rewards.get("toolrl_format", strict=True), strict)):
+        assert fn(["p"], [completion], ground_truth=[gold]) == [float(expected)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -70,6 +88,35 @@ def test_greedy_and_optimal_matching_differ():
     assert correctness(pred, gold, "greedy") == pytest.approx(0.0, abs=1e-12)
     # optimal: gold 1 - pred 2 (1 + 0) and gold 2 - pred 1 (1 + 2): R_max = 1 + 4 = 5 -> 2
     assert correctness(pred, gold, "optimal") == pytest.approx(2.0, abs=1e-12)
+
+
+def test_greedy_never_takes_a_score_0_prediction():
+    # gold f(a=1), f(b=2); predicted f(b=2). S_max = 1 + 2 + (1 + 1) = 5; names {f, f} vs {f}: 1/2
+    gold = tool_output(call("f", a=1), call("f", b=2))
+    pred = tool_output(call("f", b=2))
+    # greedy: gold 1 vs pred 1 scores 0 (keys 0/2, no value), so it stays unused; gold 2 takes it:
+    # 1 (keys 1/1) + 1 (b equal) = 2. R_max = 0.5 + 2 = 2.5 -> 6 * 2.5 / 5 - 3 = 0.0
+    # (taking it for gold 1 would give R_max = 0.5 -> 6 * 0.5 / 5 - 3 = -2.4)
+    assert correctness(pred, gold, "greedy") == pytest.approx(0.0, abs=1e-12)
+    assert correctness(pred, gold, "optimal") == pytest.approx(0.0, abs=1e-12)
+
+
+def test_greedy_ties_go_to_the_first_prediction():
+    # gold f(a=1), f(a=1, b=2); predicted f(a=1, b=2), f(a=1, b=5). S_max = 1 + 2 + (1 + 2) = 6
+    gold = tool_output(call("f", a=1), call("f", a=1, b=2))
+    pred = tool_output(call("f", a=1, b=2), call("f", a=1, b=5))
+    # gold 1 ties: pred 1 = keys 1/2 + a 1 = 1.5, pred 2 = 1/2 + 1 = 1.5 -> takes pred 1 (first);
+    # gold 2 gets pred 2: keys 2/2 + a 1 + b 0 = 2. R_max = names 1 + 3.5 = 4.5 -> 6 * 4.5 / 6 - 3 = 1.5
+    assert correctness(pred, gold, "greedy") == pytest.approx(1.5)
+    # optimal: gold 1 - pred 2 (1.5), gold 2 - pred 1 (1 + 2 = 3): R_max = 1 + 4.5 = 5.5 -> 2.5
+    assert correctness(pred, gold, "optimal") == pytest.approx(2.5)
+
+
+def test_tool_names_compare_as_multisets():
+    # gold f(), f(); predicted f(). S_max = 1 + 2 + 0 = 3. Names as multisets: 1/2 (as sets: 1)
+    # pair f-f: keys of two empty sets 1 + no values = 1. R_max = 0.5 + 1 = 1.5 -> 6 * 1.5 / 3 - 3 = 0
+    gold = tool_output(call("f"), call("f"))
+    assert correctness(tool_output(call("f")), gold) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_greedy_vs_optimal_three_calls():
@@ -154,6 +201,23 @@ def test_math_correctness_equivalent_forms():
     assert fn([""] * 5, completions, ground_truth=["0.5"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_math_correctness_after_tag():
+    plain = rewards.get("math_correctness")
+    after = rewards.get("math_correctness", after_tag="</think>")
+    completions = [
+        r"<think>\boxed{5}",  # cut off inside the reasoning: no </think>
+        r"<think>\boxed{4}</think> so \boxed{5}",  # the answer after the reasoning
+        r"<think>\boxed{5}</think> the answer is five",  # a box only inside the reasoning
+        r"<think>x</think>\boxed{5}</think>no box",  # only after the LAST </think>
+    ]
+    # without after_tag the last \boxed{} anywhere: 5, 5, 5, 5 -> all 1
+    assert plain([""] * 4, completions, ground_truth=["5"] * 4) == [1.0, 1.0, 1.0, 1.0]
+    # with it: tag missing -> 0; "so \boxed{5}" -> 1; " the answer is five" -> no box, 0; "no box" -> 0
+    assert after([""] * 4, completions, ground_truth=["5"] * 4) == [0.0, 1.0, 0.0, 0.0]
+    assert final_answer(r"<think>\boxed{4}</think><answer>5</answer>", "answer", "</think>") == "5"
+    assert final_answer(r"<answer>5</answer>", "answer", "</think>") is None
+
+
 def test_math_correctness_bad_ground_truth_raises():
     fn = rewards.get("math_correctness")
     with pytest.raises(ValueError, match="cannot parse the ground truth"):
@@ -165,6 +229,80 @@ def test_length():
     assert fn([""] * 3, ["a"] * 3, response_length=[3999, 4000, 4001]) == [1.0, 1.0, 0.0]
     with pytest.raises(ValueError, match="length limit must be a positive"):
         rewards.get("length", limit=0)
+
+
+# ------------------------------------------------------------------------------------------
+# code rewards without running anything: program extraction, bug classification, the harness
+
+
+@pytest.mark.parametrize("completion, program", [
+    # a correct solution followed by an untagged example block: the python block wins
+    ("```python\nprint(int(input()) * 2)\n```\nExample:\n```\nInput: 3\nOutput: 6\n```\n",
+     "print(int(input()) * 2)\n"),
+    # the last python-tagged block, any of python/py/python3, any case
+    ("```python\na = 1\n```\nmore\n```py\nb = 2\n```\n", "b = 2\n"),
+    ("```PY\nb = 2\n```\n```Python3\nc = 3\n```\n```text\nout\n```", "c = 3\n"),
+    # no python tag: the last untagged block, never a block of another language
+    ("```\nx = 1\n```\n```bash\nrun it\n```\n```json\n{}\n```", "x = 1\n"),
+    # only blocks of other languages: the last of them
+    ("```text\nout\n```\n```bash\npython main.py\n```", "python main.py\n"),
+    # no fenced block: the whole completion
+    ("print(1)", "print(1)"),
+    ("", ""),
+])
+def test_extract_program(completion, program):
+    assert extract_program(completion) == program
+
+
+def test_extract_program_after_tag():
+    text = "<think>```python\nwrong()\n```</think>\n```python\nright()\n```"
+    assert extract_program(text, "</think>") == "right()\n"
+    assert extract_program(text) == "right()\n"
+    # cut off inside the reasoning: no program at all (without the tag: the block in the think)
+    assert extract_program("<think>```python\nwrong()\n```", "</think>") is None
+    assert extract_program("<think>```python\nwrong()\n```") == "wrong()\n"
+
+
+def test_code_rewards_without_after_tag_score_0():
+    # nothing runs (no sandbox needed): the program is missing, pass rate 0 and bug 0
+    tests = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    unfinished = ["<think>```python\nprint(input())\n```"]
+    for name in ("code_passrate", "code_bug"):
+        fn = rewards.get(name, after_tag="</think>")
+        assert fn([""], unfinished, ground_truth=[tests]) == [0.0], name
+
+
+def run(exit_code=None, signal=None, timed_out=False, output_exceeded=False):
+    return RunResult(exit_code, signal, timed_out, output_exceeded, "", "", 0.1)
+
+
+@pytest.mark.parametrize("result, paper, strict", [
+    (run(exit_code=0), False, False),  # ran fine
+    (run(exit_code=1), True, True),  # a traceback: SyntaxError, ZeroDivisionError, MemoryError...
+    (run(signal=11), True, True),  # SIGSEGV: a crash
+    (run(signal=6), True, True),  # SIGABRT: a crash
+    (run(timed_out=True), False, True),  # past the wall limit: no exit status
+    (run(signal=9), False, True),  # the CPU limit (soft = hard RLIMIT_CPU: SIGKILL)
+    (run(signal=24), False, True),  # SIGXCPU
+    (run(output_exceeded=True), False, True),  # too much output, still running
+    (run(exit_code=0, output_exceeded=True), False, True),  # too much output, then exited 0
+])
+def test_has_error(result, paper, strict):
+    assert has_error(result) is paper
+    assert has_error(result, timeouts_are_bugs=True) is strict
+
+
+def test_harness_serializes_plain_values():
+    assert _plain({3, 1, 2}) == [1, 2, 3]  # sortable set -> sorted list
+    assert _plain(frozenset({"b", "a"})) == ["a", "b"]
+    mixed = {1, "a"}
+    assert _plain(mixed) == list(mixed)  # unsortable: iteration order
+    assert _plain((1, (2, {3}))) == [1, [2, [3]]]  # nested tuples and sets
+    # dict keys json takes (str, int, float, bool, None) stay for json.dumps; others -> repr
+    assert json.dumps(_plain({1: (2,), (3, 4): None})) == '{"1": [2], "(3, 4)": null}'
+    assert _plain(np.array([[1, 2]])) == [[1, 2]] and _plain(np.int64(7)) == 7
+    assert _plain(complex(1, 2)) == "(1+2j)"  # anything else: its repr
+    assert _plain(None) is None and _plain(True) is True and _plain(2.5) == 2.5
 
 
 # ------------------------------------------------------------------------------------------

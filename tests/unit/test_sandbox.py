@@ -1,5 +1,6 @@
-"""Adversarial programs in the code sandbox: each ends within its limits, leaves the machine as
-it was, and scores 0 in code_passrate (while an honest program scores 1)."""
+"""Adversarial programs in the code sandbox: each attack is shown to have failed by the host's
+state or a marker (no file, connection, secret or process gets out), with a sanity half showing
+that the probe itself works where it is allowed to; then the code rewards on real runs."""
 
 import json
 import os
@@ -15,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from gdpo_ray import rewards
-from gdpo_ray.rewards import sandbox
-from gdpo_ray.rewards.code import extract_program
+from gdpo_ray.rewards import code, sandbox
 from gdpo_ray.rewards.sandbox import Limits, SandboxUnavailable, run_program
 
 try:
@@ -25,9 +25,11 @@ except SandboxUnavailable as err:  # the real sandbox cannot run here: nothing t
     pytest.skip(f"code sandbox unavailable on this machine: {err}", allow_module_level=True)
 
 LIMITS = dict(wall_s=1.5, cpu_s=2, memory_mb=256, processes=8, output_bytes=1 << 20)
+SANDBOX_UIDS = range(200_000, 2_000_000)  # sandbox.run_program's random uid (mapped 1:1 on the host)
 MARKER = f"gdpo-sandbox-test-{uuid.uuid4().hex[:8]}"
 # The honest program echoes stdin doubled; the ground truth has one test.
 TESTS = json.dumps({"inputs": ["21\n"], "outputs": ["42\n"]})
+HONEST = "print(int(input()) * 2)"
 
 
 def passrate(program: str, tests: str = TESTS, **limits) -> float:
@@ -35,42 +37,143 @@ def passrate(program: str, tests: str = TESTS, **limits) -> float:
     return fn(["p"], [f"```python\n{program}\n```"], ground_truth=[tests])[0]
 
 
-def host_state():
-    procs = subprocess.run(["pgrep", "-f", MARKER], capture_output=True, text=True).stdout.split()
-    return {
-        "tmp": sorted(os.listdir("/tmp")),
-        "shm": sorted(os.listdir("/dev/shm")),
-        "procs": [p for p in procs if int(p) != os.getpid()],
-    }
+def run_alone(*programs: str, stdin: str = "21\n", **limits):
+    """Each program in turn in one sandbox (one run each), as run_program's RunResults."""
+    runs = [{"argv": [sys.executable, "-I", f"p{i}.py"], "stdin": stdin} for i in range(len(programs))]
+    files = {f"p{i}.py": program for i, program in enumerate(programs)}
+    return run_program(files, runs, Limits(**{**LIMITS, **limits}))
+
+
+def run_on_host(program: str) -> str:
+    """The probe unconfined (it is ours, not a model's): its stdout."""
+    return subprocess.run([sys.executable, "-I", "-c", program], capture_output=True, text=True,
+                          timeout=30, check=True).stdout
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def marked_processes() -> list[str]:
+    """Host processes with MARKER in their argv."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if MARKER.encode() in f.read() and int(pid) != os.getpid():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def sandbox_leftovers() -> dict:
+    """What a sandboxed program could have left on the host: files of a sandbox uid (or named
+    with MARKER) in /tmp, /var/tmp, /dev/shm and the working directory, and processes of a
+    sandbox uid or with MARKER in their argv."""
+    files = []
+    for folder in ("/tmp", "/var/tmp", "/dev/shm", os.getcwd()):
+        for entry in os.scandir(folder):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid in SANDBOX_UIDS or MARKER in entry.name:
+                    files.append(entry.path)
+            except OSError:
+                pass
+    procs = [p for p in filter(str.isdigit, os.listdir("/proc")) if _uid_of(p) in SANDBOX_UIDS]
+    return {"files": sorted(files), "procs": sorted(procs + marked_processes())}
 
 
 @pytest.fixture
 def unchanged_machine():
-    before = host_state()
+    before = sandbox_leftovers()
     start = time.monotonic()
     yield
-    # a whole adversarial call stays within its bound (one run: wall + margins)
-    assert time.monotonic() - start < Limits(**LIMITS).total_s(1) + 2
-    assert host_state() == before
+    # a whole adversarial test stays within its bound (at most three runs: wall + margins)
+    assert time.monotonic() - start < Limits(**LIMITS).total_s(3) + 2
+    assert sandbox_leftovers() == before
 
 
 def test_honest_program_passes(unchanged_machine):
-    assert passrate("print(int(input()) * 2)") == 1.0
+    assert passrate(HONEST) == 1.0
 
 
-ADVERSARIAL = {
-    "infinite_loop": "while True:\n    pass",
-    "sleep_forever": "import time\ntime.sleep(10**6)",
-    "fork_bomb": (
-        "import os\n"
-        "while True:\n"
-        "    try:\n"
-        "        os.fork()\n"
-        "    except OSError:\n"
-        "        pass"
-    ),
-    "memory_bomb": "blocks = []\nwhile True:\n    blocks.append(bytearray(64 * 1024 * 1024))",
-    "kill_parent": (
+# ------------------------------------------------------------------------------------------
+# resource attacks: each is stopped by its limit, within the wall time, and leaves nothing
+
+
+def test_infinite_loop_and_sleep_are_stopped_at_the_wall_limit(unchanged_machine):
+    loop, sleep = run_alone("while True:\n    pass", "import time\ntime.sleep(10**6)")
+    for r in (loop, sleep):
+        # wall_s = 1.5 (cpu_s = 2 is not reached first): no exit status, stopped by the sandbox
+        assert r.timed_out and r.exit_code is None and r.signal is None
+        assert 1.5 <= r.wall_s < 1.5 + 0.5
+
+
+FORK_COUNT = (
+    "import os, time\n"
+    "n = 0\n"
+    "while True:\n"
+    "    try:\n"
+    "        pid = os.fork()\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if pid == 0:\n"
+    "        time.sleep(60)\n"
+    "        os._exit(0)\n"
+    "    n += 1\n"
+    "print(n, flush=True)\n"
+    "time.sleep(60)"
+)
+FORK_BOMB = (
+    "import os\n"
+    "while True:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError:\n"
+    "        pass"
+)
+
+
+def test_fork_bomb_is_held_at_the_process_limit(unchanged_machine):
+    counted, bomb, honest = run_alone(FORK_COUNT, FORK_BOMB, HONEST)
+    # processes = 8 for the sandbox uid: the program itself + 7 children, then fork fails
+    assert counted.stdout == "7\n" and counted.timed_out
+    # the classic bomb (every process forks, forever) is stopped at the wall limit ...
+    assert bomb.timed_out and bomb.wall_s < 1.5 + 0.5
+    # ... and the next run still gets its processes: every bomb process was killed
+    assert honest.ok and honest.stdout == "42\n"
+
+
+def test_memory_bomb_gets_a_memory_error(unchanged_machine):
+    program = (
+        "blocks = []\n"
+        "try:\n"
+        "    while True:\n"
+        "        blocks.append(bytearray(64 << 20))\n"
+        "except MemoryError:\n"
+        "    print(len(blocks), flush=True)\n"
+        "    raise"
+    )
+    (r,) = run_alone(program)
+    # memory_mb = 256 of address space, the interpreter holds some: 1 to 3 blocks of 64 MiB
+    assert 1 <= int(r.stdout) <= 3
+    assert r.exit_code == 1 and r.stderr.rstrip().endswith("MemoryError")
+
+
+def test_output_flood_is_cut_at_the_output_limit(unchanged_machine):
+    program = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)"
+    (r,) = run_alone(program)
+    # output_bytes = 1 MiB: the run is stopped with exactly 1 MiB of its stdout kept
+    assert r.output_exceeded and r.stdout == "x" * (1 << 20)
+    assert r.wall_s < 1.5
+
+
+def test_killing_the_parent_and_everything_fails(unchanged_machine):
+    program = (
         "import os, signal\n"
         "for pid in (os.getppid(), 1, -1):\n"
         "    try:\n"
@@ -78,90 +181,137 @@ ADVERSARIAL = {
         "    except OSError:\n"
         "        pass\n"
         "print(int(input()) * 3)"
-    ),
-    "setsid_escape": (
-        "import os, sys\n"
+    )
+    killer, honest = run_alone(program, HONEST)
+    # the killer survives its own kill(-1) and ends normally; the sandbox's init survived all
+    # three kills: it runs the next program and reports both results
+    assert killer.ok and killer.stdout == "63\n"
+    assert honest.ok and honest.stdout == "42\n"
+
+
+def test_a_setsid_escapee_does_not_outlive_the_run(unchanged_machine):
+    # the grandchild leaves the session, names itself with MARKER in argv and sleeps for 10
+    # minutes; the program waits until it runs (the sanity half), then exits
+    escapee = ("import os, time; open('/tmp/work/escapee', 'w').write(str(os.getpid())); "
+               "time.sleep(600)")
+    program = (
+        "import os, sys, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
-        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', '{MARKER}'])\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {escapee!r}, {MARKER!r}])\n"
         "    os._exit(0)\n"
-        "print(int(input()) * 3)"
-    ),
-    "output_flood": "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)",
-}
+        "for _ in range(200):\n"
+        "    if os.path.exists('/tmp/work/escapee') and open('/tmp/work/escapee').read():\n"
+        "        break\n"
+        "    time.sleep(0.01)\n"
+        "pid = open('/tmp/work/escapee').read()\n"
+        f"print('escapee running:', {MARKER!r} in open(f'/proc/{{pid}}/cmdline').read())"
+    )
+    (r,) = run_alone(program)
+    assert r.ok and r.stdout == "escapee running: True\n"
+    assert marked_processes() == []  # ... and it was killed when the run ended
 
 
-@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
-def test_adversarial_program_scores_zero(name, unchanged_machine):
-    assert passrate(ADVERSARIAL[name]) == 0.0
+# ------------------------------------------------------------------------------------------
+# escape attacks: the host file, the listener, the secret stay untouched
 
 
 def test_writing_outside_its_directory(unchanged_machine, tmp_path):
-    targets = [f"/tmp/{MARKER}", f"/dev/shm/{MARKER}", str(Path.cwd() / MARKER),
-               str(tmp_path / MARKER), f"/root/{MARKER}"]
+    inside = [f"/tmp/work/{MARKER}", f"/tmp/{MARKER}", f"/var/tmp/{MARKER}", f"/dev/shm/{MARKER}"]
+    outside = [str(Path.cwd() / MARKER), str(tmp_path / MARKER), f"/root/{MARKER}"]
     program = (
-        "import os\n"
-        f"for path in {targets!r}:\n"
+        "import json\n"
+        "report = {}\n"
+        f"for path in {inside + outside!r}:\n"
         "    try:\n"
         "        open(path, 'w').write('pwned')\n"
-        "    except OSError:\n"
-        "        pass\n"
-        "print(int(input()) * 3)"
+        "        report[path] = open(path).read()\n"
+        "    except OSError as err:\n"
+        "        report[path] = type(err).__name__\n"
+        "print(json.dumps(report))"
     )
-    assert passrate(program) == 0.0
-    assert not any(os.path.exists(t) for t in targets)
+    (r,) = run_alone(program)
+    report = json.loads(r.stdout)
+    # sanity: the write works in the sandbox's own (throwaway) /tmp, /var/tmp and /dev/shm ...
+    assert {path: report[path] for path in inside} == dict.fromkeys(inside, "pwned")
+    # ... and fails everywhere else: read-only file system, or hidden under the private /tmp
+    assert all(report[path] in ("OSError", "PermissionError", "FileNotFoundError") for path in outside)
+    # none of them reached the host, not even the ones the program could write
+    assert [t for t in inside + outside if os.path.exists(t)] == []
+
+
+class Listener:
+    """A TCP listener on the host's loopback that counts the connections it accepts."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.port, self.accepted, self.stop = self.server.getsockname()[1], 0, False
+        self.thread = threading.Thread(target=self._serve)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self):
+        self.stop = True
+        self.thread.join()
+        self.server.close()
 
 
 def test_connecting_to_a_local_listener(unchanged_machine):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    server.settimeout(3)
-    port = server.getsockname()[1]
-    accepted = []
-    thread = threading.Thread(target=lambda: _accept(server, accepted))
-    thread.start()
+    listener = Listener()
     program = (
         "import socket\n"
-        f"s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
-        "s.sendall(b'hello')\n"
-        "print(int(input()) * 2)"
+        "try:\n"
+        f"    s = socket.create_connection(('127.0.0.1', {listener.port}), timeout=1)\n"
+        "    s.sendall(b'hello')\n"
+        "    print('connected')\n"
+        "except OSError as err:\n"
+        "    print('failed:', err.strerror)"
     )
     try:
-        assert passrate(program) == 0.0
+        assert run_on_host(program) == "connected\n"  # sanity: the probe reaches the listener
+        deadline = time.monotonic() + 2
+        while listener.accepted < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert listener.accepted == 1
+        (r,) = run_alone(program)
+        time.sleep(0.2)  # what the listener would accept has arrived by now
     finally:
-        thread.join()
-        server.close()
-    assert accepted == []
-
-
-def _accept(server, accepted):
-    try:
-        accepted.append(server.accept())
-    except OSError:
-        pass
+        listener.close()
+    assert r.ok and r.stdout == "failed: Network is unreachable\n"  # the loopback is down
+    assert listener.accepted == 1  # only the host's probe
 
 
 def test_reading_the_parent_environment(unchanged_machine, monkeypatch):
     secret = uuid.uuid4().hex
     monkeypatch.setenv("GDPO_TEST_SECRET", secret)
-    # the expected output is the secret: the program passes only if it can read it
-    tests = json.dumps({"inputs": [""], "outputs": [secret + "\n"]})
     program = (
         "import os\n"
-        "found = os.environ.get('GDPO_TEST_SECRET', '')\n"
-        "for pid in os.listdir('/proc'):\n"
+        "found = [os.environ.get('GDPO_TEST_SECRET', '')]\n"
+        "readable = 0\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
         "    try:\n"
         "        env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\\0')\n"
         "    except OSError:\n"
         "        continue\n"
-        "    for item in env:\n"
-        "        if item.startswith(b'GDPO_TEST_SECRET='):\n"
-        "            found = item.split(b'=', 1)[1].decode()\n"
-        "print(found)"
+        "    readable += 1\n"
+        "    found += [i.split(b'=', 1)[1].decode() for i in env if i.startswith(b'GDPO_TEST_SECRET=')]\n"
+        "print('found:', ' '.join(found).strip(), '| environ files read:', readable)"
     )
-    assert passrate(program, tests) == 0.0
+    assert secret in run_on_host(program)  # sanity: unconfined, the probe finds the secret
+    (r,) = run_alone(program)
+    # in the sandbox: an empty environment, and only its own /proc/<pid>/environ is readable
+    assert r.ok and r.stdout == "found:  | environ files read: 1\n"
+    assert secret not in r.stdout + r.stderr
 
 
 def test_sandbox_environment_is_empty_and_unprivileged():
@@ -174,9 +324,8 @@ def test_sandbox_environment_is_empty_and_unprivileged():
     assert uid >= 200_000 and pid < 10 and cwd == "/tmp/work"
 
 
-def test_extract_program():
-    assert extract_program("text\n```python\na = 1\n```\nmore\n```py\nb = 2\n```\n") == "b = 2\n"
-    assert extract_program("print(1)") == "print(1)"
+# ------------------------------------------------------------------------------------------
+# the code rewards on real runs
 
 
 def test_code_bug_and_passrate_on_one_execution():
@@ -191,6 +340,28 @@ def test_code_bug_and_passrate_on_one_execution():
     assert bug([""] * 3, completions, ground_truth=[tests] * 3) == [1.0, 0.0, 0.0]
 
 
+def test_code_bug_counts_errors_and_crashes_not_timeouts():
+    tests = json.dumps({"inputs": ["1\n"], "outputs": ["1\n"]})
+    limits = dict(LIMITS, wall_s=1, cpu_s=1)
+    completions = [
+        "import time\ntime.sleep(3)",  # past wall_s = 1: timed_out
+        "while True:\n    pass",  # cpu_s = 1 reached at wall ~1 s (SIGKILL) or wall_s: a limit either way
+        "print(1 / 0)",  # ZeroDivisionError: exit 1
+        "def f(:\n  pass",  # SyntaxError: exit 1
+        "import os\nos.abort()",  # SIGABRT: a crash
+        "print(input())",  # right, for reference
+    ]
+    paper = rewards.get("code_bug", **limits)
+    strict = rewards.get("code_bug", timeouts_are_bugs=True, **limits)
+    # the paper: only compile/runtime errors and crashes are bugs
+    assert paper([""] * 6, completions, ground_truth=[tests] * 6) == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    # timeouts_are_bugs: any run that is not ok
+    assert strict([""] * 6, completions, ground_truth=[tests] * 6) == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    # pass rate: only the right program passes its one test
+    passes = rewards.get("code_passrate", **limits)
+    assert passes([""] * 6, completions, ground_truth=[tests] * 6) == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+
+
 def test_call_based_tests():
     tests = json.dumps({"inputs": [[1, 2], [3, 4]], "outputs": [3, [7]], "fn_name": "add"})
     pr = rewards.get("code_passrate", **LIMITS)
@@ -198,6 +369,51 @@ def test_call_based_tests():
                 "class Solution:\n    def add(self, a, b):\n        return a + b",
                 "def add(a, b):\n    return a - b"]
     assert pr([""] * 3, programs, ground_truth=[tests] * 3) == [1.0, 1.0, 0.0]
+
+
+def test_call_based_values_json_cannot_encode():
+    tests = json.dumps({"inputs": [[3]], "outputs": [[1, 2, 3]], "fn_name": "f"})
+    programs = ["def f(n):\n    return {3, 1, 2}",  # a set: sorted -> [1, 2, 3], passes
+                "def f(n):\n    return (1, 2, 3)",  # a tuple -> [1, 2, 3], passes
+                "def f(n):\n    return {(1, 2): 3}",  # a tuple key: {"(1, 2)": 3}, wrong but no bug
+                "def f(n):\n    return object()",  # its repr string: wrong but no bug
+                "def g(n):\n    return [1, 2, 3]"]  # no f: a NameError in the harness, a bug
+    pr, bug = rewards.get("code_passrate", **LIMITS), rewards.get("code_bug", **LIMITS)
+    assert pr([""] * 5, programs, ground_truth=[tests] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert bug([""] * 5, programs, ground_truth=[tests] * 5) == [1.0, 1.0, 1.0, 1.0, 0.0]
+    files = {"solution.py": programs[4], "harness.py": code._HARNESS}
+    (r,) = run_program(files, [{"argv": [sys.executable, "-I", "harness.py", "f"], "stdin": "[3]"}],
+                       Limits(**LIMITS))
+    assert r.exit_code == 1 and r.stderr.rstrip().endswith(
+        "NameError: the solution defines no function 'f' (nor a method 'f' of class Solution); "
+        "define it with that name")
+
+
+def test_empty_program():
+    stdin_tests = json.dumps({"inputs": ["1\n", "2\n"], "outputs": ["1\n", ""]})
+    call_tests = json.dumps({"inputs": [[1]], "outputs": [1], "fn_name": "f"})
+    pr, bug = rewards.get("code_passrate", **LIMITS), rewards.get("code_bug", **LIMITS)
+    empty = ["", "```python\n```"]  # no text at all; an empty python block
+    # stdin task: runs without error (bug 1) and prints nothing: passes only the case whose
+    # expected output is empty -> 1 of 2 = 0.5
+    assert pr([""] * 2, empty, ground_truth=[stdin_tests] * 2) == [0.5, 0.5]
+    assert bug([""] * 2, empty, ground_truth=[stdin_tests] * 2) == [1.0, 1.0]
+    # call-based task: f is missing, a runtime error: pass rate 0, bug 0
+    assert pr([""] * 2, empty, ground_truth=[call_tests] * 2) == [0.0, 0.0]
+    assert bug([""] * 2, empty, ground_truth=[call_tests] * 2) == [0.0, 0.0]
+
+
+def test_code_rewards_after_tag():
+    tests = json.dumps({"inputs": ["21\n"], "outputs": ["42\n"]})
+    completions = ["<think>```python\nprint(1 / 0)\n```</think>\n```python\nprint(int(input()) * 2)\n```",
+                   "<think>```python\nprint(int(input()) * 2)\n```"]  # cut off in the reasoning
+    pr = rewards.get("code_passrate", after_tag="</think>", **LIMITS)
+    bug = rewards.get("code_bug", after_tag="</think>", **LIMITS)
+    # the program after </think> is right; the unfinished one has no program: 0 and 0
+    assert pr([""] * 2, completions, ground_truth=[tests] * 2) == [1.0, 0.0]
+    assert bug([""] * 2, completions, ground_truth=[tests] * 2) == [1.0, 0.0]
+    # without after_tag the block inside the unfinished reasoning is graded (and passes)
+    assert rewards.get("code_passrate", **LIMITS)([""], completions[1:], ground_truth=[tests]) == [1.0]
 
 
 def test_refuses_to_run_code_without_root_namespaces():
