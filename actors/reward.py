@@ -1,18 +1,33 @@
-"""The reward scoring pool a rollout actor uses: worker processes, timeouts, kills, NaN.
+"""The reward scoring pool a rollout actor uses: worker processes, timeouts, kills, retries, NaN.
 
-Rewards never run in the trainer or rollout process. A pool of worker processes (each the leader
-of its own session, so that its whole process tree can be killed) scores tasks of
-(rows, all rewards). When a call raises, the rows are re-scored one by one to isolate the row
-that fails; when a call hangs past its timeout or its worker dies, the worker's process tree is
-killed, a new worker replaces it, and the task is re-issued row by row and reward by reward.
-A single (row, reward) that still fails is recorded as NaN with its error text: nothing is ever
-replaced by 0.0. Conditions (``RewardSpec.condition``) are applied to the scored values, so the
-returned columns are what is stored and trained on.
+Rewards never run in the trainer or rollout process. Worker processes (forked from a server that
+has imported the reward modules, so a new one starts in milliseconds; each the leader of its own
+session, so that its whole process tree can be killed) score tasks of (rows, rewards), one
+reward call at a time, calling each function as TRL does (``gdpo_ray.rewards.call_reward``).
+
+Every (row, reward) that cannot be scored is NaN with its error text, of one of three classes
+(the text starts with it; ``failure_kind`` reads it back):
+  - ``error:``   the reward raised (a batched call that raises is re-scored row by row, so only
+                 the rows that fail are lost);
+  - ``timeout:`` the call ran past its ``timeout_s`` per row: its worker's process tree is killed;
+  - ``infra:``   the scoring infrastructure failed (the worker died, or the reward raised
+                 ``RewardInfraError``, e.g. the code sandbox is unavailable): retried
+                 ``INFRA_RETRIES`` times first.
+Nothing is ever replaced by 0.0. Conditions (``RewardSpec.condition``) are applied to the
+scored values, so the returned columns are what is stored and trained on.
+
+Hangs cost about one timeout per call of ``score``, not one per row: a call that has run
+``PARK_AFTER_S`` while its worker uses (almost) no CPU, i.e. it waits (sleeps, a socket, a
+judge server), is parked: it no longer counts against ``num_workers`` and another worker takes
+the next task, so blocked calls time out side by side. Calls that compute (and rewards that run
+programs in a sandbox, which bound their own time) are never parked: CPU-bound hangs cost one
+timeout per worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import multiprocessing as mp
 import os
@@ -25,51 +40,111 @@ from typing import Any, Mapping, Sequence
 import cloudpickle
 import numpy as np
 
-from gdpo_ray.rewards import RewardSpec, apply_conditions, check_specs, to_floats
+from gdpo_ray.rewards import (RewardInfraError, RewardSpec, TrainerState, apply_conditions,
+                              call_reward, check_specs, to_floats)
+
+logger = logging.getLogger(__name__)
+
+#: a call waiting this long with an idle worker is parked (see the module docstring)
+PARK_AFTER_S = 0.05
+#: parked workers a pool may hold beside its ``num_workers``
+MAX_PARKED = 64
+#: retries of a (row, reward) whose scoring infrastructure failed
+INFRA_RETRIES = 2
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclasses.dataclass
 class ScoreResult:
     values: np.ndarray  # [N, K] float32 stored (conditioned) rewards; NaN = could not be computed
     errors: list[list[str]]  # [N][K] why a value is NaN ("" where it was computed)
-    metrics: dict[str, float]  # rewards/<name>/{mean,std,failure_rate,timeouts,latency_s}
+    metrics: dict[str, float]  # rewards/<name>/{mean,std,failure_rate,errors,timeouts,...}
 
 
 @dataclasses.dataclass
 class _Task:
     rows: list[int]
-    rewards: list[int]
+    rewards: list[int]  # scored in this order, one call each, by one worker
+    attempt: int = 0  # infra retries used
 
 
 def _worker_main(conn: Connection, payload: bytes) -> None:
-    """A scoring worker: resolves the reward functions once, then scores tasks until told to stop."""
+    """A scoring worker: resolves the reward functions once, then scores calls until told to stop."""
     os.setsid()  # its own process group: a kill reaches everything it started
     specs: list[RewardSpec] = cloudpickle.loads(payload)
-    fns = [spec.resolve() for spec in specs]
+    try:
+        fns = [spec.resolve() for spec in specs]
+    except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
+        conn.send(("failed", f"{type(err).__name__}: {err}"))
+        return
     conn.send("ready")
     while True:
         msg = conn.recv()
         if msg is None:
             return
-        ks, prompts, completions, columns = msg
-        for k in ks:  # one message per reward, so the parent times each call on its own
-            start = time.perf_counter()
-            try:
-                result = fns[k](prompts, completions, **columns)
-                values, error = to_floats(result, len(completions), specs[k].name), ""
-            except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
-                values, error = None, f"{type(err).__name__}: {err}"[:500]
-            conn.send((k, values, error, time.perf_counter() - start))
+        k, kwargs = msg
+        n = len(kwargs["completions"])
+        start = time.perf_counter()
+        try:
+            values = to_floats(call_reward(fns[k], **kwargs), n, specs[k].name)
+            kind, error = "", ""
+        except RewardInfraError as err:
+            values, kind, error = None, "infra", f"{type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
+            values, kind, error = None, "error", f"{type(err).__name__}: {err}"
+        conn.send((values, kind, error[:500], time.perf_counter() - start))
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _context(specs: Sequence[RewardSpec]):
+    """A forkserver that has imported the reward modules (spawn where there is none)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    modules = ["actors.reward", "gdpo_ray.rewards", "numpy", "cloudpickle", "math_verify"]
+    for spec in specs:
+        fn = spec.fn if spec.fn is not None else spec.name
+        if isinstance(fn, str) and ":" in fn:
+            modules.append(fn.removeprefix("verl:").split(":")[0])
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(dict.fromkeys(modules)))  # only before the server starts
+    return ctx
 
 
 class _Worker:
-    def __init__(self, payload: bytes) -> None:
-        ctx = mp.get_context("spawn")
+    def __init__(self, ctx, payload: bytes) -> None:
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, payload), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
+        self.task: _Task | None = None  # the task whose first reward is being scored
+        self.deadline = self.started = 0.0
+        self.cpu_at_start: float | None = None
+        self.parked = False
+
+    def send(self, task: _Task, kwargs: dict, timeout_s: float) -> None:
+        self.task, self.parked = task, False
+        self.started = time.monotonic()
+        self.deadline = self.started + len(task.rows) * timeout_s
+        self.cpu_at_start = _cpu_seconds(self.process.pid)
+        self.conn.send((task.rewards[0], kwargs))
+
+    def blocked(self, now: float) -> bool:
+        """Waiting (not computing) for at least PARK_AFTER_S since the call started."""
+        elapsed = now - self.started
+        if elapsed < PARK_AFTER_S or self.cpu_at_start is None:
+            return False
+        cpu = _cpu_seconds(self.process.pid)
+        return cpu is not None and cpu - self.cpu_at_start <= 0.5 * elapsed
 
     def kill(self) -> None:
         try:
@@ -86,9 +161,10 @@ class RewardPool:
     Args:
         rewards: K reward declarations (``RewardSpec`` or ``{name, fn, params, weight,
             condition, timeout_s}``), validated and resolved here, before any worker starts.
-        num_workers: worker processes (scoring is CPU-bound: about the cores you can spare).
+        num_workers: worker processes computing at once (scoring is CPU-bound: about the
+            cores you can spare); parked workers (see the module docstring) come on top.
         rows_per_task: rows scored per call of a reward function (batching for functions that
-            benefit from it); a failing task is re-issued row by row.
+            benefit from it); a failing call is re-issued row by row.
     """
 
     def __init__(self, rewards: Sequence[RewardSpec | Mapping[str, Any]], num_workers: int = 2,
@@ -98,114 +174,173 @@ class RewardPool:
         self.specs = [RewardSpec.from_dict(r) for r in rewards]
         fns = check_specs(self.specs)
         self.timeouts = [spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
-        self.rows_per_task = rows_per_task
+        # sandboxed rewards wait on programs that compute: never parked
+        self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
+        self.num_workers, self.rows_per_task = num_workers, rows_per_task
         self._payload = cloudpickle.dumps(self.specs)
-        self._workers = [_Worker(self._payload) for _ in range(num_workers)]
+        self._ctx = _context(self.specs)
+        self._workers = [_Worker(self._ctx, self._payload) for _ in range(num_workers)]
         self._startup_failures = 0
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
 
-    def score(self, prompts: Sequence[str], completions: Sequence[str],
-              columns: Mapping[str, Sequence[Any]] | None = None) -> ScoreResult:
-        """[N] prompts and completions, plus per-row columns (ground_truth, response_length, ...)."""
+    def score(self, prompts: Sequence[Any], completions: Sequence[Any],
+              columns: Mapping[str, Sequence[Any]] | None = None,
+              completion_ids: Sequence[Sequence[int]] | None = None,
+              trainer_state: TrainerState | None = None) -> ScoreResult:
+        """[N] prompts and completions (strings, or chat messages), plus per-row columns
+        (ground_truth, response_length, ...) and the completions' token ids."""
         n, k = len(completions), len(self.specs)
         columns = dict(columns or {})
-        if len(prompts) != n or any(len(v) != n for v in columns.values()):
-            lengths = {"prompts": len(prompts), **{c: len(v) for c, v in columns.items()}}
+        ids = list(completion_ids) if completion_ids is not None else [[] for _ in range(n)]
+        if len(prompts) != n or len(ids) != n or any(len(v) != n for v in columns.values()):
+            lengths = {"prompts": len(prompts), "completion_ids": len(ids),
+                       **{c: len(v) for c, v in columns.items()}}
             raise ValueError(f"score: every column needs {n} rows (one per completion); got {lengths}")
+        state = trainer_state or TrainerState()
         run = _Scoring(n, k)
-        tasks = deque(_Task(list(range(i, min(i + self.rows_per_task, n))), list(range(k)))
-                      for i in range(0, n, self.rows_per_task))
-        busy: dict[Connection, tuple[_Worker, _Task, float]] = {}  # with its deadline
-        while tasks or busy:
+        pending = deque(_Task(list(range(i, min(i + self.rows_per_task, n))), list(range(k)))
+                        for i in range(0, n, self.rows_per_task))
+
+        def start(w: _Worker, task: _Task) -> None:
+            rows = task.rows
+            kwargs = {c: [v[i] for i in rows] for c, v in columns.items()}
+            kwargs |= {"prompts": [prompts[i] for i in rows],
+                       "completions": [completions[i] for i in rows],
+                       "completion_ids": [ids[i] for i in rows], "trainer_state": state}
+            w.send(task, kwargs, self.timeouts[task.rewards[0]])
+
+        while pending or any(w.task for w in self._workers):
             for w in self._workers:
-                if tasks and w.ready and all(w is not b[0] for b in busy.values()):
-                    task = tasks.popleft()
-                    rows = task.rows
-                    w.conn.send((task.rewards, [prompts[i] for i in rows],
-                                 [completions[i] for i in rows],
-                                 {c: [v[i] for i in rows] for c, v in columns.items()}))
-                    busy[w.conn] = (w, task, self._deadline(task))
-            starting = [w.conn for w in self._workers if not w.ready]
-            deadlines = [b[2] for b in busy.values()]
-            left = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            for conn in wait(list(busy) + starting, timeout=left):
-                self._receive(conn, busy, tasks, run)
+                if pending and w.ready and w.task is None:
+                    start(w, pending.popleft())
+            self._grow(pending)
             now = time.monotonic()
-            for conn, (w, task, deadline) in list(busy.items()):
-                if now >= deadline:
-                    del busy[conn]
-                    self._replace(w)
-                    seconds = len(task.rows) * self.timeouts[task.rewards[0]]
-                    # the reward being scored timed out; the ones after it never started
-                    hung = _Task(task.rows, task.rewards[:1])
-                    self._failed(hung, f"timeout after {seconds:g} s (process tree killed)", tasks,
-                                 run, timeout=True)
-                    if task.rewards[1:]:
-                        tasks.append(_Task(task.rows, task.rewards[1:]))
+            busy = [w for w in self._workers if w.task is not None]
+            wake = [w.deadline for w in busy]
+            if pending and any(not w.parked and self.parkable[w.task.rewards[0]] for w in busy):
+                wake.append(now + PARK_AFTER_S / 2)  # look again for calls that only wait
+            conns = [w.conn for w in busy] + [w.conn for w in self._workers if not w.ready]
+            for conn in wait(conns, timeout=max(0.0, min(wake) - now) if wake else None):
+                self._receive(next(w for w in self._workers if w.conn is conn), pending, run, start)
+            now = time.monotonic()
+            for w in [w for w in self._workers if w.task is not None]:
+                if now >= w.deadline:
+                    self._timed_out(w, pending, run)
+                elif pending and not w.parked and self.parkable[w.task.rewards[0]] and w.blocked(now):
+                    w.parked = True
+        self._shrink()
+        for j, spec in enumerate(self.specs):
+            if run.timeouts[j]:
+                logger.warning("reward %r timed out on %d of %d rows (timeout_s %g, process "
+                               "trees killed)", spec.name, run.timeouts[j], n, self.timeouts[j])
         return run.result(self.specs)
 
-    def _receive(self, conn, busy, tasks, run) -> None:
-        worker = next(w for w in self._workers if w.conn is conn)
+    def _grow(self, pending: deque) -> None:
+        """Starts workers while fewer than ``num_workers`` are computing or free."""
+        if not pending:
+            return
+        working = sum(1 for w in self._workers if not w.parked)
+        want = min(len(pending), self.num_workers - working,
+                   self.num_workers + MAX_PARKED - len(self._workers))
+        self._workers += [_Worker(self._ctx, self._payload) for _ in range(max(0, want))]
+
+    def _shrink(self) -> None:
+        """Back to ``num_workers`` after a call of ``score`` (idle extra workers stop)."""
+        extra = self._workers[self.num_workers:]
+        self._workers = self._workers[:self.num_workers]
+        for w in extra:
+            self._stop(w)
+
+    def _receive(self, worker: _Worker, pending: deque, run: "_Scoring", start) -> None:
         try:
-            msg = conn.recv()
+            msg = worker.conn.recv()
         except (EOFError, OSError):
-            entry = busy.pop(conn, None)
-            worker.process.join(timeout=1.0)  # its pipe closes before it is reaped: wait for the code
-            code = worker.process.exitcode
-            if not worker.ready:
-                self._startup_failures += 1
-                if self._startup_failures > 3:
-                    raise RuntimeError(f"reward workers keep dying at start (exit code {code}); "
-                                       "their traceback is on stderr")
-            self._replace(worker)
-            if entry is not None:
-                self._failed(entry[1], f"reward worker died (exit code {code})", tasks, run)
+            self._died(worker, pending, run)
             return
         if msg == "ready":
             worker.ready = True
             return
-        j, values, error, seconds = msg
-        w, task, _ = busy[conn]
-        task.rewards.remove(j)
-        if task.rewards:
-            busy[conn] = (w, task, self._deadline(task))
-        else:
-            del busy[conn]
+        if isinstance(msg, tuple) and msg[0] == "failed":
+            self.close()
+            raise RuntimeError(f"a reward worker could not load the rewards: {msg[1]}")
+        values, kind, error, seconds = msg
+        task = worker.task
+        j, rest = task.rewards[0], task.rewards[1:]
+        worker.task = None
         if values is not None:
             run.record(task.rows, j, values, seconds)
-        elif len(task.rows) > 1:  # isolate the failing row(s)
-            tasks.extend(_Task([i], [j]) for i in task.rows)
         else:
-            run.fail(task.rows[0], j, error)
+            self._failed(_Task(task.rows, [j], task.attempt), kind, error, pending, run)
+        if rest:  # the task's next reward, on the same worker (its caches are warm)
+            start(worker, _Task(task.rows, rest, task.attempt))
 
-    def _deadline(self, task: _Task) -> float:
-        """When the reward now being scored (the task's first) must have answered."""
-        return time.monotonic() + len(task.rows) * self.timeouts[task.rewards[0]]
-
-    def _failed(self, task: _Task, reason: str, tasks, run, timeout: bool = False) -> None:
-        if len(task.rows) * len(task.rewards) > 1:
-            tasks.extend(_Task([i], [j]) for i in task.rows for j in task.rewards)
+    def _died(self, worker: _Worker, pending: deque, run: "_Scoring") -> None:
+        worker.process.join(timeout=1.0)  # its pipe closes before it is reaped: wait for the code
+        code = worker.process.exitcode
+        self._remove(worker)
+        if not worker.ready:
+            self._startup_failures += 1
+            if self._startup_failures > 3:
+                self.close()
+                raise RuntimeError(f"reward workers keep dying at start (exit code {code}); "
+                                   "their traceback is on stderr")
+            if len(self._workers) < self.num_workers:
+                self._workers.append(_Worker(self._ctx, self._payload))
             return
-        run.fail(task.rows[0], task.rewards[0], reason, timeout=timeout)
+        task = worker.task
+        if task is not None:
+            self._failed(_Task(task.rows, task.rewards[:1], task.attempt), "infra",
+                         f"reward worker died (exit code {code})", pending, run)
+            if task.rewards[1:]:
+                pending.append(_Task(task.rows, task.rewards[1:], task.attempt))
 
-    def _replace(self, worker: _Worker) -> None:
+    def _timed_out(self, worker: _Worker, pending: deque, run: "_Scoring") -> None:
+        task = worker.task
+        self._remove(worker)
+        seconds = len(task.rows) * self.timeouts[task.rewards[0]]
+        self._failed(_Task(task.rows, task.rewards[:1], task.attempt), "timeout",
+                     f"no answer after {seconds:g} s (process tree killed)", pending, run)
+        if task.rewards[1:]:  # the rewards after it never started
+            pending.append(_Task(task.rows, task.rewards[1:], task.attempt))
+
+    def _failed(self, task: _Task, kind: str, error: str, pending: deque, run: "_Scoring") -> None:
+        """One reward of ``task`` failed: rows are isolated, infrastructure is retried."""
+        if len(task.rows) > 1:
+            pending.extend(_Task([i], task.rewards, task.attempt) for i in task.rows)
+        elif kind == "infra" and task.attempt < INFRA_RETRIES:
+            pending.append(_Task(task.rows, task.rewards, task.attempt + 1))
+        else:
+            attempts = f" ({task.attempt + 1} attempts)" if kind == "infra" else ""
+            run.fail(task.rows[0], task.rewards[0], kind, error + attempts)
+
+    def _remove(self, worker: _Worker) -> None:
         worker.kill()
-        self._workers[self._workers.index(worker)] = _Worker(self._payload)
+        self._workers.remove(worker)
+
+    @staticmethod
+    def _stop(worker: _Worker) -> None:
+        try:
+            worker.conn.send(None)
+        except OSError:
+            pass
+        worker.process.join(timeout=2)
+        if worker.process.is_alive():
+            worker.kill()
 
     def close(self) -> None:
-        for w in self._workers:
+        workers, self._workers = self._workers, []
+        for w in workers:
             try:
                 w.conn.send(None)
             except OSError:
                 pass
-        for w in self._workers:
+        for w in workers:
             w.process.join(timeout=2)
             if w.process.is_alive():
                 w.kill()
-        self._workers = []
 
     def __enter__(self) -> "RewardPool":
         return self
@@ -222,16 +357,20 @@ class _Scoring:
         self.errors = [[""] * k for _ in range(n)]
         self.seconds = np.zeros(k)
         self.scored = np.zeros(k)
-        self.timeouts = np.zeros(k, int)
+        self.counts = {kind: np.zeros(k, int) for kind in ("error", "timeout", "infra")}
+
+    @property
+    def timeouts(self) -> np.ndarray:
+        return self.counts["timeout"]
 
     def record(self, rows: list[int], k: int, values: list[float], seconds: float) -> None:
         self.values[rows, k] = values
         self.seconds[k] += seconds
         self.scored[k] += len(rows)
 
-    def fail(self, row: int, k: int, error: str, timeout: bool = False) -> None:
-        self.errors[row][k] = error or "reward failed"
-        self.timeouts[k] += timeout
+    def fail(self, row: int, k: int, kind: str, error: str) -> None:
+        self.errors[row][k] = f"{kind}: {error or 'reward failed'}"
+        self.counts[kind][k] += 1
 
     def result(self, specs: Sequence[RewardSpec]) -> ScoreResult:
         stored = apply_conditions(self.values, specs)
@@ -241,8 +380,8 @@ class _Scoring:
                 continue
             gate = names.index(spec.condition.on)
             for i in np.flatnonzero(np.isnan(stored[:, k]) & ~np.isnan(self.values[:, k])):
-                self.errors[i][k] = f"condition on {spec.condition.on!r}: " + (
-                    self.errors[i][gate] or "gate could not be computed")
+                self.errors[i][k] = f"condition: on {spec.condition.on!r}, " + (
+                    self.errors[i][gate] or "which could not be computed")
         metrics: dict[str, float] = {}
         n = len(stored)
         for k, name in enumerate(names):
@@ -252,7 +391,9 @@ class _Scoring:
             metrics[f"rewards/{name}/mean"] = float(valid.mean()) if len(valid) else math.nan
             metrics[f"rewards/{name}/std"] = float(valid.std(ddof=1)) if len(valid) > 1 else math.nan
             metrics[f"rewards/{name}/failure_rate"] = failed / n if n else 0.0
-            metrics[f"rewards/{name}/timeouts"] = float(self.timeouts[k])
+            metrics[f"rewards/{name}/errors"] = float(self.counts["error"][k])
+            metrics[f"rewards/{name}/timeouts"] = float(self.counts["timeout"][k])
+            metrics[f"rewards/{name}/infra_failures"] = float(self.counts["infra"][k])
             metrics[f"rewards/{name}/latency_s"] = (
                 float(self.seconds[k] / self.scored[k]) if self.scored[k] else math.nan)
         return ScoreResult(stored, self.errors, metrics)

@@ -30,6 +30,7 @@ from actors.buffer import ArrowBuffer, GroupRef
 from actors.engines import SamplingParams, make_engine
 from actors.prompts import Prompt, PromptSource
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
+from gdpo_ray.rewards import TrainerState
 
 
 class RolloutActor:
@@ -176,9 +177,14 @@ class RolloutActor:
         columns = {name: [value for p in kept for value in [p.columns[name]] * g]
                    for name in kept[0].columns}
         columns["response_length"] = [len(s.token_ids) for s in flat]
-        prompt_texts = [p.prompt if isinstance(p.prompt, str) else p.prompt[-1]["content"]
-                        for p in kept for _ in range(g)]
-        scored = self.rewards.score(prompt_texts, texts, columns)
+        # as TRL passes them: a conversational row's prompt is its messages, its completion one
+        # assistant message
+        chat = [not isinstance(p.prompt, str) for p in kept for _ in range(g)]
+        prompts_in = [p.prompt for p in kept for _ in range(g)]
+        completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat)]
+        scored = self.rewards.score(prompts_in, completions, columns,
+                                    completion_ids=[list(s.token_ids) for s in flat],
+                                    trainer_state=TrainerState(global_step=version))
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)

@@ -61,6 +61,10 @@ def _plain_reward(reward: Any) -> Any:
     return reward
 
 
+class RewardFailure(RuntimeError):
+    """A reward failed on (almost) every rollout for several steps: the run stops."""
+
+
 class GDPOConfig(AlgorithmConfig):
     """RLlib config of GDPO. The fields and their defaults are ``gdpo_ray.config.FIELDS``.
 
@@ -179,6 +183,8 @@ class GDPO(Algorithm):
         self.reward_gates = {s.name: (self.reward_names.index(s.condition.on), s.condition.min)
                              for s in specs if s.condition is not None}
         self._warned_cancelling: set[tuple[str, str]] = set()
+        self._first_errors: dict[str, str] = {}  # reward -> its first error text (logged once)
+        self._failure_streaks: dict[str, int] = {}  # reward -> steps in a row at the limit
         self.model_path = resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
@@ -282,6 +288,8 @@ class GDPO(Algorithm):
             groups, batches, filtered = self._take_groups()
         with _timed(timers, "advantages"):
             rewards, index = _rewards_and_index(batches)
+            errors = [e for b in batches for e in b.column("reward_errors").to_pylist()]
+            self._watch_failures(step, rewards, errors)  # stops a run whose reward always fails
             details = _advantage_details(rewards, index, c, self.reward_weights)
         try:
             with _timed(timers, "update"):
@@ -295,6 +303,7 @@ class GDPO(Algorithm):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
             values = self._step_metrics(step, groups, batches, rewards, details, filtered)
+            values |= step_metrics.failure_metrics(errors, self.reward_names)
             values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
                 self._last_checkpoint = self.save_to_path(
@@ -389,6 +398,33 @@ class GDPO(Algorithm):
                    "rollout/prompts_filtered": float(stats["filtered"]),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}
         return values
+
+    def _watch_failures(self, step: int, rewards: np.ndarray, errors: list) -> None:
+        """Makes reward failures loud: a reward's first error text is logged (then a count each
+        step it fails), and a reward failing on at least ``reward_failure_limit`` of a step's
+        rollouts for ``reward_failure_steps`` steps in a row stops the run with its error."""
+        c = self.config
+        for k, name in enumerate(self.reward_names):
+            failed = [row[k] for row in errors if row[k]]
+            rate = float(np.isnan(rewards[:, k]).mean()) if len(rewards) else 0.0
+            if failed:
+                if name not in self._first_errors:
+                    self._first_errors[name] = failed[0]
+                    logger.warning("reward %r failed on %d of %d rollouts of step %d; first error: "
+                                   "%s", name, len(failed), len(errors), step, failed[0])
+                else:
+                    logger.warning("reward %r failed on %d of %d rollouts of step %d",
+                                   name, len(failed), len(errors), step)
+            streak = self._failure_streaks.get(name, 0) + 1 if rate >= c.reward_failure_limit else 0
+            self._failure_streaks[name] = streak
+            if streak >= c.reward_failure_steps:
+                first = failed[0] if failed else "NaN values (the function returned None)"
+                raise RewardFailure(
+                    f"reward {name!r} failed on {rate:.0%} of the rollouts for {streak} steps in "
+                    f"a row (reward_failure_limit {c.reward_failure_limit}); its error: {first}. "
+                    f"Fix the reward (`gdpo-ray check CONFIG` scores dataset rows with every "
+                    f"reward without training), or raise training.reward_failure_limit above 1 "
+                    f"to train on anyway")
 
     def _warn_cancelling(self, details) -> None:
         """Once per pair: two rewards that cancel in every group give GDPO no signal."""

@@ -35,6 +35,8 @@ FIELDS: dict[str, Field] = {
     "group_size": Field("training", 8, "G, completions per prompt (>= 2)"),
     "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)"),
     "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s}, ...]"),
+    "reward_failure_limit": Field("training", 1.0, "stop the run when a reward fails (NaN) on at least this fraction of a step's rollouts ..."),
+    "reward_failure_steps": Field("training", 2, "... for this many steps in a row (the error is shown; limit > 1 turns the stop off)"),
     "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)"),
     "clip_eps_low": Field("training", 0.2, "lower clip range of the importance ratio"),
     "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)"),

@@ -40,6 +40,20 @@ def reward_metrics(rewards: np.ndarray, names: Sequence[str]) -> dict[str, float
     return out
 
 
+def failure_metrics(errors: Sequence[Sequence[str]], names: Sequence[str]) -> dict[str, float]:
+    """errors: [N][K] ``reward_errors`` texts -> per reward, the rollouts it failed on by class:
+    ``rewards/<name>/{errors,timeouts,infra_failures}`` (raised, timed out, the scoring
+    infrastructure failed after its retries; ``failure_kind``)."""
+    from gdpo_ray.rewards import failure_kind
+
+    out = {}
+    for k, name in enumerate(names):
+        kinds = [failure_kind(row[k]) for row in errors]
+        for kind, label in (("error", "errors"), ("timeout", "timeouts"), ("infra", "infra_failures")):
+            out[f"rewards/{name}/{label}"] = float(kinds.count(kind))
+    return out
+
+
 def advantage_metrics(details: AdvantageDetails, names: Sequence[str], decimals: int = 6) -> dict[str, float]:
     """Spread of each reward's group-normalized advantage, of the final advantage, and the number
     of distinct advantage groups (groups whose sorted final advantages differ at ``decimals``)."""

@@ -1,8 +1,10 @@
 """Reward functions: the registry, the built-ins of the paper's three tasks, user adapters.
 
-A reward function has TRL's signature ``fn(prompts, completions, **columns) -> list[float |
-None]`` (None = could not be computed, stored as NaN). Columns are the dataset row's and the
-rollout's, at least ``ground_truth`` and ``response_length`` (tokens).
+A reward function is called as TRL's GRPOTrainer calls it, with keywords:
+``fn(prompts=, completions=, completion_ids=, trainer_state=, **columns) -> list[float | None]``
+(None = could not be computed, stored as NaN; see ``adapters`` for chat completions and
+functions that name only some keywords). Columns are the dataset row's and the rollout's
+(``response_length``, tokens).
 
 ``get(name, **params)`` returns a ready function: a built-in by name, a user function by
 import path ``package.module:function`` (its params bound as keywords), or a verl-style
@@ -17,7 +19,9 @@ from typing import Any, Callable
 
 from gdpo_ray.registry import Registry
 from gdpo_ray.rewards import code, length, math_answer, pattern, toolrl
-from gdpo_ray.rewards.adapters import RewardFn, bind_params, from_verl, import_object, to_floats
+from gdpo_ray.rewards.adapters import (CALL_KEYWORDS, ROLLOUT_COLUMNS, RewardFn, RewardInfraError,
+                                       TrainerState, bind_params, call_reward, completion_text,
+                                       from_verl, import_object, required_columns, to_floats)
 from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check_specs
 
 #: name -> factory(**params) -> reward function
@@ -48,5 +52,21 @@ def get(name: str, **params: Any) -> RewardFn:
         raise ValueError(f"reward {name!r}: bad params {params}: {err}") from None
 
 
-__all__ = ["REWARDS", "Condition", "RewardFn", "RewardSpec", "apply_conditions", "check_specs",
-           "from_verl", "get", "to_floats"]
+#: the classes of a failed (row, reward), the prefix of its ``reward_errors`` text
+FAILURE_KINDS = ("error", "timeout", "infra", "condition")
+
+
+def failure_kind(error: str) -> str:
+    """The class of a ``reward_errors`` text ("" where the reward was computed): error (the
+    reward raised), timeout, infra (the scoring infrastructure failed, after retries) or
+    condition (the gate of a conditioned reward could not be computed)."""
+    if not error:
+        return ""
+    kind = error.split(":", 1)[0]
+    return kind if kind in FAILURE_KINDS else "error"
+
+
+__all__ = ["CALL_KEYWORDS", "FAILURE_KINDS", "REWARDS", "ROLLOUT_COLUMNS", "Condition", "RewardFn",
+           "RewardInfraError", "RewardSpec", "TrainerState", "apply_conditions", "call_reward",
+           "check_specs", "completion_text", "failure_kind", "from_verl", "get",
+           "required_columns", "to_floats"]

@@ -1,14 +1,94 @@
-"""Bring-your-own reward functions: import paths and verl-style ``compute_score``."""
+"""How reward functions are called: TRL's keyword convention, chat completions, import paths,
+verl-style ``compute_score``, and the failure classes.
+
+A reward is called as TRL's GRPOTrainer calls it, with keywords only::
+
+    fn(prompts=..., completions=..., completion_ids=..., trainer_state=..., **columns)
+
+``prompts`` and ``completions`` are strings, or, where the dataset's prompt is a list of chat
+messages (a conversational dataset), the message lists and ``[{"role": "assistant", "content":
+text}]``. ``completion_ids`` are the response's token ids, ``trainer_state.global_step`` the
+policy version that generated them, ``columns`` the dataset row's (``ground_truth``, ...) and
+the rollout's (``response_length``). A function without ``**kwargs`` is given only the
+keywords it names, so ``def f(completions, answer)`` works as well as ``def f(completions,
+**kwargs)``. ``async def`` functions are run to completion. The result is a list of one number
+or None (could not be computed: NaN) per completion.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import importlib
 import inspect
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
-RewardFn = Callable[..., list]  # fn(prompts, completions, **columns) -> list[float | None]
+RewardFn = Callable[..., list]  # fn(*, prompts, completions, completion_ids, **columns) -> list
+
+#: keywords every call passes besides the columns
+CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
+#: columns every rollout has besides the dataset's
+ROLLOUT_COLUMNS = ("response_length",)
+
+
+class RewardInfraError(RuntimeError):
+    """Raised by a reward when the scoring infrastructure failed (a sandbox, a judge server),
+    not the reward on this completion: the call is retried before the value becomes NaN."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerState:
+    """What a reward can know of the run (TRL's ``trainer_state.global_step``)."""
+
+    global_step: int = 0
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as text: a string as it is; chat messages (TRL's conversational format)
+    joined by their contents."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and all(isinstance(m, Mapping) for m in completion):
+        return "".join(str(m.get("content") or "") for m in completion)
+    raise TypeError(f"a completion is a string or a list of chat messages; got {type(completion).__name__}")
+
+
+def _parameters(fn: Callable) -> tuple[frozenset[str] | None, frozenset[str]]:
+    """(the keywords ``fn`` accepts, None = any; those it requires)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: give it everything
+        return None, frozenset()
+    params = sig.parameters.values()
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = frozenset(p.name for p in named if p.default is p.empty)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None, required
+    return frozenset(p.name for p in named), required
+
+
+def required_columns(fn: Callable) -> list[str]:
+    """The columns ``fn`` cannot be called without (its required parameters that are not one
+    of ``CALL_KEYWORDS``)."""
+    _, required = _parameters(fn)
+    return sorted(required - set(CALL_KEYWORDS))
+
+
+def call_reward(fn: Callable, **kwargs: Any) -> Any:
+    """Calls ``fn`` TRL's way: keywords only, those it does not accept left out (when it has
+    no ``**kwargs``); an ``async def`` function (or one returning an awaitable) is awaited."""
+    accepted, _ = _parameters(fn)
+    if accepted is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        async def wait() -> Any:
+            return await result
+
+        result = asyncio.run(wait())
+    return result
 
 
 def import_object(path: str) -> Any:
@@ -19,7 +99,10 @@ def import_object(path: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} of reward {path!r}: {err}") from err
+        raise ValueError(
+            f"cannot import module {module_name!r} of reward {path!r}: {err}; run from the folder "
+            f"that holds it (it is put on the path), add that folder to PYTHONPATH, or install "
+            f"it") from err
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -40,7 +123,7 @@ def from_verl(compute_score: Callable[..., Any], score_key: str = "score") -> Re
         infos = extra_info if extra_info is not None else [None] * n
         out = []
         for completion, truth, source, info in zip(completions, ground_truth, sources, infos):
-            value = compute_score(source, completion, truth, info)
+            value = compute_score(source, completion_text(completion), truth, info)
             if isinstance(value, dict):
                 if score_key not in value:
                     raise ValueError(f"compute_score returned a dict without {score_key!r}: {sorted(value)}")
@@ -48,6 +131,7 @@ def from_verl(compute_score: Callable[..., Any], score_key: str = "score") -> Re
             out.append(None if value is None else float(value))
         return out
 
+    del reward.__wrapped__  # its own signature (keywords), not compute_score's
     return reward
 
 
@@ -55,19 +139,22 @@ def bind_params(fn: Callable[..., Any], params: dict, name: str) -> RewardFn:
     """A user function with its configured keyword parameters; unknown ones fail now."""
     if not params:
         return fn
-    sig = inspect.signature(fn)
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-    unknown = [k for k in params if k not in sig.parameters and not takes_kwargs]
+    accepted, _ = _parameters(fn)
+    unknown = [k for k in params if accepted is not None and k not in accepted]
     if unknown:
-        raise ValueError(f"reward {name!r}: {fn.__name__} takes no parameter(s) {unknown}")
+        raise ValueError(f"reward {name!r}: {getattr(fn, '__name__', fn)} takes no parameter(s) "
+                         f"{unknown}; its parameters: {sorted(accepted or ())}")
     return functools.partial(fn, **params)
 
 
 def to_floats(values: Any, n: int, name: str) -> list[float]:
     """Checks a reward function's result: n numbers or None (-> NaN)."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):  # numpy, torch
+        values = values.tolist()
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise ValueError(f"reward {name!r} must return a list of {n} values; got {got}")
+        raise ValueError(f"reward {name!r} must return a list of {n} values (one per "
+                         f"completion); got {got}")
     out = []
     for v in values:
         x = math.nan if v is None else float(v)

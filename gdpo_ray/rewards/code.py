@@ -27,6 +27,7 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
+from gdpo_ray.rewards.adapters import completion_text
 from gdpo_ray.rewards.math_answer import after_last
 from gdpo_ray.rewards.sandbox import Limits, RunResult, run_program
 
@@ -213,7 +214,7 @@ def code_passrate(max_tests: int = 32, after_tag: str | None = None, **limits: A
             tests = _tests(truth, max_tests)
             if not tests["inputs"]:
                 raise ValueError("code_passrate needs at least one test case in ground_truth")
-            program = extract_program(completion, after_tag)
+            program = extract_program(completion_text(completion), after_tag)
             if program is None:
                 out.append(0.0)
                 continue
@@ -250,7 +251,7 @@ def code_bug(max_tests: int = 32, timeouts_are_bugs: bool = False, after_tag: st
         return float(not any(has_error(r, timeouts_are_bugs) for r, _ in runs))
 
     def code_bug(prompts, completions, *, ground_truth, **_columns) -> list[float]:
-        return [bug_free(c, t) for c, t in zip(completions, ground_truth)]
+        return [bug_free(completion_text(c), t) for c, t in zip(completions, ground_truth)]
 
     code_bug.min_timeout_s = limits_.total_s(max_tests)
     return code_bug

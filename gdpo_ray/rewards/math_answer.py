@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from gdpo_ray.rewards.adapters import completion_text
+
 
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (braces balanced), or None."""
@@ -54,7 +56,7 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
     def math_correctness(prompts, completions, *, ground_truth, **_columns) -> list[float]:
         out = []
         for completion, truth in zip(completions, ground_truth):
-            answer = final_answer(completion, answer_tag, after_tag)
+            answer = final_answer(completion_text(completion), answer_tag, after_tag)
             if answer is None:
                 out.append(0.0)
                 continue

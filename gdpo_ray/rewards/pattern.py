@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from gdpo_ray.rewards.adapters import completion_text
+
 
 def regex(pattern: str, dotall: bool = True):
     """1 if ``re.fullmatch(pattern, completion.strip())``, else 0 (e.g. the demo's
@@ -14,6 +16,6 @@ def regex(pattern: str, dotall: bool = True):
         raise ValueError(f"regex reward: bad pattern {pattern!r}: {err}") from None
 
     def regex(prompts, completions, **_columns) -> list[float]:
-        return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
+        return [float(compiled.fullmatch(completion_text(c).strip()) is not None) for c in completions]
 
     return regex

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gdpo_ray.rewards.adapters import completion_text
+
 _TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>")
 
@@ -181,7 +183,7 @@ def toolrl_format(strict: bool = False):
     ToolRL's check by default; ``strict=True``: no stripping, all six tags counted)."""
 
     def toolrl_format(prompts, completions, *, ground_truth, **_columns) -> list[float]:
-        return [float(format_matches(c, g, strict)) for c, g in zip(completions, ground_truth)]
+        return [float(format_matches(completion_text(c), g, strict)) for c, g in zip(completions, ground_truth)]
 
     return toolrl_format
 
@@ -193,6 +195,6 @@ def toolrl_correctness(matching: str = "optimal"):
         raise ValueError(f"toolrl_correctness matching must be 'optimal' or 'greedy'; got {matching!r}")
 
     def toolrl_correctness(prompts, completions, *, ground_truth, **_columns) -> list[float]:
-        return [correctness(c, g, matching) for c, g in zip(completions, ground_truth)]
+        return [correctness(completion_text(c), g, matching) for c, g in zip(completions, ground_truth)]
 
     return toolrl_correctness

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from actors.reward import RewardPool
+from gdpo_ray.rewards import failure_kind
 
 nan = math.nan
 MOD = "tests.unit.pool_rewards"
@@ -36,11 +37,16 @@ def test_failures_cost_only_their_own_rows(pool):
     np.testing.assert_array_equal(v[:, 1], [1, 3, 5, nan, 4, 2])  # hang: only row "7" is lost
     np.testing.assert_array_equal(v[:, 2], [10, nan, 50, 70, 40, 20])  # raise: only row "3"
     np.testing.assert_array_equal(v[:, 3], [1, 1, nan, 1, nan, 1])  # die: "5" killed it; "4" is None
-    assert out.errors[3][1].startswith("timeout after 1 s")
-    assert out.errors[1][2] == "RuntimeError: cannot score 3"
-    assert out.errors[2][3].startswith("reward worker died (exit code 9)")
+    assert out.errors[3][1] == "timeout: no answer after 1 s (process tree killed)"
+    assert out.errors[1][2] == "error: RuntimeError: cannot score 3"
+    # a dead worker is an infrastructure failure: retried twice, then NaN
+    assert out.errors[2][3] == "infra: reward worker died (exit code 9) (3 attempts)"
+    assert [failure_kind(e) for e in out.errors[3]] == ["", "timeout", "", ""]
     assert out.errors[4][3] == ""  # None from the function: NaN, not a failure of the machinery
     assert out.metrics["rewards/hang/timeouts"] == 1.0
+    assert out.metrics["rewards/raise/errors"] == 1.0
+    assert out.metrics["rewards/die/infra_failures"] == 1.0
+    assert out.metrics["rewards/die/errors"] == out.metrics["rewards/die/timeouts"] == 0.0
     assert out.metrics["rewards/raise/failure_rate"] == pytest.approx(1 / 6)
     assert out.metrics["rewards/echo/mean"] == pytest.approx(22 / 6)
     assert out.metrics["rewards/echo/std"] == pytest.approx(np.std([1, 3, 5, 7, 4, 2], ddof=1))
