@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import pyarrow as pa
+
+from gdpo_ray.data import Rows, read_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,36 +37,11 @@ class Prompt:
         return f"{self.prompt_id}/e{self.epoch}/a{self.attempt}"
 
 
-def load_table(data: Any) -> pa.Table:
-    """A parquet or jsonl path, a Hugging Face ``datasets.Dataset``, an Arrow table, or rows."""
-    if isinstance(data, pa.Table):
-        return data
-    if isinstance(data, (str, Path)):
-        path = Path(data)
-        if not path.exists():
-            raise ValueError(f"dataset {str(path)!r} does not exist")
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path)
-        if path.suffix in (".jsonl", ".json"):
-            import pyarrow.json as pj
-
-            return pj.read_json(path)
-        raise ValueError(f"dataset {str(path)!r}: use a .parquet or .jsonl file")
-    if hasattr(data, "data") and hasattr(data.data, "table"):  # datasets.Dataset
-        return data.data.table
-    if isinstance(data, list):
-        return pa.Table.from_pylist(data)
-    raise ValueError(f"dataset must be a path, an Arrow table, a datasets.Dataset or a list of "
-                     f"rows; got {type(data).__name__}")
-
-
 class PromptSource:
     """Seeded epochs over a dataset, with the state of every prompt handed out.
 
     Args:
-        data: see ``load_table``.
+        data: see ``gdpo_ray.data.read_rows``.
         prompt_column: the column holding the prompt text or chat messages.
         id_column: a column of unique prompt ids (default: the row number).
         seed: the order of epoch e is a permutation drawn from (seed, e).
@@ -77,23 +52,26 @@ class PromptSource:
 
     def __init__(self, data: Any, prompt_column: str = "prompt", id_column: str | None = None,
                  seed: int = 0, columns: Mapping[str, str] | None = None) -> None:
-        table = load_table(data)
-        if table.num_rows == 0:
-            raise ValueError("the dataset has no rows")
-        self._rows = table.to_pylist()
+        source = read_rows(data)
+        self._rows = [dict(r) for r in source.rows]
+        names = list(self._rows[0])
         for name, path in (columns or {}).items():
-            _add_column(self._rows, name, path, table.column_names)
-        if prompt_column not in self._rows[0]:
-            raise ValueError(f"prompt_column {prompt_column!r} is not a column of the dataset; "
-                             f"columns: {list(self._rows[0])}")
+            _add_column(self._rows, name, path, names, source)
+        for column, setting in ((prompt_column, "prompt_column"), (id_column, "id_column")):
+            if column is not None and column not in self._rows[0]:
+                raise ValueError(f"data.{setting} {column!r} is not a column of {source.source}; "
+                                 f"columns: {names}")
         self._prompt_column, self.seed = prompt_column, seed
         ids = ([str(r[id_column]) for r in self._rows] if id_column else
                [str(i) for i in range(len(self._rows))])
         if id_column and len(set(ids)) != len(ids):
-            raise ValueError(f"id_column {id_column!r} has repeated values")
+            first = next(i for i, v in enumerate(ids) if ids.index(v) != i)
+            raise ValueError(f"{source.where(first)}: id {ids[first]!r} of data.id_column "
+                             f"{id_column!r} is repeated (first at {source.where(ids.index(ids[first]))})")
         self._ids = ids
         for i, row in enumerate(self._rows):
-            _check_prompt(row[prompt_column], i, prompt_column)
+            _check_prompt(row[prompt_column], source.where(i), prompt_column)
+        self.source = source
         self.epoch, self._cursor = 0, 0
         self._queue: deque[tuple[int, int, int]] = deque()  # re-issued (row, epoch, attempt)
         self._in_flight: dict[str, tuple[int, int, int]] = {}
@@ -186,27 +164,28 @@ class PromptSource:
         self.reissued = state["reissued"]
 
 
-def _add_column(rows: list[dict], name: str, path: str, column_names: list[str]) -> None:
+def _add_column(rows: list[dict], name: str, path: str, column_names: list[str],
+                source: Rows) -> None:
     """Sets ``row[name]`` to the nested field ``path`` ("column.field.field") of every row."""
     first, *rest = path.split(".")
     if first not in column_names:
-        raise ValueError(f"data column {name!r} comes from {path!r}, but the dataset has no column "
-                         f"{first!r}; columns: {column_names}")
+        raise ValueError(f"data column {name!r} comes from {path!r}, but {source.source} has no "
+                         f"column {first!r}; columns: {column_names}")
     for i, row in enumerate(rows):
         value, where = row[first], first
         for part in rest:
             if not isinstance(value, dict) or part not in value:
                 keys = sorted(value) if isinstance(value, dict) else type(value).__name__
-                raise ValueError(f"dataset row {i}: data column {name!r} comes from {path!r}, but "
+                raise ValueError(f"{source.where(i)}: data column {name!r} comes from {path!r}, but "
                                  f"{where!r} has no field {part!r} (it has: {keys})")
             value, where = value[part], f"{where}.{part}"
         if value is None:
-            raise ValueError(f"dataset row {i}: data column {name!r} comes from {path!r}, which is "
+            raise ValueError(f"{source.where(i)}: data column {name!r} comes from {path!r}, which is "
                              "empty (null) in this row")
         row[name] = value
 
 
-def _check_prompt(value: Any, row: int, column: str) -> None:
+def _check_prompt(value: Any, where: str, column: str) -> None:
     if isinstance(value, str) and value:
         return
     if isinstance(value, list) and value and all(
@@ -214,5 +193,5 @@ def _check_prompt(value: Any, row: int, column: str) -> None:
         for m in value
     ):
         return
-    raise ValueError(f"dataset row {row}: column {column!r} must be a non-empty string or a list of "
+    raise ValueError(f"{where}: column {column!r} must be a non-empty string or a list of "
                      f"chat messages {{role, content}}; got {str(value)[:100]!r}")

@@ -45,7 +45,7 @@ def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
         if value is NotProvided:
             continue
         if key not in allowed:
-            raise TypeError(f"unknown setting {key!r} of .{section}(); settings: {allowed}")
+            raise TypeError(fields.unknown_key(key, fields.section_settings(self, section), f".{section}()"))
         if key == "rewards" and isinstance(value, (list, tuple)):
             value = [_plain_reward(r) for r in value]
         setattr(self, key, value)
@@ -96,6 +96,10 @@ class GDPOConfig(AlgorithmConfig):
         """GDPO's fields of section ``training`` (see ``gdpo_ray.config.FIELDS``) and RLlib's own
         training arguments (``lr``, ``grad_clip``, ``num_epochs``, ...)."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in fields.FIELDS}
+        valid = fields.section_settings(self, "training")
+        for key in kwargs:
+            if key not in valid:
+                raise TypeError(fields.unknown_key(key, valid, ".training()"))
         super().training(**kwargs)
         return _section(self, "training", ours)
 

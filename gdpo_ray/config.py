@@ -17,6 +17,7 @@ arguments of that section. ``load_preset`` reads one and applies ``key=value`` o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -27,6 +28,8 @@ class Field:
     section: str
     default: Any
     doc: str
+    kind: str = ""  # int, number, bool, str, list, mapping or any; "?" after it: None allowed.
+    # Default: the default's kind.
 
 
 FIELDS: dict[str, Field] = {
@@ -40,10 +43,10 @@ FIELDS: dict[str, Field] = {
     "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)"),
     "clip_eps_low": Field("training", 0.2, "lower clip range of the importance ratio"),
     "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)"),
-    "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)"),
+    "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)", "number?"),
     "loss_agg": Field("training", "token_mean", "token_mean, seq_mean_token_mean or seq_mean_token_sum"),
     "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio; with clip_eps ~3e-4/4e-4 and loss_agg seq_mean_token_mean)"),
-    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)"),
+    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)", "number?"),
     "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)"),
     "kl_estimator": Field("training", "k3", "KL estimator: k1, k2 or k3"),
     "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous"),
@@ -57,10 +60,10 @@ FIELDS: dict[str, Field] = {
     "weight_sync": Field("training", "object_store", "weights to the rollout actors: object_store or broadcast"),
     "weight_bucket_mb": Field("training", 256, "bucket size of a weight push (MiB)"),
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)"),
-    "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)"),
+    "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
     "num_threads": Field("training", 1, "torch threads in every actor"),
     # llm: the policy
-    "model_path": Field("llm", None, "a HF model directory, or demo | tiny | smollm2 (built locally)"),
+    "model_path": Field("llm", None, "a HF model directory, or demo | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason"),
     # generation: the rollout engine
@@ -76,18 +79,68 @@ FIELDS: dict[str, Field] = {
     "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor"),
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
-    "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows"),
-    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)"),
+    "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any"),
+    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?"),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages"),
-    "id_column": Field("data", None, "column of unique prompt ids (default: the row number)"),
+    "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?"),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})"),
 }
 
 SECTIONS = ("training", "llm", "generation", "data")
 
 
+#: RLlib's own fields that GDPO reads, with their section and kind
+RLLIB_FIELDS: dict[str, tuple[str, str, Any]] = {
+    "lr": ("training", "number", 1e-5), "grad_clip": ("training", "number?", 1.0),
+    "num_epochs": ("training", "int", 1), "seed": ("debugging", "int?", 0),
+    "num_learners": ("learners", "int", 1), "num_gpus_per_learner": ("learners", "number", 1),
+    "num_cpus_per_env_runner": ("env_runners", "number", 1),
+    "num_gpus_per_env_runner": ("env_runners", "number", 1),
+}
+
+
 def section_fields(section: str) -> list[str]:
     return [name for name, f in FIELDS.items() if f.section == section]
+
+
+def unknown_key(key: Any, valid: Sequence[str], where: str) -> str:
+    """The message for an unknown setting: the nearest valid names, then all of them."""
+    near = difflib.get_close_matches(str(key), list(valid), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    return f"unknown setting {key!r} of {where}{hint} (valid: {', '.join(sorted(valid))})"
+
+
+def _kind(f: Field) -> str:
+    if f.kind:
+        return f.kind
+    d = f.default
+    return ("bool" if isinstance(d, bool) else "int" if isinstance(d, int) else "number"
+            if isinstance(d, float) else "str" if isinstance(d, str) else "list"
+            if isinstance(d, list) else "mapping" if isinstance(d, dict) else "any")
+
+
+_IS = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+       "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+       "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str),
+       "list": lambda v: isinstance(v, (list, tuple)), "mapping": lambda v: isinstance(v, Mapping),
+       "any": lambda v: True}
+_NAMES = {"int": "an integer", "number": "a number", "bool": "true or false", "str": "a string",
+          "list": "a list", "mapping": "a mapping {key: value}"}
+
+
+def check_types(config: Any) -> None:
+    """Every GDPO field (and the RLlib fields GDPO reads) holds a value of its kind."""
+    table = {name: (f.section, _kind(f), f.default) for name, f in FIELDS.items()}
+    table |= RLLIB_FIELDS
+    for name, (section, kind, default) in table.items():
+        value = getattr(config, name, None)
+        base, optional = kind.rstrip("?"), kind.endswith("?")
+        if (value is None and optional) or _IS[base](value):
+            continue
+        wanted = _NAMES[base] + (" or null" if optional else "")
+        example = f"; e.g. {section}.{name}={default}" if default not in (None, [], {}) else ""
+        raise ValueError(f"{section}.{name} must be {wanted}; got {value!r} "
+                         f"({type(value).__name__}){example}")
 
 
 def check(config: Any) -> None:
@@ -97,6 +150,13 @@ def check(config: Any) -> None:
     from gdpo_ray.rewards import RewardSpec, check_specs
 
     c = config
+    check_types(c)
+    if not (isinstance(c.lr, (int, float)) and c.lr > 0):
+        raise ValueError(f"training.lr must be > 0; got {c.lr!r}")
+    if c.reward_failure_limit <= 0:
+        raise ValueError(f"reward_failure_limit must be > 0 (a fraction of a step's rollouts; > 1 "
+                         f"turns the stop off); got {c.reward_failure_limit!r}")
+    _int_at_least(c, "reward_failure_steps", 1, "steps in a row at the failure limit before the run stops")
     if c.estimator not in ESTIMATORS:
         raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
                          "use .training(estimator='gdpo')")
@@ -255,18 +315,49 @@ def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
 
 
 def apply_sections(config: Any, sections: Mapping[str, Any], skip: Sequence[str] = ("run",)) -> Any:
-    """Calls ``config.<section>(**values)`` for every section of a preset dict."""
+    """Calls ``config.<section>(**values)`` for every section of a preset dict; an unknown
+    section or setting fails naming the nearest valid ones."""
     for section, values in sections.items():
         if section in skip:
             continue
         method = getattr(config, section, None)
-        if not callable(method) or section.startswith("_"):
-            raise ValueError(f"unknown config section {section!r}; sections: "
-                             f"{list(SECTIONS)} and RLlib's (env_runners, learners, resources, ...)")
+        if not callable(method) or section.startswith("_") or section not in config_sections(config):
+            near = difflib.get_close_matches(str(section), config_sections(config) + list(skip), n=2)
+            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            raise ValueError(f"unknown config section {section!r}{hint} (sections: "
+                             f"{', '.join(list(SECTIONS) + list(skip))} and RLlib's: "
+                             f"{', '.join(s for s in config_sections(config) if s not in SECTIONS)})")
         if not isinstance(values, Mapping):
             raise ValueError(f"section {section!r} must be a mapping of settings; got {values!r}")
+        valid = section_settings(config, section)
+        for key in values:
+            if key not in valid:
+                raise ValueError(unknown_key(key, valid, f"section {section!r}"))
         try:
             method(**values)
         except TypeError as err:
             raise ValueError(f"section {section!r}: {err}") from None
     return config
+
+
+#: RLlib's builder sections a preset may use besides GDPO's
+RLLIB_SECTIONS = ("env_runners", "learners", "resources", "debugging", "reporting",
+                  "checkpointing", "callbacks", "fault_tolerance", "framework", "experimental")
+
+
+def config_sections(config: Any) -> list[str]:
+    return [s for s in (*SECTIONS, *RLLIB_SECTIONS) if callable(getattr(config, s, None))]
+
+
+def section_settings(config: Any, section: str) -> list[str]:
+    """The keyword arguments of ``config.<section>()``: GDPO's fields and RLlib's own."""
+    import inspect
+
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    names = set(section_fields(section))
+    base = getattr(AlgorithmConfig, section, None)
+    if base is not None:
+        names |= {p for p, v in inspect.signature(base).parameters.items()
+                  if p != "self" and v.kind is not v.VAR_KEYWORD}
+    return sorted(names)

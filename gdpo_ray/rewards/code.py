@@ -14,8 +14,8 @@ each input is the list of arguments of ``fn_name`` (a function, or a method of c
 
 Every run happens in ``gdpo_ray.rewards.sandbox``. A program that fails, crashes, loops, hits a
 limit or attacks the sandbox has failed its test cases; whether it has a bug is ``has_error``.
-Only a failure of the sandbox itself makes the reward NaN (``SandboxUnavailable`` propagates and
-the reward runtime records it).
+Only a failure of the sandbox itself makes the reward NaN: ``SandboxUnavailable`` is raised as a
+``RewardInfraError``, which the reward pool retries and then records as an ``infra`` failure.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import sys
 from collections import OrderedDict
 from typing import Any
 
-from gdpo_ray.rewards.adapters import completion_text
+from gdpo_ray.rewards.adapters import RewardInfraError, completion_text
 from gdpo_ray.rewards.math_answer import after_last
-from gdpo_ray.rewards.sandbox import Limits, RunResult, run_program
+from gdpo_ray.rewards.sandbox import Limits, RunResult, SandboxUnavailable, run_program
 
 SIGKILL, SIGXCPU = 9, 24
 
@@ -165,7 +165,10 @@ class _Executions:
             stdins = tests["inputs"] or [""]  # no tests: one run on empty stdin (for code_bug)
             runs = [{"argv": [sys.executable, "-I", "main.py"],
                      "stdin": "\n".join(s) if isinstance(s, list) else str(s)} for s in stdins]
-        results = run_program(files, runs, limits)
+        try:
+            results = run_program(files, runs, limits)
+        except SandboxUnavailable as err:  # the infrastructure, not the program: retried, then NaN
+            raise RewardInfraError(f"code sandbox unavailable: {err}") from err
         value = list(zip(results, tests["outputs"] or [None] * len(results)))
         self.items[key] = value
         if len(self.items) > self.size:

@@ -28,16 +28,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gdpo_ray.rewards.adapters import RewardInfraError
-
 INIT = Path(__file__).with_name("_sandbox_init.py")
 NAMESPACES = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child",
               "--mount-proc"]
 
 
-class SandboxUnavailable(RewardInfraError):
-    """The sandbox cannot be created on this machine; code is never run without it (an
-    infrastructure failure: the reward pool retries, then records NaN)."""
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be created on this machine; code is never run without it (the code
+    rewards raise it as a ``RewardInfraError``: the reward pool retries, then records NaN)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,11 +52,11 @@ def test_resume_neither_skips_nor_repeats():
 
 
 def test_bad_rows_are_named():
-    with pytest.raises(ValueError, match="dataset row 1: column 'prompt' must be"):
+    with pytest.raises(ValueError, match="the dataset, row 2: column 'prompt' must be"):
         PromptSource([{"prompt": "ok"}, {"prompt": ""}])
     with pytest.raises(ValueError, match="prompt_column 'question' is not a column"):
         PromptSource(ROWS, prompt_column="question")
-    with pytest.raises(ValueError, match="dataset row 0"):
+    with pytest.raises(ValueError, match="the dataset, row 1"):
         PromptSource([{"prompt": [{"role": "user"}]}])
     chat = PromptSource([{"prompt": [{"role": "user", "content": "hi"}]}])
     assert chat.take(1)[0].prompt == [{"role": "user", "content": "hi"}]
@@ -105,11 +105,11 @@ def test_verl_parquet_columns_from_nested_fields(tmp_path):
 
 def test_bad_nested_columns_are_named():
     rows = verl_rows()
-    del rows[2]["reward_model"]["ground_truth"]  # in the table, this row's field is null
-    with pytest.raises(ValueError, match=r"dataset row 2: data column 'ground_truth' comes from "
+    rows[2]["reward_model"]["ground_truth"] = None
+    with pytest.raises(ValueError, match=r"the dataset, row 3: data column 'ground_truth' comes from "
                                          r"'reward_model.ground_truth', which is empty \(null\)"):
         PromptSource(rows, columns={"ground_truth": "reward_model.ground_truth"})
-    with pytest.raises(ValueError, match=r"dataset row 0: .* 'reward_model' has no field 'answer' "
+    with pytest.raises(ValueError, match=r"the dataset, row 1: .* 'reward_model' has no field 'answer' "
                                          r"\(it has: \['ground_truth', 'style'\]\)"):
         PromptSource(verl_rows(), columns={"ground_truth": "reward_model.answer"})
     with pytest.raises(ValueError, match="has no column 'reward'; columns: .*'reward_model'"):

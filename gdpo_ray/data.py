@@ -1,0 +1,142 @@
+"""Reading a prompt dataset into rows, with errors that name the file and the 1-based line.
+
+``read_rows(data)`` takes a parquet or jsonl path (``.jsonl``, or ``.json`` holding JSON lines or
+one JSON array), a Hugging Face ``datasets.Dataset``, an Arrow table or a list of dicts, and
+returns ``Rows``: plain dicts, every row with the same keys (a key missing from a row is None
+there), and where each row came from, for messages. JSON lines are read one line at a time with
+Python's ``json`` (any row size works; there is no block size), strictly: NaN and Infinity are
+not JSON, text must be UTF-8. A file read once is not read again by the same process while it
+is unchanged (the start-up check and the run share it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclasses.dataclass
+class Rows:
+    rows: list[dict]
+    source: str  # the file, or "the dataset"
+    numbers: list[int]  # 1-based line (jsonl) or row number of each row, for messages
+    unit: str = "row"  # "line" for JSON lines
+
+    def where(self, i: int) -> str:
+        """Where row ``i`` (0-based) came from: "data.jsonl, line 12"."""
+        return f"{self.source}, {self.unit} {self.numbers[i]}"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+_CACHE: dict[tuple, Rows] = {}
+
+
+def read_rows(data: Any) -> Rows:
+    if isinstance(data, Rows):
+        return data
+    if isinstance(data, (str, Path)):
+        path = Path(data).expanduser()
+        if not path.is_file():
+            hint = " (it is a directory: name a .parquet or .jsonl file)" if path.is_dir() else ""
+            raise ValueError(f"dataset {str(data)!r} does not exist{hint}; data.prompts takes a "
+                             f".parquet or .jsonl file, or task:<name> for a built-in task")
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+        if key not in _CACHE:
+            _CACHE.clear()  # one dataset at a time
+            _CACHE[key] = _read_file(path)
+        return _CACHE[key]
+    if hasattr(data, "data") and hasattr(data.data, "table"):  # datasets.Dataset
+        data = data.data.table
+    if isinstance(data, pa.Table):
+        return _complete(data.to_pylist(), "the dataset", list(range(1, data.num_rows + 1)))
+    if isinstance(data, list):
+        for i, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise ValueError(f"dataset row {i + 1}: a row is a mapping of columns; got "
+                                 f"{type(row).__name__}")
+        return _complete([dict(r) for r in data], "the dataset", list(range(1, len(data) + 1)))
+    raise ValueError(f"dataset must be a .parquet/.jsonl path, an Arrow table, a "
+                     f"datasets.Dataset or a list of rows; got {type(data).__name__}")
+
+
+def _read_file(path: Path) -> Rows:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # noqa: BLE001 - pyarrow's error types vary
+            raise ValueError(f"{path}: cannot be read as parquet ({type(err).__name__}: {err})") from None
+        return _complete(table.to_pylist(), str(path), list(range(1, table.num_rows + 1)))
+    if path.suffix in (".jsonl", ".json"):
+        with path.open("rb") as f:
+            head = f.read(4096).lstrip()
+        if path.suffix == ".json" and head.startswith(b"["):
+            return _read_json_array(path)
+        return _read_json_lines(path)
+    raise ValueError(f"dataset {str(path)!r}: use a .parquet or .jsonl file")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON; write null for a missing value")
+
+
+def _parse(text: str, where: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not valid JSON ({err.msg}, column {err.colno}); each line "
+                         f"of a .jsonl file holds one JSON object") from None
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def _read_json_lines(path: Path) -> Rows:
+    rows, numbers = [], []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{where}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} "
+                                 f"at column {err.start + 1}); save the file as UTF-8") from None
+            row = _parse(text, where)
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object {{\"prompt\": ...}}; got "
+                                 f"{type(row).__name__}")
+            rows.append(row)
+            numbers.append(number)
+    if not rows:
+        raise ValueError(f"{path}: the dataset has no rows")
+    return _complete(rows, str(path), numbers, unit="line")
+
+
+def _read_json_array(path: Path) -> Rows:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (at byte {err.start}); save the file as UTF-8") from None
+    rows = _parse(text, str(path))
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: a .json dataset is JSON lines or one array of objects")
+    return _complete(rows, str(path), list(range(1, len(rows) + 1)))
+
+
+def _complete(rows: list[dict], source: str, numbers: list[int], unit: str = "row") -> Rows:
+    """Every row with every key (None where a row lacks one)."""
+    if not rows:
+        raise ValueError(f"{source}: the dataset has no rows")
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    if any(len(r) != len(keys) for r in rows):
+        rows = [{k: r.get(k) for k in keys} for r in rows]
+    return Rows(rows, source, numbers, unit)
