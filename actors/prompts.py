@@ -71,7 +71,7 @@ class PromptSource:
         self._ids = ids
         for i, row in enumerate(self._rows):
             _check_prompt(row[prompt_column], source.where(i), prompt_column)
-        self.source = source
+        self.dataset = source  # where the rows came from (for messages)
         self.epoch, self._cursor = 0, 0
         self._queue: deque[tuple[int, int, int]] = deque()  # re-issued (row, epoch, attempt)
         self._in_flight: dict[str, tuple[int, int, int]] = {}
@@ -80,6 +80,19 @@ class PromptSource:
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    @property
+    def rows(self) -> list[dict]:
+        return self._rows
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns a reward is given (every column but the prompt's)."""
+        return [k for k in self._rows[0] if k != self._prompt_column]
+
+    def first(self, n: int) -> list[Prompt]:
+        """The dataset's first ``n`` rows as prompts, without handing them out."""
+        return [self._prompt(i, 0, 0) for i in range(min(n, len(self._rows)))]
 
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self._rows))

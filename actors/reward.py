@@ -32,6 +32,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -71,7 +72,9 @@ class _Task:
 def _worker_main(conn: Connection, payload: bytes) -> None:
     """A scoring worker: resolves the reward functions once, then scores calls until told to stop."""
     os.setsid()  # its own process group: a kill reaches everything it started
-    specs: list[RewardSpec] = cloudpickle.loads(payload)
+    specs, path, cwd = cloudpickle.loads(payload)
+    sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
+    os.chdir(cwd)
     try:
         fns = [spec.resolve() for spec in specs]
     except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
@@ -177,7 +180,7 @@ class RewardPool:
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
         self.num_workers, self.rows_per_task = num_workers, rows_per_task
-        self._payload = cloudpickle.dumps(self.specs)
+        self._payload = cloudpickle.dumps((self.specs, list(sys.path), os.getcwd()))
         self._ctx = _context(self.specs)
         self._workers = [_Worker(self._ctx, self._payload) for _ in range(num_workers)]
         self._startup_failures = 0

@@ -33,7 +33,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
-from gdpo_ray import model_files
+from gdpo_ray import model_files, preflight
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
 
 logger = logging.getLogger(__name__)
@@ -181,6 +181,7 @@ class GDPO(Algorithm):
         self.offline_data = None
         self._set_up_metrics()
         c = self.config
+        preflight.ensure(c)  # model, dataset, rewards on sample rows: before any actor starts
         specs = [RewardSpec.from_dict(r) for r in c.rewards]
         self.reward_names = [s.name for s in specs]
         self.reward_weights = np.array([s.weight for s in specs], np.float64)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 
@@ -48,21 +49,94 @@ def _distinct_groups(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace) -> int:
+def _load_run(args: argparse.Namespace, command: str):
     from gdpo_ray.train import TrainingRun
 
-    try:
-        run = TrainingRun.from_args(args.config, args.overrides, resume=args.resume)
-    except ValueError as err:  # a bad config fails here, before Ray or any actor starts
+    return TrainingRun.from_args(args.config, args.overrides, resume=getattr(args, "resume", None))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from gdpo_ray.algorithm import RewardFailure
+
+    try:  # a bad config, model, dataset or reward fails here, before Ray or any actor starts
+        run = _load_run(args, "train")
+        return run.run()
+    except ValueError as err:
         print(f"gdpo-ray train: {err}", file=sys.stderr)
         return 2
-    return run.run()
+    except RewardFailure as err:
+        print(f"gdpo-ray train: stopped: {err}", file=sys.stderr)
+        return 1
+
+
+def _check(args: argparse.Namespace) -> int:
+    import yaml
+
+    from gdpo_ray.config import FIELDS, RLLIB_FIELDS, SECTIONS
+
+    try:
+        run = _load_run(args, "check")
+        c = run.config
+        resolved = {section: {name: getattr(c, name) for name, f in FIELDS.items()
+                              if f.section == section} for section in SECTIONS}
+        for name, (section, _, _) in RLLIB_FIELDS.items():
+            resolved.setdefault(section, {})[name] = getattr(c, name)
+        resolved["run"] = dict(run.run_settings)
+        print(yaml.safe_dump(_plain(resolved), sort_keys=False, default_flow_style=None), end="")
+        report = run.check()
+    except ValueError as err:
+        print(f"gdpo-ray check: {err}", file=sys.stderr)
+        return 2
+    print(f"\nrewards on {min(report.rows, 4)} dataset rows with placeholder completions "
+          f"(mean per placeholder):")
+    print(report.table())
+    print(f"gdpo-ray check: {args.config or 'demo'} is ready to train "
+          f"({len(report.warnings)} warning(s))")
+    return 0
+
+
+def _plain(value):
+    """YAML-able: tuples as lists, other objects by their repr."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _list(args: argparse.Namespace) -> int:
+    if args.what == "presets":
+        from gdpo_ray.config import preset_names
+
+        names = preset_names()
+    elif args.what == "rewards":
+        from gdpo_ray.rewards import REWARDS
+
+        names = REWARDS.names()
+    else:
+        from gdpo_ray.advantages import ESTIMATORS
+
+        names = ESTIMATORS.names()
+    print("\n".join(names))
+    return 0
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", default=None,
+                        help="preset name or YAML path (default: demo)")
+    parser.add_argument("overrides", nargs="*", help="section.key=value items")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gdpo_ray import __version__
+    from gdpo_ray.config import preset_names
+
     parser = argparse.ArgumentParser(
         prog="gdpo-ray", description="Multi-reward RL for LLMs with GDPO on Ray."
     )
+    parser.add_argument("--version", action="version", version=f"gdpo-ray {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     analyze = commands.add_parser("analyze", help="analyses of the advantage math")
@@ -84,20 +158,44 @@ def build_parser() -> argparse.ArgumentParser:
     distinct.add_argument("--json", action="store_true", help="print one JSON object")
     distinct.set_defaults(run=_distinct_groups)
 
+    presets = ", ".join(preset_names())
     train = commands.add_parser(
         "train", help="train a policy with GDPO (no argument: the CPU demo)",
-        description="Train with GDPO. CONFIG is a packaged preset (demo, smollm2_math) or a YAML "
-        "file; overrides are OmegaConf dotlist items such as training.lr=1e-5 run.steps=10. "
-        "Outputs go under one run directory, printed at start and end.")
-    train.add_argument("config", nargs="?", default=None, help="preset name or YAML path (default: demo)")
-    train.add_argument("overrides", nargs="*", help="section.key=value items")
-    train.add_argument("--resume", metavar="CHECKPOINT", help="continue from a checkpoint directory")
+        description=f"Train with GDPO. CONFIG is a packaged preset ({presets}) or a YAML file; "
+        "overrides are OmegaConf dotlist items such as training.lr=1e-5 run.steps=10, before or "
+        "after the options. The start-up checks of `gdpo-ray check` run first. Outputs go under "
+        "one run directory, printed at start and end.")
+    _add_run_arguments(train)
+    train.add_argument("--resume", metavar="CHECKPOINT",
+                       help="continue from a checkpoint directory (e.g. runs/x/checkpoints/final)")
     train.set_defaults(run=_train)
+
+    check = commands.add_parser(
+        "check", help="check a config without training",
+        description=f"Print the resolved config of CONFIG (a preset: {presets}; or a YAML file) "
+        "with its overrides, and run the start-up checks: the model path, the whole dataset, "
+        "the rewards' imports and columns, and a few dataset rows scored with every reward on "
+        "placeholder completions. Nothing is trained and no run directory is written.")
+    _add_run_arguments(check)
+    check.set_defaults(run=_check)
+
+    lister = commands.add_parser("list", help="list presets, rewards or estimators")
+    lister.add_argument("what", choices=["presets", "rewards", "estimators"])
+    lister.set_defaults(run=_list)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # the user's own modules (rewards named "my_rewards:fn") import from the folder the command
+    # runs in, for the console script as for `python -m gdpo_ray`
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # overrides after an option (`train CFG --resume CKPT key=val`) are overrides too
+        if getattr(args, "overrides", None) is None or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     return args.run(args)
 
 

@@ -1,6 +1,11 @@
 """What a training run leaves in its run directory: metrics per step as JSONL and TensorBoard
 event files, and at the end a PNG plot of every reward's curve.
 
+The run directory is ``<run.output_dir>/<run.name>``: a local or shared-filesystem path, or
+storage (a URI that ``pyarrow.fs`` opens: ``s3://``, ``gs://``, ``hdfs://``, ``file://``), in
+which case the run writes a local staging copy and uploads it when it ends. An existing run
+directory is never written into: a named run refuses it, an unnamed one gets a fresh name.
+
     <run_dir>/metrics.jsonl      one JSON object per step: {"step": s, "rewards/format/mean": ...}
     <run_dir>/tensorboard/       the same scalars (``tensorboard --logdir <run_dir>``)
     <run_dir>/rewards.png        rewards/<name>/mean against the step, one panel per reward
@@ -11,8 +16,70 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+
+class OutputDir:
+    """A run's directory (see the module docstring)."""
+
+    def __init__(self, output_dir: str, name: str | None, stem: str) -> None:
+        self.storage = "://" in output_dir
+        base = output_dir.rstrip("/") if self.storage else str(Path(output_dir).expanduser().resolve())
+        chosen = name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self._set(base, chosen)
+        if name is None:
+            suffix = 2
+            while self.exists():  # two unnamed runs in one second
+                self._set(base, f"{chosen}-{suffix}")
+                suffix += 1
+        elif self.exists():
+            raise ValueError(
+                f"run directory {self} exists already (run.name={name!r}): its metrics, "
+                f"checkpoints and policy would be overwritten; choose another run.name, delete it, "
+                f"or continue its training as a new run with --resume {self}/checkpoints/final "
+                f"run.name=<new name>")
+
+    def _set(self, base: str, name: str) -> None:
+        self.name = name
+        if self.storage:
+            self.remote = f"{base}/{name}"
+            self.local = Path(tempfile.gettempdir()) / "gdpo-ray-staging" / name
+        else:
+            self.remote, self.local = None, Path(base) / name
+
+    def exists(self) -> bool:
+        if self.remote is not None:
+            import pyarrow.fs as pafs
+
+            fs, path = pafs.FileSystem.from_uri(self.remote)
+            return fs.get_file_info(path).type != pafs.FileType.NotFound
+        return self.local.exists() and any(self.local.iterdir())
+
+    def create(self) -> None:
+        if self.remote is not None and self.local.exists():
+            import shutil
+
+            shutil.rmtree(self.local)  # a stale staging copy
+        self.local.mkdir(parents=True, exist_ok=True)
+
+    def upload(self) -> None:
+        """Storage: the local staging copy to the run's URI."""
+        if self.remote is not None:
+            import pyarrow.fs as pafs
+
+            fs, path = pafs.FileSystem.from_uri(self.remote)
+            fs.create_dir(path, recursive=True)
+            pafs.copy_files(str(self.local), path, source_filesystem=pafs.LocalFileSystem(),
+                            destination_filesystem=fs)
+
+    def __truediv__(self, name: str) -> str:
+        return f"{self}/{name}"
+
+    def __str__(self) -> str:
+        return self.remote or str(self.local)
 
 
 def flat_scalars(result: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

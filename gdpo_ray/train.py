@@ -18,18 +18,47 @@ from typing import Any, Sequence
 
 RUN_DEFAULTS = {"steps": 40, "output_dir": "runs", "num_cpus": 4, "address": None, "name": None,
                 "checkpoint_at_end": True, "export_policy": True}
+RUN_KINDS = {"steps": int, "output_dir": str, "num_cpus": int, "address": (str, type(None)),
+             "name": (str, type(None)), "checkpoint_at_end": bool, "export_policy": bool}
 #: quiet workers: no per-actor progress bars of transformers / huggingface_hub
 WORKER_ENV = {"RAY_AUTH_MODE": "disabled", "TRANSFORMERS_VERBOSITY": "error",
               "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
               "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"}
 
 
+def run_settings(sections: dict) -> dict:
+    """The ``run`` section with its defaults, checked (names, kinds)."""
+    from gdpo_ray.config import unknown_key
+
+    given = sections.get("run") or {}
+    if not isinstance(given, dict):
+        raise ValueError(f"section 'run' must be a mapping of settings; got {given!r}")
+    for key in given:
+        if key not in RUN_DEFAULTS:
+            raise ValueError(unknown_key(key, list(RUN_DEFAULTS), "section 'run'"))
+    run = dict(RUN_DEFAULTS) | given
+    for key, kind in RUN_KINDS.items():
+        if not isinstance(run[key], kind) or (kind is int and isinstance(run[key], bool)):
+            raise ValueError(f"run.{key} must be {getattr(kind, '__name__', 'a string or null')}; "
+                             f"got {run[key]!r}")
+    if run["steps"] < 1:
+        raise ValueError(f"run.steps must be an integer >= 1; got {run['steps']!r}")
+    return run
+
+
+def in_temporary_working_dir(path: Path) -> bool:
+    """Inside Ray's copy of a job's working dir (deleted with the job's files)."""
+    return "runtime_resources" in path.parts and any(p.startswith("session_") for p in path.parts)
+
+
 class TrainingRun:
     def __init__(self, config: Any, run: dict, preset: str, resume: str | None = None) -> None:
+        from gdpo_ray.run_outputs import OutputDir
+
         self.config, self.run_settings, self.preset, self.resume = config, run, preset, resume
         self.changes: list = []  # settings that differ from the resumed checkpoint's
-        name = run["name"] or f"{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        self.run_dir = Path(run["output_dir"]).resolve() / name
+        self.outputs = OutputDir(run["output_dir"], run["name"], Path(preset).stem)
+        self.run_dir = self.outputs.local
 
     @classmethod
     def from_args(cls, config: str | None, overrides: Sequence[str] = (), resume: str | None = None):
@@ -39,14 +68,10 @@ class TrainingRun:
         if config is not None and "=" in config:  # `gdpo-ray train training.lr=1e-4`
             config, overrides = None, [config, *overrides]
         sections = load_preset(config, overrides)
-        run = dict(RUN_DEFAULTS)
-        unknown = set(sections.get("run") or {}) - set(RUN_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown run setting(s) {sorted(unknown)}; run settings: {sorted(RUN_DEFAULTS)}")
-        run |= sections.get("run") or {}
-        if not (isinstance(run["steps"], int) and run["steps"] >= 1):
-            raise ValueError(f"run.steps must be an integer >= 1; got {run['steps']!r}")
+        run = run_settings(sections)
         gdpo = apply_sections(GDPOConfig(), sections)
+        if resume:  # relative to where the command runs, as the user typed it
+            resume = str(Path(resume).expanduser().resolve())
         self = cls(gdpo, run, config or "demo", resume)
         if gdpo.checkpoint_dir is None:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
@@ -59,21 +84,34 @@ class TrainingRun:
             self.changes = resume_changes(gdpo, resume)
         return self
 
+    def check(self, out=print):
+        """The start-up checks (``gdpo_ray.preflight``): model, dataset, rewards on sample rows."""
+        from gdpo_ray.preflight import preflight
+
+        report = preflight(self.config)
+        out(f"gdpo-ray: start-up check passed: {report.rows} dataset rows, rewards "
+            f"{', '.join(report.names)} scored on sample rows")
+        for warning in report.warnings:
+            out(f"gdpo-ray: warning: {warning}")
+        return report
+
     def _start_ray(self) -> None:
         import ray
 
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        root = str(Path(__file__).resolve().parents[1])
-        env = {"env_vars": WORKER_ENV | {"PYTHONPATH": os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH")) if p)}}
-        address = self.run_settings["address"] or os.environ.get("RAY_ADDRESS")
         if ray.is_initialized():
             return
-        if address:
-            ray.init(address=address, logging_level=logging.WARNING)
-        else:
+        root = str(Path(__file__).resolve().parents[1])
+        if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit`: the job's runtime env holds
+            ray.init(logging_level=logging.WARNING)  # (working_dir: the user's code)
+        elif self.run_settings["address"]:  # joining a cluster: the user's reward modules go along
+            ray.init(address=self.run_settings["address"], logging_level=logging.WARNING,
+                     runtime_env={"env_vars": WORKER_ENV, "py_modules": user_modules(self.config)})
+        else:  # a local cluster: its workers import from here and from the user's folder
+            path = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
             ray.init(num_cpus=self.run_settings["num_cpus"], include_dashboard=False,
-                     logging_level=logging.WARNING, runtime_env=env)
+                     logging_level=logging.WARNING,
+                     runtime_env={"env_vars": WORKER_ENV | {"PYTHONPATH": path}})
 
     def run(self) -> int:
         from tqdm import tqdm
@@ -81,8 +119,16 @@ class TrainingRun:
         from gdpo_ray.run_outputs import RunLog, flat_scalars, plot_rewards, read_metrics
 
         steps = self.run_settings["steps"]
-        print(f"gdpo-ray: run directory {self.run_dir}", flush=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.check()  # before the run directory, Ray or any actor
+        if in_temporary_working_dir(self.run_dir):
+            print(f"gdpo-ray: warning: outputs go to {self.run_dir}, inside Ray's temporary copy "
+                  f"of the job's working dir, which Ray deletes; set run.output_dir to a shared "
+                  f"path (run.output_dir=/mnt/shared/runs) or to storage (s3://bucket/runs)",
+                  file=sys.stderr, flush=True)
+        self.outputs.create()
+        print(f"gdpo-ray: run directory {self.outputs}", flush=True)
+        if self.resume:
+            print(f"gdpo-ray: resuming from {self.resume}", flush=True)
         self._start_ray()
         algo = self.config.build_algo()
         if self.resume:  # this run's config, the checkpoint's state (weights, optimizer, prompts)
@@ -112,14 +158,40 @@ class TrainingRun:
         finally:
             log.close()
             algo.stop()
-        rows = read_metrics(log.path)
+            rows = read_metrics(log.path)
+            if rows:
+                plot_rewards(rows, names, self.run_dir / "rewards.png")
+            self.outputs.upload()
         if rows:
-            plot_rewards(rows, names, self.run_dir / "rewards.png")
             print(summary(rows, names))
-        print(f"gdpo-ray: metrics {log.path}, plot {self.run_dir / 'rewards.png'}, "
-              f"TensorBoard {self.run_dir / 'tensorboard'}")
-        print(f"gdpo-ray: run directory {self.run_dir}", flush=True)
+        print(f"gdpo-ray: metrics {self.outputs / 'metrics.jsonl'}, plot "
+              f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
+        print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         return 0
+
+
+def user_modules(config: Any) -> list[str]:
+    """The files or packages of the rewards' own modules that live outside installed packages
+    (``my_rewards:fn`` beside the config): shipped to a cluster's workers as ``py_modules``."""
+    import importlib.util
+    import site
+    import sysconfig
+
+    installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
+    out: list[str] = []
+    for reward in config.rewards:
+        fn = reward.get("fn") or reward.get("name") if isinstance(reward, dict) else None
+        if not isinstance(fn, str) or ":" not in fn:
+            continue
+        top = fn.removeprefix("verl:").split(":")[0].split(".")[0]
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.origin or top in ("gdpo_ray", "actors", "learners"):
+            continue
+        origin = Path(spec.origin).resolve()
+        where = origin.parent if origin.name == "__init__.py" else origin
+        if not any(where.is_relative_to(p) for p in installed) and str(where) not in out:
+            out.append(str(where))
+    return out
 
 
 def summary(rows: Sequence[dict], names: Sequence[str], window: int = 3) -> str:

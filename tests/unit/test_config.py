@@ -118,7 +118,7 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "group_size must be an integer >= 2" in err
     assert main(["train", "demo", "run.stepz=3"]) == 2
-    assert "unknown run setting(s) ['stepz']" in capsys.readouterr().err
+    assert "unknown setting 'stepz' of section 'run'; did you mean 'steps'?" in capsys.readouterr().err
 
 
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):

@@ -1,0 +1,189 @@
+"""The start-up checks: what a run needs, verified in seconds, before Ray or any actor starts.
+
+``preflight(config)`` (``gdpo-ray check`` runs it alone; ``gdpo-ray train`` and ``GDPO.setup``
+run it first) checks, each failure a ``ValueError`` naming the setting, file or line and the fix:
+
+1. the model: demo | tiny | smollm2, a local Hugging Face directory (with config.json), or a
+   hub name already in the local Hugging Face cache;
+2. the dataset, read in full (``gdpo_ray.data``): prompts, ids, nested columns;
+3. the rewards: resolved (imports, params), and every column a reward's signature requires is
+   in the dataset and not null in any row;
+4. a few real rows scored with every reward, in the reward pool as in training, on placeholder
+   completions (an empty one and the row's ground truth as the answer): a reward that raises
+   on all of them (a signature that does not fit the call, a column it reads that is missing,
+   a crash on any text) stops the run with its error; partial failures, timeouts and
+   infrastructure failures (no code sandbox here) are warnings.
+
+A config that passed is remembered for the process, so the run's setup does not check it twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+BUILT_IN_MODELS = ("demo", "tiny", "smollm2")
+#: dataset rows scored on placeholders at start-up
+SAMPLE_ROWS = 4
+
+_PASSED: set[str] = set()
+
+
+@dataclasses.dataclass
+class Report:
+    rows: int  # dataset rows
+    columns: list[str]  # the columns rewards are given
+    names: list[str]  # the rewards
+    weights: list[float]
+    placeholders: list[str]  # what the sample completions were
+    scores: list[list[float]]  # [reward][placeholder] mean over the sample rows (NaN: none)
+    failed: list[str]  # per reward: "f/n" failed sample calls
+    warnings: list[str]
+
+    def table(self) -> str:
+        head = f"{'reward':<20} {'weight':>6} " + " ".join(f"{p:>14}" for p in self.placeholders)
+        lines = [head + f" {'failed':>8}"]
+        for name, w, row, failed in zip(self.names, self.weights, self.scores, self.failed):
+            lines.append(f"{name:<20} {w:>6g} " + " ".join(f"{v:>14.3f}" for v in row) + f" {failed:>8}")
+        return "\n".join(lines)
+
+
+def fingerprint(config: Any) -> str:
+    from gdpo_ray.config import FIELDS, RLLIB_FIELDS
+
+    return json.dumps({k: getattr(config, k, None) for k in [*FIELDS, *RLLIB_FIELDS]},
+                      sort_keys=True, default=repr)
+
+
+def ensure(config: Any) -> Report | None:
+    """``preflight`` unless an equal config passed it in this process."""
+    if fingerprint(config) in _PASSED:
+        return None
+    return preflight(config)
+
+
+def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
+    from actors.prompts import PromptSource
+    from gdpo_ray.algorithm import load_prompts
+    from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns
+
+    c = config
+    check_model(c.model_path)
+    source = PromptSource(load_prompts(c), prompt_column=c.prompt_column, id_column=c.id_column,
+                          seed=c.seed or 0, columns=dict(c.columns))
+    specs = [RewardSpec.from_dict(r) for r in c.rewards]
+    fns = check_specs(specs)
+    available = [*source.columns, *ROLLOUT_COLUMNS]
+    for spec, fn in zip(specs, fns):
+        for column in required_columns(fn):
+            if column not in available:
+                raise ValueError(
+                    f"reward {spec.name!r} needs column {column!r} (a parameter of "
+                    f"{getattr(fn, '__name__', 'its function')} without a default), which "
+                    f"{source.dataset.source} does not have; its columns: {source.columns}. Add "
+                    f"the column, take it from a nested field with data.columns={{{column}: "
+                    f"<column>.<field>}}, or give the parameter a default")
+            if column in ROLLOUT_COLUMNS:
+                continue
+            empty = next((i for i, r in enumerate(source.rows) if r[column] is None), None)
+            if empty is not None:
+                raise ValueError(f"reward {spec.name!r} needs column {column!r}, which is empty "
+                                 f"(null or missing) at {source.dataset.where(empty)}; give every "
+                                 f"row a value")
+    report = _score_samples(specs, source, available, sample_rows)
+    report.weights = [s.weight for s in specs]
+    _PASSED.add(fingerprint(c))
+    return report
+
+
+def check_model(spec: Any) -> None:
+    if spec in BUILT_IN_MODELS:
+        return
+    path = Path(str(spec)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"llm.model_path {spec!r} has no config.json: not a Hugging Face model "
+                             f"directory (write one with model.save_pretrained(dir) and "
+                             f"tokenizer.save_pretrained(dir))")
+        return
+    if path.exists():
+        raise ValueError(f"llm.model_path {spec!r} is a file; give the model's directory")
+    if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", str(spec)):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(str(spec), "config.json"), str):
+            return
+        raise ValueError(f"llm.model_path {spec!r} is not a local directory nor a model in the "
+                         f"Hugging Face cache; download it first (huggingface-cli download {spec} "
+                         f"--local-dir models/{str(spec).split('/')[-1]}) and give that directory, "
+                         f"or use one of {', '.join(BUILT_IN_MODELS)}")
+    raise ValueError(f"llm.model_path {spec!r} does not exist; give a Hugging Face model directory "
+                     f"(with config.json), a hub name in the local cache, or one of "
+                     f"{', '.join(BUILT_IN_MODELS)}")
+
+
+def _placeholders(prompt) -> list[tuple[str, str]]:
+    truth = prompt.columns.get("ground_truth")
+    gold = str(truth) if isinstance(truth, (str, int, float)) else "The answer is 42."
+    return [("empty", ""), ("ground_truth" if truth is not None else "text", gold)]
+
+
+def _hint(error: str, columns: Sequence[str]) -> str:
+    if "TypeError" in error and "argument" in error:
+        return (f"Its signature does not fit the call: rewards are called with keywords, "
+                f"prompts=, completions=, completion_ids= and the columns {list(columns)}; write "
+                f"it as def f(completions, **kwargs) (TRL's form) or name only what it needs")
+    if error.startswith("error: KeyError"):
+        return f"It reads a key that is missing; the columns it is given: {list(columns)}"
+    return ("A reward must return a number (or None where it cannot score) for any completion, "
+            "the empty one included")
+
+
+def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
+    import numpy as np
+
+    from actors.reward import RewardPool
+    from gdpo_ray.rewards import failure_kind
+
+    prompts = source.first(n)
+    kinds = [k for k, _ in _placeholders(prompts[0])]
+    inputs, rows_columns = [], {c: [] for c in source.columns}
+    for p in prompts:
+        for _, text in _placeholders(p):
+            chat = not isinstance(p.prompt, str)
+            inputs.append((p.prompt, [{"role": "assistant", "content": text}] if chat else text,
+                           list(text.encode())))
+            for c in source.columns:
+                rows_columns[c].append(p.columns[c])
+    rows_columns["response_length"] = [len(ids) for _, _, ids in inputs]
+    with RewardPool(specs, num_workers=1) as pool:
+        scored = pool.score([i[0] for i in inputs], [i[1] for i in inputs], rows_columns,
+                            completion_ids=[i[2] for i in inputs])
+    m, warnings, failed = len(inputs), [], []
+    for k, spec in enumerate(specs):
+        errors = [row[k] for row in scored.errors]
+        bad = [e for e in errors if e]
+        failed.append(f"{len(bad)}/{m}")
+        if not bad:
+            continue
+        if len(bad) == m and all(failure_kind(e) == "error" for e in bad):
+            raise ValueError(
+                f"reward {spec.name!r} failed on every sample: {m} placeholder completions "
+                f"({', '.join(map(repr, kinds))}) of the first {len(prompts)} rows of "
+                f"{source.dataset.source}; its error: {bad[0]}. {_hint(bad[0], columns)}")
+        warnings.append(f"reward {spec.name!r} failed on {len(bad)} of {m} sample completions "
+                        f"(placeholders {', '.join(kinds)}): {bad[0]}")
+    values = scored.values.reshape(len(prompts), len(kinds), len(specs))
+    with np.errstate(invalid="ignore"):
+        means = [[_nanmean(values[:, j, k]) for j in range(len(kinds))] for k in range(len(specs))]
+    return Report(rows=len(source), columns=list(columns), names=[s.name for s in specs],
+                  weights=[], placeholders=kinds, scores=means, failed=failed, warnings=warnings)
+
+
+def _nanmean(x) -> float:
+    valid = [float(v) for v in x if not math.isnan(v)]
+    return sum(valid) / len(valid) if valid else math.nan
