@@ -76,6 +76,37 @@ def test_dynamic_sampling_filters_groups_where_no_reward_varies(ray_cluster):
     assert outcomes.count("trained") == 12
 
 
+def test_a_reward_failing_on_every_rollout_stops_the_run_with_its_error(ray_cluster, caplog):
+    from gdpo_ray.algorithm import RewardFailure
+
+    config = demo_config("training.max_staleness=0")
+    config.training(rewards=config.rewards[:1] + [
+        {"name": "judge", "fn": "tests.unit.pool_rewards:fails_on_model_output"}])
+    algo = config.build_algo()
+    try:
+        first = algo.train()  # trains (format still has signal), loudly
+        assert first["rewards/judge/errors"] == 16 and first["rewards/judge/failure_rate"] == 1
+        assert first["rewards/judge/timeouts"] == first["rewards/judge/infra_failures"] == 0
+        assert "reward 'judge' failed on 16 of 16 rollouts of step 0; first error: error: " \
+               "ValueError: model output is not JSON" in caplog.text
+        with pytest.raises(RewardFailure, match=r"reward 'judge' failed on 100% of the rollouts "
+                                                r"for 2 steps in a row .* its error: error: "
+                                                r"ValueError: model output is not JSON"):
+            algo.train()
+        assert algo.policy_version == 1  # the second step did not train on it
+    finally:
+        algo.stop()
+
+
+def test_the_start_up_check_runs_before_any_actor(ray_cluster):
+    config = demo_config()
+    config.training(rewards=[{"name": "broken", "fn": "tests.unit.pool_rewards:raise_on_3"},
+                             {"name": "needs", "fn": "tests.unit.trl_style_rewards:boxed_equals"}])
+    config.data(prompts=[{"prompt": "1 + 2?", "answer": "3"}] * 4)
+    with pytest.raises(ValueError, match="reward 'needs' needs column 'ground_truth'"):
+        config.build_algo()  # raised by setup before it builds the learners and rollout actors
+
+
 def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
     algo = demo_config("generation.colocate=true", "training.max_staleness=0").build_algo()
     try:

@@ -30,3 +30,31 @@ def die_on_5(prompts, completions, **columns):
     if "5" in completions:
         os._exit(9)
     return [None if c == "4" else 1.0 for c in completions]
+
+
+def infra_twice(prompts, completions, folder, **columns):
+    """An infrastructure failure on the first two calls (counted in ``folder``), then 1.0."""
+    from pathlib import Path
+
+    from gdpo_ray.rewards import RewardInfraError
+
+    calls = len(list(Path(folder).iterdir()))
+    (Path(folder) / f"call{calls}").touch()
+    if calls < 2:
+        raise RewardInfraError("judge server restarting")
+    return [1.0 for _ in completions]
+
+
+def infra_always(prompts, completions, **columns):
+    from gdpo_ray.rewards import RewardInfraError
+
+    raise RewardInfraError("sandbox gone")
+
+
+def fails_on_model_output(prompts, completions, **columns):
+    """Passes the start-up check (its placeholders: "" and the ground truth) and raises on
+    anything a model writes: a reward broken only in training."""
+    truths = columns.get("ground_truth", [None] * len(completions))
+    if any(c not in ("", str(t)) for c, t in zip(completions, truths)):
+        raise ValueError("model output is not JSON")
+    return [0.0 for _ in completions]

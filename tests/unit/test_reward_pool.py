@@ -75,3 +75,63 @@ def test_bad_config_fails_before_workers_start():
     with pytest.raises(ValueError, match="every column needs 2 rows"):
         with RewardPool([spec("a", "echo")], num_workers=1) as p:
             p.score(["", ""], ["1", "2"], {"ground_truth": ["x"]})
+
+
+TRL = "tests.unit.trl_style_rewards"
+
+
+def trl(name, **kw):
+    return {"name": name, "fn": f"{TRL}:{name}", "timeout_s": 10, **kw}
+
+
+def test_trl_style_reward_functions_run_unchanged():
+    rewards = [trl("length_target"), trl("boxed_equals"), trl("prompt_echo"), trl("token_count"),
+               trl("step_seen"), trl("only_some"), trl("no_kwargs"), trl("judged")]
+    from gdpo_ray.rewards import TrainerState
+
+    with RewardPool(rewards, num_workers=1, rows_per_task=2) as p:
+        out = p.score(["say blue", "say red", "say green"],
+                      ["\\boxed{4} blue", "skip red", "4"],
+                      {"ground_truth": ["4", "5", "4"], "response_length": [3, 2, 1]},
+                      completion_ids=[[1, 2, 3], [4, 5], [6]],
+                      trainer_state=TrainerState(global_step=7))
+    assert all(e == "" for row in out.errors for e in row), out.errors
+    np.testing.assert_array_equal(out.values, [
+        [-6, 1, 1, 3, 7, 1, 0, 0.5],
+        [-12, 0, 1, 2, 7, nan, 0, 0.5],
+        [-19, 0, 0, 1, 7, 1, 1, 0.5]])
+
+
+def test_conversational_completions_are_messages():
+    with RewardPool([trl("think_answer_format"), {"name": "fmt", "fn": "regex",
+                                                   "params": {"pattern": "<think>.*</think>.*"}}],
+                    num_workers=1) as p:
+        chat = [[{"role": "assistant", "content": "<think>a</think><answer>1</answer>"}],
+                [{"role": "assistant", "content": "no tags"}]]
+        out = p.score([[{"role": "user", "content": "q"}]] * 2, chat)
+    np.testing.assert_array_equal(out.values, [[1, 1], [0, 0]])  # built-ins read the messages too
+
+
+def test_hanging_rows_cost_about_one_timeout_not_one_each():
+    # 16 of 32 rows wait forever, 1 worker, timeout 2 s: one timeout after another would take
+    # 32 s; parked side by side they take about one
+    with RewardPool([trl("sleep_on_odd", timeout_s=2)], num_workers=1) as p:
+        p.score(["p"], ["0"])  # workers started
+        start = time.monotonic()
+        out = p.score(["p"] * 32, [str(i) for i in range(32)])
+        elapsed = time.monotonic() - start
+    np.testing.assert_array_equal(out.values[:, 0], [nan if i % 2 else 1 for i in range(32)])
+    assert out.metrics["rewards/sleep_on_odd/timeouts"] == 16
+    assert elapsed < 10, elapsed
+
+
+def test_infrastructure_failures_are_retried(tmp_path):
+    flaky = {"name": "flaky", "fn": f"{MOD}:infra_twice", "params": {"folder": str(tmp_path)},
+             "timeout_s": 5}
+    down = {"name": "down", "fn": f"{MOD}:infra_always", "timeout_s": 5}
+    with RewardPool([flaky, down], num_workers=1) as p:
+        out = p.score([""], ["1"])
+    assert out.values[0, 0] == 1.0 and out.errors[0][0] == ""  # third attempt worked
+    assert out.errors[0][1] == "infra: RewardInfraError: sandbox gone (3 attempts)"
+    assert out.metrics["rewards/down/infra_failures"] == 1
+    assert out.metrics["rewards/flaky/infra_failures"] == 0

@@ -1,0 +1,160 @@
+"""A user's first run: every mistake of issue 13 stops `gdpo-ray train` (and `check`) in seconds,
+before Ray starts, with a message naming the field, file or line and the fix, and leaves no run
+directory behind. A user's own folder (a jsonl dataset, a reward module, a YAML) is built in
+tmp_path; the command runs from there."""
+
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from gdpo_ray.cli import main
+from gdpo_ray.train import TrainingRun
+
+ROWS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(3) for b in range(3)]
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """The user's folder: data.jsonl, a reward module (a fresh name per test) and config.yaml."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+    (tmp_path / "data.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
+    module = f"my_rewards_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent('''
+        import re
+
+        def correct(completions, answer, **kwargs):          # TRL's form: keywords
+            return [float(answer[i] in c) for i, c in enumerate(completions)]
+
+        def short(completions, **kwargs):
+            return [float(len(c) < 40) for c in completions]
+
+        def needs_solution(completions, solution, **kwargs):
+            return [1.0 for _ in completions]
+
+        def crashes(completions, **kwargs):
+            raise RuntimeError("judge returned garbage")
+
+        def bad_signature(prompt, completions):            # `prompt`: not what is passed
+            return [0.0 for _ in completions]
+    '''))
+    config = {
+        "llm": {"model_path": "tiny"},
+        "data": {"prompts": "data.jsonl", "prompt_column": "question"},
+        "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [
+            {"name": "correct", "fn": f"{module}:correct", "weight": 2.0},
+            {"name": "short", "fn": f"{module}:short", "condition": {"on": "correct", "min": 1}}]},
+        "run": {"steps": 1, "output_dir": "runs"},
+    }
+    import yaml
+
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    return tmp_path, module
+
+
+def fails(capsys, folder, *args, match):
+    path, _ = folder
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert match in err, err
+    assert not (path / "runs").exists() or not any((path / "runs").iterdir())
+    return err
+
+
+def test_the_user_folder_checks_clean(folder, capsys):
+    assert main(["check", "config.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt_column: question" in out  # the resolved config
+    assert "start-up check passed: 9 dataset rows, rewards correct, short" in out
+    assert "correct" in out and "0/8" in out
+    assert "is ready to train" in out
+
+
+def test_a_missing_model_path(folder, capsys):
+    fails(capsys, folder, "train", "config.yaml", "llm.model_path=./models/nope",
+          match="llm.model_path './models/nope' does not exist; give a Hugging Face model directory")
+    fails(capsys, folder, "train", "config.yaml", "llm.model_path=someone/no-such-model",
+          match="is not a local directory nor a model in the Hugging Face cache; download it first")
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"question": "x", "answer": NaN}', "data.jsonl, line 10: NaN is not valid JSON; write null"),
+    ('{"question": "x", "answer": "1"', "data.jsonl, line 10: not valid JSON (Expecting ',' delimiter"),
+    ('{"question": "caf\udce9"}', "data.jsonl, line 10: not UTF-8 text"),
+])
+def test_a_malformed_dataset_line(folder, capsys, line, match):
+    path, _ = folder
+    with (path / "data.jsonl").open("ab") as f:
+        f.write(line.encode("utf-8", "surrogateescape") + b"\n")
+    fails(capsys, folder, "train", "config.yaml", match=match)
+
+
+def test_missing_dataset_and_huge_rows(folder, capsys):
+    path, _ = folder
+    fails(capsys, folder, "train", "config.yaml", "data.prompts=nope.jsonl",
+          match="dataset 'nope.jsonl' does not exist")
+    with (path / "data.jsonl").open("a") as f:  # a row far beyond pyarrow's JSON block size
+        f.write(json.dumps({"question": "long " * 600_000, "answer": "1"}) + "\n")
+    assert main(["check", "config.yaml"]) == 0
+    assert "10 dataset rows" in capsys.readouterr().out
+
+
+def test_wrong_types_and_unknown_keys(folder, capsys):
+    fails(capsys, folder, "train", "config.yaml", "training.lr=fast",
+          match="training.lr must be a number; got 'fast' (str); e.g. training.lr=1e-05")
+    fails(capsys, folder, "train", "config.yaml", "training.group_sise=4",
+          match="unknown setting 'group_sise' of section 'training'; did you mean 'group_size'?")
+    fails(capsys, folder, "train", "config.yaml", "generation.max_tokens=many",
+          match="generation.max_tokens must be an integer; got 'many'")
+    fails(capsys, folder, "check", "config.yaml", "run.stpes=3",
+          match="unknown setting 'stpes' of section 'run'; did you mean 'steps'?")
+
+
+def test_rewards_that_cannot_run(folder, capsys):
+    _, module = folder
+    reward = "training.rewards=[{name: r, fn: '%s:%s'}]"
+    fails(capsys, folder, "train", "config.yaml", reward % (module, "needs_solution"),
+          match="reward 'r' needs column 'solution' (a parameter of needs_solution without a "
+                "default), which")
+    fails(capsys, folder, "train", "config.yaml", reward % (module, "bad_signature"),
+          match="reward 'r' needs column 'prompt'")
+    fails(capsys, folder, "train", "config.yaml", reward % ("no_such_module", "f"),
+          match="cannot import module 'no_such_module' of reward 'no_such_module:f'")
+    err = fails(capsys, folder, "train", "config.yaml", reward % (module, "crashes"),
+                match="reward 'r' failed on every sample: 8 placeholder completions")
+    assert "error: RuntimeError: judge returned garbage" in err
+
+
+def test_a_reused_run_name_is_refused(folder, capsys):
+    path, _ = folder
+    (path / "runs" / "mine").mkdir(parents=True)
+    (path / "runs" / "mine" / "metrics.jsonl").write_text("{}\n")
+    assert main(["train", "config.yaml", "run.name=mine"]) == 2
+    err = capsys.readouterr().err
+    assert f"run directory {path / 'runs' / 'mine'} exists already (run.name='mine')" in err
+    assert (path / "runs" / "mine" / "metrics.jsonl").read_text() == "{}\n"  # untouched
+
+
+def test_overrides_after_resume_and_relative_checkpoints(folder, capsys):
+    path, _ = folder
+    ckpt = path / "runs" / "old" / "checkpoints" / "final"
+    ckpt.mkdir(parents=True)
+    # a relative --resume (the README's form) is taken from the shell's folder, and overrides may
+    # follow it; this one is not a checkpoint, which is said before Ray starts
+    assert main(["train", "config.yaml", "--resume", "runs/old/checkpoints/final",
+                 "run.name=new", "run.steps=2"]) == 2
+    assert f"--resume {ckpt}: not a gdpo-ray checkpoint" in capsys.readouterr().err
+
+
+def test_list_and_version(capsys):
+    assert main(["list", "presets"]) == 0
+    assert "demo" in capsys.readouterr().out.split()
+    assert main(["list", "rewards"]) == 0
+    assert "toolrl_format" in capsys.readouterr().out.split()
+    assert main(["list", "estimators"]) == 0
+    assert capsys.readouterr().out.split() == ["gdpo", "gdpo_no_std", "grpo", "grpo_no_std"]
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("gdpo-ray 0.")
