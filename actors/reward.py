@@ -112,11 +112,13 @@ def _context(specs: Sequence[RewardSpec]):
     """A forkserver that has imported the reward modules (spawn where there is none)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
-    modules = ["actors.reward", "gdpo_ray.rewards", "numpy", "cloudpickle", "math_verify"]
+    modules = ["actors.reward", "gdpo_ray.rewards"]
     for spec in specs:
         fn = spec.fn if spec.fn is not None else spec.name
         if isinstance(fn, str) and ":" in fn:
             modules.append(fn.removeprefix("verl:").split(":")[0])
+        elif fn == "math_correctness":
+            modules.append("math_verify")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(dict.fromkeys(modules)))  # only before the server starts
     return ctx

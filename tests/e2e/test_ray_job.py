@@ -71,7 +71,7 @@ def private_ports() -> list[str]:
             f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
     temp = tempfile.mkdtemp(prefix="gdpo-rt-")
     port, dash = free_port(), free_port()
@@ -95,24 +95,83 @@ def job(cluster, *args: str) -> str:
     return done.stdout + done.stderr
 
 
-def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
-    runtime_env = json.dumps({"excludes": [".git", ".venv", ".venv-vllm", ".venv-gpu", "runs"],
-                              "env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}})
+def submit(cluster, working_dir, runtime_env: dict, *entrypoint: str) -> str:
+    """`ray job submit --no-wait` -> the job id."""
     deadline = time.time() + 300  # the dashboard's job agent registers some time after `ray start`
     while True:  # (seconds; minutes on a loaded 2-core machine)
         submitted = subprocess.run(
-            [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir", str(ROOT),
-             "--runtime-env-json", runtime_env, "--no-wait", "--",
-             sys.executable, "-m", "gdpo_ray", "train", "demo", "run.steps=600", "run.name=job",
-             f"run.output_dir={tmp_path}", "training.prompts_per_step=4", "training.group_size=4",
-             "generation.max_tokens=24", "env_runners.num_env_runners=[1,2]",
-             "env_runners.custom_resources_per_env_runner={rollout: 1}", "run.export_policy=false"],
-            env=cluster["env"], capture_output=True, text=True, timeout=180)
+            [RAY, "job", "submit", "--address", cluster["dashboard"], "--working-dir",
+             str(working_dir), "--runtime-env-json", json.dumps(runtime_env), "--no-wait", "--",
+             *entrypoint], env=cluster["env"], capture_output=True, text=True, timeout=180)
         if "No available agent" not in submitted.stderr or time.time() > deadline:
             break
         time.sleep(3)
     assert submitted.returncode == 0, submitted.stderr
-    job_id = re.search(r"raysubmit_[A-Za-z0-9]+", submitted.stdout + submitted.stderr).group(0)
+    return re.search(r"raysubmit_[A-Za-z0-9]+", submitted.stdout + submitted.stderr).group(0)
+
+
+def wait_for_end(cluster, job_id: str, seconds: float) -> str:
+    deadline = time.time() + seconds
+    while True:
+        status = job(cluster, "status", job_id).lower()  # "Job '...' succeeded"
+        if any(f"' {end}" in status for end in ("succeeded", "failed", "stopped")):
+            return status
+        assert time.time() < deadline, status
+        time.sleep(2)
+
+
+USER_REWARDS = """
+import re
+
+
+def correct(completions, answer, **kwargs):           # as written for TRL's GRPOTrainer
+    found = [re.search(r"<answer>(.*?)</answer>", c) for c in completions]
+    return [float(bool(m) and m.group(1).strip() == a) for m, a in zip(found, answer)]
+
+
+def tagged(completions, **kwargs):
+    return [float("<answer>" in c) for c in completions]
+"""
+
+
+def test_ray_job_submit_from_the_users_own_folder(cluster, tmp_path):
+    """The user's folder (config, jsonl data, a TRL-style reward module) is the working dir;
+    gdpo-ray is installed on the nodes; outputs go to a shared path the user names."""
+    user = tmp_path / "project"
+    user.mkdir()
+    (user / "my_rewards.py").write_text(USER_REWARDS)
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(5) for b in range(5)]
+    (user / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (user / "config.yaml").write_text(
+        "llm: {model_path: demo, max_prompt_tokens: 64}\n"
+        "data: {prompts: train.jsonl, prompt_column: question}\n"
+        "training:\n  group_size: 4\n  prompts_per_step: 4\n  lr: 1.0e-4\n  rewards:\n"
+        "    - {name: tagged, fn: 'my_rewards:tagged'}\n"
+        "    - {name: correct, fn: 'my_rewards:correct', weight: 2.0}\n"
+        "generation: {max_tokens: 24}\nrun: {steps: 2, name: userjob, export_policy: false}\n")
+    shared = tmp_path / "shared"
+    script = str(Path(sys.executable).with_name("gdpo-ray"))  # the installed console script
+    job_id = submit(cluster, user, {"env_vars": {"RAY_AUTH_MODE": "disabled"}},
+                    script, "train", "config.yaml", f"run.output_dir={shared}")
+    status = wait_for_end(cluster, job_id, 420)
+    logs = job(cluster, "logs", job_id)
+    assert "' succeeded" in status, logs[-4000:]
+    assert f"run directory {shared / 'userjob'}" in logs and "warning: outputs go to" not in logs
+    metrics = [json.loads(line) for line in (shared / "userjob" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [1, 2]
+    assert all(r["rewards/correct/failure_rate"] == 0 and r["rewards/tagged/errors"] == 0 for r in metrics)
+    assert (shared / "userjob" / "rewards.png").exists()
+
+
+def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
+    runtime_env = {"excludes": [".git", ".venv", ".venv-vllm", ".venv-gpu", "runs"],
+                   "env_vars": {"RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}}
+    job_id = submit(
+        cluster, ROOT, runtime_env, sys.executable, "-m", "gdpo_ray", "train", "demo",
+        "run.steps=600", "run.name=job", f"run.output_dir={tmp_path}",
+        "training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=24",
+        "env_runners.num_env_runners=[1,2]", "env_runners.custom_resources_per_env_runner={rollout: 1}",
+        "run.export_policy=false")
     metrics = tmp_path / "job" / "metrics.jsonl"
     deadline = time.time() + 240
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
@@ -129,12 +188,7 @@ def test_ray_job_submit_grows_rollouts_onto_a_new_node(cluster, tmp_path):
         time.sleep(1)
     # ... and leaves again (its raylet and every process under it die)
     stop_cluster([f"--node_manager_port={node_port}\0"])
-    while True:
-        status = job(cluster, "status", job_id).lower()  # "Job '...' succeeded"
-        if any(f"' {end}" in status for end in ("succeeded", "failed", "stopped")):
-            break
-        assert time.time() < deadline + 240, status
-        time.sleep(2)
+    status = wait_for_end(cluster, job_id, max(60.0, deadline + 240 - time.time()))
     logs = job(cluster, "logs", job_id)
     assert "' succeeded" in status, logs[-4000:]
     assert "rollout actors 1 on 1 node(s)" in logs and "rollout actors 2 on 2 node(s)" in logs, logs[-4000:]

@@ -7,7 +7,8 @@ import json
 from gdpo_ray.cli import main
 
 
-def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsys):
+def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
     common = [f"run.output_dir={tmp_path}", "training.prompts_per_step=4",
               "training.group_size=4", "generation.max_tokens=32"]
     assert main(["train", "demo", "run.steps=2", "run.name=first", *common]) == 0
@@ -30,8 +31,9 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     checkpoint = run / "checkpoints" / "final"
     # a resumed run keeps the checkpoint's state (step, weights, optimizer, prompts) and takes
     # this command's settings: here a lower learning rate
-    assert main(["train", "demo", "run.steps=3", "run.name=second", "training.lr=5e-5", *common,
-                 "--resume", str(checkpoint)]) == 0
+    # (the README's form: a relative checkpoint path, overrides before and after it)
+    assert main(["train", "demo", "run.steps=3", *common, "--resume", "first/checkpoints/final",
+                 "run.name=second", "training.lr=5e-5"]) == 0
     assert "resuming with lr 0.0002 -> 5e-05" in capsys.readouterr().out
     rows = [json.loads(line) for line in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [3] and rows[0]["learner/lr"] == 5e-5
@@ -39,3 +41,8 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     assert main(["train", "demo", "run.steps=4", "data.num_prompts=50", *common,
                  "--resume", str(checkpoint)]) == 2
     assert "data.num_prompts was None and is 50 now" in capsys.readouterr().err
+    # a run name in use is refused, before Ray (the first run's files stay as they are)
+    before = (run / "metrics.jsonl").read_text()
+    assert main(["train", "demo", "run.steps=1", "run.name=first", *common]) == 2
+    assert "exists already (run.name='first')" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == before

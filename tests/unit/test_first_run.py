@@ -158,3 +158,28 @@ def test_list_and_version(capsys):
     with pytest.raises(SystemExit):
         main(["--version"])
     assert capsys.readouterr().out.startswith("gdpo-ray 0.")
+
+
+def test_output_dirs_unique_names_storage_and_temporary_working_dirs(tmp_path):
+    from pathlib import Path
+
+    from gdpo_ray.run_outputs import OutputDir
+    from gdpo_ray.train import in_temporary_working_dir
+
+    first = OutputDir(str(tmp_path), None, "demo")
+    first.create()
+    (first.local / "metrics.jsonl").write_text("{}\n")
+    second = OutputDir(str(tmp_path), None, "demo")  # the same second: a fresh name
+    assert second.local != first.local and second.name.startswith(first.name)
+    # storage: a local staging copy, uploaded at the end; a second run of that name is refused
+    store = OutputDir(f"file://{tmp_path}/bucket", "r1", "demo")
+    store.create()
+    (store.local / "metrics.jsonl").write_text('{"step": 1}\n')
+    store.upload()
+    assert (tmp_path / "bucket" / "r1" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert str(store) == f"file://{tmp_path}/bucket/r1"
+    with pytest.raises(ValueError, match="exists already"):
+        OutputDir(f"file://{tmp_path}/bucket", "r1", "demo")
+    job_copy = Path("/tmp/ray/session_2026-12-03_10-00-00_1/runtime_resources/working_dir_files/"
+                    "_ray_pkg_1234/runs/demo")
+    assert in_temporary_working_dir(job_copy) and not in_temporary_working_dir(tmp_path / "runs")
