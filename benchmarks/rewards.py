@@ -3,7 +3,13 @@
 For each built-in: samples per second of the reward function called in this process on a batch
 of typical samples (code rewards include their sandboxed runs). For the sandbox: the time of one
 sandboxed run of a trivial program (``pass``) against a bare ``python -c pass`` subprocess of the
-same interpreter, measured alternately in one run: ``sandbox_overhead_ratio`` (aim <= 2).
+same interpreter, measured alternately in one run: ``sandbox_overhead_ratio`` (aim <= 2). For
+the scoring pool (``actors.reward.RewardPool``): its cost per call of a trivial reward against
+the same calls in this process (``pool_call_overhead_ms``: the pipe round trip and bookkeeping,
+near the physical limit of a pipe ping-pong between two processes, ``pipe_round_trip_ms``), and
+the wall time of a call of ``score`` in which half the rows hang, in timeouts
+(``hang_cost_in_timeouts``: aim about 1; one timeout after another would be the hanging rows'
+count divided by the workers).
 
     python benchmarks/rewards.py [--json]
 """
@@ -68,6 +74,58 @@ def sandbox_overhead(repeats: int) -> tuple[float, float]:
     return min(bare), min(boxed)
 
 
+def pipe_round_trip(repeats: int = 2000) -> float:
+    """Seconds of one small message there and back between two processes (the floor)."""
+    import multiprocessing as mp
+
+    parent, child = mp.Pipe()
+    proc = mp.get_context("fork").Process(target=_echo, args=(child,))
+    proc.start()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        parent.send((0, {"completions": ["x"]}))
+        parent.recv()
+    elapsed = (time.perf_counter() - start) / repeats
+    parent.send(None)
+    proc.join()
+    return elapsed
+
+
+def _echo(conn) -> None:
+    while (msg := conn.recv()) is not None:
+        conn.send(msg)
+
+
+def pool_costs(rows: int, timeout_s: float) -> tuple[float, float]:
+    """(seconds per pool call of the `length` reward minus the in-process call, seconds of a
+    score() call whose odd rows hang, in units of timeout_s)."""
+    from actors.reward import RewardPool
+
+    fn = rewards.get("length", limit=10)
+    start = time.perf_counter()
+    for i in range(rows):
+        fn(prompts=[""], completions=["x"], response_length=[i])
+    direct = (time.perf_counter() - start) / rows
+    with RewardPool([{"name": "length", "params": {"limit": 10}}], num_workers=1) as pool:
+        pool.score([""], ["x"], {"response_length": [1]})  # workers started
+        start = time.perf_counter()
+        pool.score([""] * rows, ["x"] * rows, {"response_length": list(range(rows))})
+        pooled = (time.perf_counter() - start) / rows
+    hang = {"name": "hang", "fn": "benchmarks.rewards:sleep_on_odd", "timeout_s": timeout_s}
+    with RewardPool([hang], num_workers=1) as pool:
+        pool.score([""], ["0"])
+        start = time.perf_counter()
+        pool.score([""] * 32, [str(i) for i in range(32)])
+        hung = (time.perf_counter() - start) / timeout_s
+    return pooled - direct, hung
+
+
+def sleep_on_odd(completions, **kwargs):
+    if int(completions[0]) % 2:
+        time.sleep(3600)
+    return [1.0 for _ in completions]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -84,6 +142,10 @@ def main() -> None:
     results["bare_python_ms"] = bare * 1e3
     results["sandboxed_python_ms"] = boxed * 1e3
     results["sandbox_overhead_ratio"] = boxed / bare
+    overhead, hung = pool_costs(256, 2.0)
+    results["pool_call_overhead_ms"] = overhead * 1e3
+    results["pipe_round_trip_ms"] = pipe_round_trip() * 1e3
+    results["hang_cost_in_timeouts"] = hung
     if args.json:
         print(json.dumps({k: round(v, 3) for k, v in results.items()}))
         return
@@ -93,6 +155,9 @@ def main() -> None:
             print(f"  {key.removesuffix('_samples_per_s'):<20} {value:10.1f}")
     print(f"Sandbox: one run of `pass` {boxed * 1e3:.1f} ms vs bare `python -c pass` "
           f"{bare * 1e3:.1f} ms -> {boxed / bare:.2f}x (aim <= 2x)")
+    print(f"Scoring pool: {results['pool_call_overhead_ms']:.2f} ms per call over the call itself "
+          f"(a pipe round trip between two processes: {results['pipe_round_trip_ms']:.3f} ms); "
+          f"32 rows, 16 hanging, 1 worker: {hung:.2f} timeouts of wall time (one after another: 16)")
 
 
 if __name__ == "__main__":

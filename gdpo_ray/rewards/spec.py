@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -34,9 +35,12 @@ class RewardSpec:
     def from_dict(cls, d: Mapping[str, Any] | "RewardSpec") -> "RewardSpec":
         if isinstance(d, RewardSpec):
             return d
-        unknown = sorted(set(d) - set(cls._KEYS))
+        unknown = sorted(set(d) - set(cls._KEYS), key=str)
         if unknown:
-            raise ValueError(f"reward {d.get('name', '?')!r}: unknown key(s) {unknown}; allowed: {list(cls._KEYS)}")
+            near = difflib.get_close_matches(str(unknown[0]), cls._KEYS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"reward {d.get('name', '?')!r}: unknown key(s) {unknown}{hint}; "
+                             f"allowed: {list(cls._KEYS)}")
         if "name" not in d:
             raise ValueError(f"a reward needs a name: {dict(d)}")
         cond = d.get("condition")

@@ -6,6 +6,7 @@ processes of this cluster are stopped (those whose command line carries its temp
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -23,10 +24,24 @@ ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+_TAKEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:  # the ephemeral range: outside Ray's worker ports 10002-19999
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port, never the same twice, between Ray's worker ports (10002-19999) and the
+    kernel's ephemeral range (from 32768): an ephemeral port chosen here could be handed to
+    another socket before the agent binds it ("address already in use": no job agent)."""
+    while True:
+        port = random.randint(20000, 32000)
+        if port in _TAKEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        _TAKEN.add(port)
+        return port
 
 
 def our_processes(markers: list[str]) -> list[int]:

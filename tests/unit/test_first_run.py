@@ -183,3 +183,24 @@ def test_output_dirs_unique_names_storage_and_temporary_working_dirs(tmp_path):
     job_copy = Path("/tmp/ray/session_2026-12-03_10-00-00_1/runtime_resources/working_dir_files/"
                     "_ray_pkg_1234/runs/demo")
     assert in_temporary_working_dir(job_copy) and not in_temporary_working_dir(tmp_path / "runs")
+
+
+def test_the_users_reward_modules_are_shipped_to_a_cluster(folder):
+    from gdpo_ray.algorithm import GDPOConfig
+    from gdpo_ray.train import user_modules
+
+    path, module = folder
+    (path / "pkg").mkdir()
+    (path / "pkg" / "__init__.py").write_text("")
+    (path / "pkg" / "scores.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    import sys
+
+    sys.path.insert(0, str(path))
+    try:
+        config = GDPOConfig().training(rewards=[
+            {"name": "a", "fn": f"{module}:correct"}, {"name": "b", "fn": "pkg.scores:f"},
+            {"name": "c", "fn": "verl:pkg.scores:f"}, {"name": "d", "fn": "json:loads"},
+            {"name": "e", "fn": "length"}, {"name": "f", "fn": "gdpo_ray.rewards.length:length"}])
+        assert user_modules(config) == [str(path / f"{module}.py"), str(path / "pkg")]
+    finally:
+        sys.path.remove(str(path))
