@@ -293,7 +293,10 @@ def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise ValueError(f"config file {name} does not exist")
-        base = OmegaConf.load(path)
+        try:
+            base = OmegaConf.load(path)
+        except Exception as err:  # noqa: BLE001 - yaml's and OmegaConf's error types vary
+            raise ValueError(f"config file {name} is not valid YAML: {err}") from None
     else:
         packaged = _presets() / f"{name}.yaml"
         if not packaged.is_file():

@@ -103,6 +103,9 @@ def import_object(path: str) -> Any:
             f"cannot import module {module_name!r} of reward {path!r}: {err}; run from the folder "
             f"that holds it (it is put on the path), add that folder to PYTHONPATH, or install "
             f"it") from err
+    except Exception as err:  # noqa: BLE001 - the module itself is broken (SyntaxError, ...)
+        raise ValueError(f"importing module {module_name!r} of reward {path!r} failed: "
+                         f"{type(err).__name__}: {err}") from err
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -153,8 +156,8 @@ def to_floats(values: Any, n: int, name: str) -> list[float]:
         values = values.tolist()
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-        raise ValueError(f"reward {name!r} must return a list of {n} values (one per "
-                         f"completion); got {got}")
+        raise ValueError(f"reward {name!r} must return a list of {n} value{'s' * (n != 1)} (one "
+                         f"per completion); got {got}")
     out = []
     for v in values:
         x = math.nan if v is None else float(v)

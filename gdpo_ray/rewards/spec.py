@@ -35,6 +35,9 @@ class RewardSpec:
     def from_dict(cls, d: Mapping[str, Any] | "RewardSpec") -> "RewardSpec":
         if isinstance(d, RewardSpec):
             return d
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a reward is a mapping {{name, fn, params, weight, condition, "
+                             f"timeout_s}}; got {d!r} (e.g. {{name: correct, fn: math_correctness}})")
         unknown = sorted(set(d) - set(cls._KEYS), key=str)
         if unknown:
             near = difflib.get_close_matches(str(unknown[0]), cls._KEYS, n=1)

@@ -204,3 +204,15 @@ def test_the_users_reward_modules_are_shipped_to_a_cluster(folder):
         assert user_modules(config) == [str(path / f"{module}.py"), str(path / "pkg")]
     finally:
         sys.path.remove(str(path))
+
+
+def test_broken_files_are_named(folder, capsys):
+    path, _ = folder
+    (path / "broken_mod.py").write_text("def f(completions, **kw)\n    return 1\n")
+    fails(capsys, folder, "train", "config.yaml", "training.rewards=[{name: r, fn: 'broken_mod:f'}]",
+          match="importing module 'broken_mod' of reward 'broken_mod:f' failed: SyntaxError:")
+    (path / "broken.yaml").write_text("training: {rewards: [1, 2\n")
+    fails(capsys, folder, "train", "broken.yaml", match="config file broken.yaml is not valid YAML")
+    fails(capsys, folder, "train", "config.yaml", "training.rewards=[math_correctness]",
+          match="a reward is a mapping {name, fn, params, weight, condition, timeout_s}; got "
+                "'math_correctness'")
