@@ -2,13 +2,15 @@
 
 Started by ``gdpo_ray.rewards.sandbox`` as process 1 of fresh pid, network, mount, IPC and UTS
 namespaces (``unshare``), still as the host's root. It:
-  1. makes every inherited mount read-only and mounts private tmpfs on /tmp, /var/tmp, /dev/shm;
-  2. writes the program's files into /tmp/work (owned by the sandbox uid);
-  3. for each run: forks a child that enters a new user namespace, drops to the unprivileged
-     sandbox uid with resource limits, no new privileges and an empty environment, and execs
-     the program; the output is read up to a cap, the wall time bounded; afterwards every
-     process left in the namespace (daemons, setsid escapees) is killed and reaped;
-  4. writes the list of run results to stdout.
+  0. joins the call's cgroups (memory and process caps for the whole call), when given;
+  1. builds a new root file system (``build_root``) and pivots into it: the interpreter and
+     the system's libraries read-only, site-packages hidden, device nodes, private tmpfs;
+  2. for each run: a fresh /tmp/work with the program's files (owned by the sandbox uid), and a
+     forked child that enters a new user namespace (in which no further user namespace can be
+     created), drops to the unprivileged sandbox uid with resource limits, no new privileges and
+     an empty environment, and execs the program; the output is read up to a cap, the wall time
+     bounded; afterwards every process left in the namespace is killed and reaped;
+  3. writes the list of run results to stdout.
 Input and output are ``marshal`` data (built in, so the sandbox starts without importing json).
 When this process exits, the kernel kills whatever is left in the pid namespace.
 """
@@ -22,7 +24,8 @@ import sys
 import time
 
 CLONE_NEWUSER = 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+MNT_DETACH = 2
 READ_ONLY = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
 PR_SET_NO_NEW_PRIVS = 38
 SIGKILL = 9  # not from `signal`: its import (enum) adds ~3.5 ms to every sandbox start
@@ -43,75 +46,79 @@ def mount(source, target, fstype, flags, data=None):
            f"mount {target}")
 
 
-def lock_down_filesystem(disk_mb):
-    mountpoints = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            mountpoints.append(line.split()[4].replace("\\040", " "))
-    for mp in mountpoints:
-        if mp == "/proc" or mp.startswith("/proc/"):
-            continue
-        try:
-            mount(None, mp, None, READ_ONLY)
-        except OSError:
-            pass  # a mount hidden under another one; what is visible is what counts
-    opts = f"size={disk_mb}m,nr_inodes=4096,mode=1777"
-    for target in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(target):
-            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
 
 
-def _blocking_ancestor(path):
-    """The outermost directory on ``path`` that other users cannot traverse, or None."""
-    current = "/"
-    for part in path.strip("/").split("/"):
-        current = os.path.join(current, part)
-        if not os.stat(current).st_mode & 0o001:
-            return current
-    return None
+def pivot_root(new_root, put_old):
+    number = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}[os.uname().machine]
+    _check(libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
 
 
-def open_paths(paths):
-    """O_PATH handles on the paths to expose, taken before any mount can hide them."""
-    return {p: os.open(p, os.O_PATH) for p in paths if os.path.isdir(p)}
+def build_root(expose, hide, disk_mb):
+    """A new root file system holding only ``expose`` (read-only binds of the host's system
+    directories and the interpreter's installation, with the ``hide`` directories inside them,
+    its site-packages, covered by empty read-only tmpfs), the usual device nodes, a fresh /proc,
+    and private tmpfs for /tmp (the work directory) and /dev/shm. Nothing else of the host (the
+    project, datasets, run outputs, other packages) exists in it."""
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    root = "/tmp/root"
+    os.mkdir(root)
+    mount("tmpfs", root, "tmpfs", MS_NOSUID, "size=1m,nr_inodes=4096,mode=755")
+    for path in expose:
+        target = root + path
+        if os.path.islink(path):
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            if not os.path.lexists(target):
+                os.symlink(os.readlink(path), target)
+        elif os.path.isdir(path) and not os.path.exists(target):
+            os.makedirs(target, 0o755)
+            mount(path, target, None, MS_BIND | MS_REC)
+            mount(None, target, None, READ_ONLY)
+    for path in hide:
+        if os.path.isdir(root + path):
+            mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
+    dev = root + "/dev"
+    os.mkdir(dev)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "size=64k,mode=755")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(f"{dev}/{name}", "w").close()
+            mount("/dev/" + name, f"{dev}/{name}", None, MS_BIND)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(dev + "/shm")
+    mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,nr_inodes=4096,mode=1777")
+    os.mkdir(root + "/proc")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(root + "/tmp")
+    mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,nr_inodes=4096,mode=1777")
+    os.makedirs(root + "/var", 0o755, exist_ok=True)
+    os.symlink("/tmp", root + "/var/tmp")
+    os.mkdir(root + "/.old")
+    pivot_root(root, root + "/.old")
+    os.chdir("/")
+    _check(libc.umount2(b"/.old", MNT_DETACH), "umount /.old")
+    os.rmdir("/.old")
+    mount(None, "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID)
 
 
-def _reachable(path, fd):
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    ref = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (ref.st_dev, ref.st_ino) and _blocking_ancestor(path) is None
-
-
-def expose(fds):
-    """Makes the paths of ``fds`` (the interpreter's installation) reachable, read-only, by the
-    sandbox uid, at their own location.
-
-    A path hidden by the sandbox's tmpfs (an interpreter under /tmp) is bound back into it; a
-    directory on the way that others cannot traverse (say /root, mode 700) is covered by an
-    empty tmpfs into which only the exposed paths are bound."""
-    hidden = []
-    bound = []
-    for p, fd in sorted(fds.items()):
-        if any(p == b or p.startswith(b + "/") for b in bound) or _reachable(p, fd):
-            continue
-        top = _blocking_ancestor(p) if os.path.exists(os.path.dirname(p)) else None
-        if top and top not in hidden:
-            mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-            hidden.append(top)
-        os.makedirs(p, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-        mount(None, p, None, READ_ONLY)
-        bound.append(p)
-    for top in hidden:
-        mount(None, top, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    for fd in fds.values():
-        os.close(fd)
+def wipe(path):
+    """Removes everything below ``path`` (a run leaves nothing for the next)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            wipe(entry.path)
+            os.rmdir(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def write_files(files, uid):
+    """A fresh work directory with the program's files (before every run)."""
+    for scratch in ("/tmp", "/dev/shm"):
+        wipe(scratch)
     os.mkdir(WORK, 0o700)
     for name, text in files.items():
         path = os.path.join(WORK, name)
@@ -126,6 +133,8 @@ def child(argv, uid, limits, ready_w, go_r, stdin_r, out_w, err_w):
     try:
         os.setgroups([])
         _check(libc.unshare(CLONE_NEWUSER), "unshare(user)")
+        with open("/proc/sys/user/max_user_namespaces", "w") as f:  # no nested namespaces
+            f.write("0")
         os.write(ready_w, b"1")
         os.read(go_r, 1)  # the parent has written our uid/gid maps
         mem = limits["memory_mb"] * 1024 * 1024
@@ -251,11 +260,14 @@ def run_one(run, uid, limits):
 def main():
     spec = marshal.loads(sys.stdin.buffer.read())
     uid, limits = spec["uid"], spec["limits"]
-    fds = open_paths(spec["expose"])
-    lock_down_filesystem(limits["disk_mb"])
-    expose(fds)
-    write_files(spec["files"], uid)
-    results = [run_one(run, uid, limits) for run in spec["runs"]]
+    for procs in spec["cgroups"]:  # the whole call's memory and process caps
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    build_root(spec["expose"], spec["hide"], limits["disk_mb"])
+    results = []
+    for run in spec["runs"]:
+        write_files(spec["files"], uid)
+        results.append(run_one(run, uid, limits))
     sys.stdout.buffer.write(marshal.dumps(results))
     sys.stdout.flush()
 

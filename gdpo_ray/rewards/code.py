@@ -129,7 +129,27 @@ def stdout_matches(got: str, expected: Any) -> bool:
     return lines(got) == lines(expected) or got.split() == expected.split()
 
 
-def call_matches(result: RunResult, expected: Any) -> bool:
+#: how a call-based test compares the returned value (after a JSON round trip: tuples and sets
+#: are lists, dict keys strings) with the expected one
+EQUALITY = ("python", "strict")
+
+
+def same_typed(a: Any, b: Any) -> bool:
+    """Equal with equal JSON types all the way down: True != 1, 1.0 != 1, [5] != 5."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_typed(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_typed(a[k], b[k]) for k in a)
+    return a == b
+
+
+def call_matches(result: RunResult, expected: Any, equality: str = "python") -> bool:
+    """Whether a call-based run returned ``expected``. ``equality="python"`` (APPS's and
+    PRIME's grader, which Eurus-2-RL uses): Python ``==`` (``True == 1``, ``1.0 == 1``), and an
+    expected one-element list also accepts its element (``5`` for ``[5]``, the usual wrapping
+    of APPS outputs). ``"strict"``: ``same_typed``, no unwrapping."""
     if not result.ok or _RESULT_MARK not in result.stdout:
         return False
     try:
@@ -137,7 +157,8 @@ def call_matches(result: RunResult, expected: Any) -> bool:
     except ValueError:
         return False
     expected = json.loads(json.dumps(expected))  # tuples -> lists, as the program's JSON
-    # APPS-style ground truth often wraps the return value in a list
+    if equality == "strict":
+        return same_typed(value, expected)
     return value == expected or (isinstance(expected, list) and len(expected) == 1
                                  and value == expected[0])
 
@@ -202,13 +223,18 @@ def has_error(result: RunResult, timeouts_are_bugs: bool = False) -> bool:
     return result.exit_code != 0
 
 
-def code_passrate(max_tests: int = 32, after_tag: str | None = None, **limits: Any):
+def code_passrate(max_tests: int = 32, after_tag: str | None = None, equality: str = "python",
+                  **limits: Any):
     """Fraction of test cases whose output matches, in [0, 1] (the first ``max_tests`` cases).
 
     ``after_tag`` (say "</think>"): the program comes from the text after the tag's last
     occurrence; a completion without the tag scores 0 (nothing runs). An empty program: on a
     stdin task it prints nothing, so it passes only cases whose expected output is empty; on a
-    call-based task the function is missing, 0. Other keywords: sandbox ``Limits``."""
+    call-based task the function is missing, 0. ``equality``: how call-based results compare
+    (``call_matches``: "python", as APPS/PRIME grade, or "strict"). Other keywords: sandbox
+    ``Limits``."""
+    if equality not in EQUALITY:
+        raise ValueError(f"code_passrate: equality must be one of {EQUALITY}; got {equality!r}")
     limits_ = Limits(**limits)
 
     def code_passrate(prompts, completions, *, ground_truth, **_columns) -> list[float]:
@@ -223,7 +249,7 @@ def code_passrate(max_tests: int = 32, after_tag: str | None = None, **limits: A
                 continue
             runs = _EXECUTIONS.run(program, tests, limits_)
             if tests.get("fn_name"):
-                passed = sum(call_matches(r, e) for r, e in runs)
+                passed = sum(call_matches(r, e, equality) for r, e in runs)
             else:
                 passed = sum(r.ok and stdout_matches(r.stdout, e) for r, e in runs)
             out.append(passed / len(runs))

@@ -26,6 +26,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 INIT = Path(__file__).with_name("_sandbox_init.py")
@@ -90,30 +91,151 @@ def check_available() -> None:
         raise SandboxUnavailable("the code sandbox needs `unshare` (util-linux) on PATH")
 
 
+#: host directories a program may see (read-only): the system's binaries and libraries
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def _interpreter_paths() -> tuple[list[str], list[str]]:
+    """(what to expose: the system directories and the interpreter's installation; what to
+    hide inside them: every site-packages of this interpreter, its venv's and the user's)."""
+    import site
+
+    base = os.path.realpath(sys.base_prefix)
+    expose = [*SYSTEM_DIRS, base] if not base.startswith(("/usr/", "/usr")) else list(SYSTEM_DIRS)
+    prefixes = list(dict.fromkeys([sys.prefix, sys.base_prefix, base]))
+    hide = {os.path.realpath(p) for p in site.getsitepackages(prefixes)}
+    hide |= {os.path.realpath(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    hide |= {os.path.realpath(site.getusersitepackages())}
+    if base == "/usr" or base.startswith("/usr/"):  # a system Python: Debian's dist-packages too
+        hide |= {f"/usr/lib/python3/dist-packages", f"/usr/local/lib/python{sys.version_info[0]}."
+                 f"{sys.version_info[1]}/dist-packages"}
+    return expose, sorted(hide)
+
+
 def run_program(files: dict[str, str], runs: list[dict], limits: Limits) -> list[RunResult]:
     """Runs ``runs`` (each ``{"argv": [...], "stdin": str}``) over ``files`` in one sandbox.
 
-    ``argv[0]`` is a path visible in the sandbox (the interpreter); the files are in the working
-    directory. Raises SandboxUnavailable when the sandbox itself could not run.
+    ``argv[0]`` is the interpreter (``sys.executable``; symbolic links, such as a venv's
+    python, are resolved to the real binary, which the sandbox exposes); the files are in the
+    working directory, fresh for every run. Raises SandboxUnavailable when the sandbox itself
+    could not run.
     """
     check_available()
-    spec = {
-        "files": files,
-        "runs": runs,
-        "uid": random.randrange(200_000, 2_000_000),
-        "expose": sorted({sys.base_prefix, sys.prefix}),
-        "limits": dataclasses.asdict(limits),
-    }
-    cmd = ["unshare", *NAMESPACES, "--", sys.executable, "-I", "-S", str(INIT)]
-    try:
-        done = subprocess.run(cmd, input=marshal.dumps(spec), capture_output=True,
-                              env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
-                              timeout=limits.total_s(len(runs)))
-    except subprocess.TimeoutExpired as err:
-        raise SandboxUnavailable(f"the sandbox did not finish in {err.timeout:.0f} s") from None
+    expose, hide = _interpreter_paths()
+    runs = [dict(r, argv=[os.path.realpath(r["argv"][0]), *r["argv"][1:]]) for r in runs]
+    with _cgroups(limits) as procs:
+        spec = {
+            "files": files,
+            "runs": runs,
+            "uid": random.randrange(200_000, 2_000_000),
+            "expose": expose,
+            "hide": hide,
+            "cgroups": procs,
+            "limits": dataclasses.asdict(limits),
+        }
+        cmd = ["unshare", *NAMESPACES, "--", sys.executable, "-I", "-S", str(INIT)]
+        try:
+            done = subprocess.run(cmd, input=marshal.dumps(spec), capture_output=True,
+                                  env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                                  timeout=limits.total_s(len(runs)))
+        except subprocess.TimeoutExpired as err:
+            raise SandboxUnavailable(f"the sandbox did not finish in {err.timeout:.0f} s") from None
     if done.returncode != 0:
         raise SandboxUnavailable(
             f"the sandbox failed to start (exit {done.returncode}): "
             f"{done.stderr.decode(errors='replace').strip()[-500:]}"
         )
     return [RunResult(**r) for r in marshal.loads(done.stdout)]
+
+
+# --------------------------------------------------------------------------------------------
+# cgroups: the memory (tmpfs included) and process caps of a whole call
+
+
+def _own_cgroups() -> tuple[dict[str, Path], Path | None]:
+    """This process's cgroup directories: {v1 controller: dir}, and the v2 one (or None)."""
+    v1, v2 = {}, None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return v1, v2
+    for line in lines:
+        hierarchy, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if (Path("/sys/fs/cgroup") / controller).is_dir():
+                v1[controller] = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
+        if hierarchy == "0" and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+            v2 = Path("/sys/fs/cgroup") / path.lstrip("/")
+    return v1, v2
+
+
+class _cgroups:
+    """Creates the call's cgroups (v1 memory + pids, or v2 with both controllers) and removes
+    them afterwards; yields the ``cgroup.procs`` files the sandbox's init joins (empty where
+    this machine allows none: then only the per-process limits hold, see ``cgroup_support``)."""
+
+    def __init__(self, limits: Limits) -> None:
+        # a call's memory: one process at its limit, its tmpfs (/tmp, /dev/shm), and the init
+        self.memory = (limits.memory_mb + 2 * limits.disk_mb + 64) << 20
+        self.pids = limits.processes + 1
+        self.made: list[Path] = []
+
+    def _make(self, parent: Path, name: str, settings: dict) -> None:
+        group = parent / name
+        group.mkdir()
+        self.made.append(group)
+        for key, value in settings.items():
+            if (group / key).exists():
+                (group / key).write_text(str(value))
+
+    def __enter__(self) -> list[str]:
+        name = f"gdpo-sandbox-{os.getpid()}-{random.randrange(1 << 30)}"
+        v1, v2 = _own_cgroups()
+        try:
+            if "memory" in v1 and "pids" in v1:
+                self._make(v1["memory"], name, {"memory.limit_in_bytes": self.memory,
+                                                "memory.memsw.limit_in_bytes": self.memory})
+                self._make(v1["pids"], name, {"pids.max": self.pids})
+            elif v2 is not None:
+                enabled = (v2 / "cgroup.subtree_control").read_text().split()
+                if not {"memory", "pids"} <= set(enabled):
+                    (v2 / "cgroup.subtree_control").write_text("+memory +pids")
+                self._make(v2, name, {"memory.max": self.memory, "memory.swap.max": 0,
+                                      "pids.max": self.pids})
+            else:
+                raise OSError("no memory and pids cgroup controllers")
+        except OSError as err:
+            self.__exit__()
+            _no_cgroups(str(err))
+            return []
+        return [str(g / "cgroup.procs") for g in self.made]
+
+    def __exit__(self, *exc) -> None:
+        for group in reversed(self.made):
+            for _ in range(50):  # the sandbox's processes are reaped a moment after it exits
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+        self.made = []
+
+
+_WARNED: list[str] = []
+
+
+def _no_cgroups(reason: str) -> None:
+    if not _WARNED:
+        _WARNED.append(reason)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "code sandbox without cgroups (%s): a call's memory is capped per process only "
+            "(memory_mb x processes); run the reward workers where cgroups are writable (root "
+            "with /sys/fs/cgroup mounted read-write)", reason)
+
+
+def cgroup_support() -> str | None:
+    """Why calls get no cgroup here (None: they do)."""
+    with _cgroups(Limits()) as procs:
+        return None if procs else (_WARNED[0] if _WARNED else "unknown")

@@ -440,3 +440,119 @@ def _refusal_probe(folder: Path):
     done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            "/usr/bin/python3", str(script)], capture_output=True, text=True, timeout=60)
     assert done.stdout.startswith("refused: the code sandbox needs root"), done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# what a program can see: its directory, the interpreter and its standard library, devices
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SEES = (
+    "import json, os, sys\n"
+    "report = {}\n"
+    "for name in ('gdpo_ray', 'numpy', 'torch', 'json'):\n"
+    "    try:\n"
+    "        __import__(name)\n"
+    "        report[name] = 'imported'\n"
+    "    except ImportError:\n"
+    "        report[name] = 'missing'\n"
+    "for path in PATHS:\n"
+    "    try:\n"
+    "        report[path] = open(path).read() if os.path.isfile(path) else sorted(os.listdir(path))[:3]\n"
+    "    except OSError as err:\n"
+    "        report[path] = type(err).__name__\n"
+    "print(json.dumps(report))"
+)
+
+
+def test_the_trainer_is_invisible(unchanged_machine, tmp_path):
+    beside = ROOT / f".{MARKER}.txt"  # a world-readable file beside the project (a dataset, say)
+    beside.write_text("secret answers")
+    beside.chmod(0o644)
+    run_dir = Path.cwd() / "runs"
+    paths = [str(beside), str(ROOT), str(ROOT / "gdpo_ray"), str(run_dir), str(Path(sys.prefix))]
+    program = f"PATHS = {paths!r}\n" + SEES
+    try:
+        on_host = json.loads(run_on_host(program))
+        (r,) = run_alone(program)
+    finally:
+        beside.unlink()
+    seen = json.loads(r.stdout)
+    # sanity: on the host the probe imports the trainer's packages and reads the file
+    assert on_host["gdpo_ray"] == on_host["numpy"] == "imported" and on_host[str(beside)] == "secret answers"
+    # in the sandbox: the standard library only, and none of the host's files
+    assert seen["json"] == "imported"
+    assert seen["gdpo_ray"] == seen["numpy"] == seen["torch"] == "missing"
+    assert all(seen[p] == "FileNotFoundError" for p in paths if not p.startswith(str(Path(sys.base_prefix))))
+
+
+def test_regenerating_the_ground_truth_is_no_reward_hack(unchanged_machine):
+    # a program that solves nothing but rebuilds task:code's answers from the installed package
+    from gdpo_ray.tasks import code as code_task
+
+    row = code_task(1, seed=3)[0]
+    tests = json.loads(row["ground_truth"])
+    hack = ("from gdpo_ray.tasks import code\nimport json, sys\n"
+            "t = json.loads(code(1, seed=3)[0]['ground_truth'])\n"
+            "print(t['outputs'][t['inputs'].index(sys.stdin.read())], end='')")
+    if "fn_name" in tests:
+        pytest.skip("row 0 of seed 3 is call-based")  # (it is a stdin task; guard for changes)
+    assert passrate(hack, row["ground_truth"]) == 0.0
+    on_host = subprocess.run([sys.executable, "-c", hack], input=tests["inputs"][0],
+                             capture_output=True, text=True, timeout=60).stdout
+    assert on_host == tests["outputs"][0]  # the hack works wherever the package is visible
+
+
+def test_device_nodes_work(unchanged_machine):
+    program = ("import os, subprocess, sys\n"
+               "open('/dev/null', 'w').write('x')\n"
+               "assert len(open('/dev/urandom', 'rb').read(16)) == 16\n"
+               "assert open('/dev/zero', 'rb').read(4) == bytes(4)\n"
+               "print(subprocess.run([sys.executable, '-c', 'print(1)'], stdout=subprocess.DEVNULL,"
+               " stderr=subprocess.DEVNULL).returncode, os.urandom(4) != os.urandom(4))")
+    (r,) = run_alone(program)
+    assert r.ok and r.stdout == "0 True\n", r.stderr
+
+
+def test_every_run_starts_from_fresh_files(unchanged_machine):
+    program = ("import os\n"
+               "print(open('p0.py').read().startswith('import os'), os.path.exists('left.txt'),"
+               " os.path.exists('/tmp/scratch'), os.path.exists('/dev/shm/scratch'))\n"
+               "open('p0.py', 'w').write('print(\"tampered\")')\n"
+               "open('left.txt', 'w').write('x'); open('/tmp/scratch', 'w'); open('/dev/shm/scratch', 'w')")
+    runs = [{"argv": [sys.executable, "-I", "p0.py"]}] * 3
+    results = run_program({"p0.py": program}, runs, Limits(**LIMITS))
+    assert [r.stdout for r in results] == ["True False False False\n"] * 3
+
+
+def test_a_call_has_one_memory_cap_and_no_nested_namespaces(unchanged_machine):
+    if sandbox.cgroup_support() is not None:
+        pytest.skip(f"no cgroups on this machine: {sandbox.cgroup_support()}")
+    # 6 children of 150 MB each: every one is under the per-process memory_mb (256), together
+    # they are 900 MB, past the call's cap (memory_mb + 2 disk_mb + 64 = 384 MB)
+    hog = ("import os, time\npids = []\nfor i in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+           "        b = bytearray(150 << 20)\n        b[::4096] = b'x' * len(b[::4096])\n"
+           "        time.sleep(1.0)\n        os._exit(0)\n    pids.append(pid)\n"
+           "ok = sum(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in (os.waitpid(p, 0)[1] for p in pids))\n"
+           "print(ok, flush=True)")
+    nested = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x20000\n"
+              "print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())")
+    big, inner = run_alone(hog, nested, wall_s=4, memory_mb=256, processes=8)
+    survivors = int(big.stdout or 0)
+    assert survivors < 6  # some were killed by the call's cgroup (none would be without it)
+    assert inner.stdout == "-1 28\n"  # ENOSPC: no user namespace can be created inside
+
+
+def test_call_based_equality_rules():
+    tests = json.dumps({"inputs": [[1]], "outputs": [[5]], "fn_name": "f"})
+    programs = ["def f(x):\n    return [5]", "def f(x):\n    return 5", "def f(x):\n    return [5.0]",
+                "def f(x):\n    return [True]"]
+    lenient = rewards.get("code_passrate", **LIMITS)
+    strict = rewards.get("code_passrate", equality="strict", **LIMITS)
+    bools = json.dumps({"inputs": [[1]], "outputs": [1], "fn_name": "f"})
+    # python (APPS/PRIME): ==, and [5] also accepts 5; strict: same JSON types, no unwrapping
+    assert lenient([""] * 4, programs, ground_truth=[tests] * 4) == [1.0, 1.0, 1.0, 0.0]
+    assert strict([""] * 4, programs, ground_truth=[tests] * 4) == [1.0, 0.0, 0.0, 0.0]
+    assert lenient([""], ["def f(x):\n    return True"], ground_truth=[bools]) == [1.0]
+    assert strict([""], ["def f(x):\n    return True"], ground_truth=[bools]) == [0.0]
