@@ -33,6 +33,10 @@ from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.rewards import TrainerState
 
 
+class PromptsExhausted(RuntimeError):
+    """Every prompt of an epoch was filtered before generation: the run cannot go on."""
+
+
 class RolloutActor:
     """Generates and scores complete groups (run as a Ray actor by ``RolloutGroup``).
 
@@ -166,7 +170,7 @@ class RolloutActor:
             else:
                 kept.append(p)
                 ids.append(tokens)
-        meta = {"groups": [], "filtered": filtered, "tokens": 0, "reward_metrics": {}}
+        meta = {"groups": [], "filtered": filtered, "tokens": 0}
         if not kept:
             return meta, None
         samples = self.engine.generate(ids, self.group_size, self.sampling)
@@ -199,7 +203,6 @@ class RolloutActor:
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
         meta["groups"] = [(gid, start, stop, version) for gid, start, stop in group_bounds(batch)]
         meta["tokens"] = sum(len(s.token_ids) for s in flat)
-        meta["reward_metrics"] = scored.metrics
         meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate,
                           "start": wall_start, "end": time.time()}
         return meta, batch
@@ -259,7 +262,7 @@ class RolloutGroup:
         self.slots: list[_Slot] = []
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0,
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
-        self.reward_metrics: dict[str, float] = {}
+        self._filtered_in_a_row = 0  # prompts filtered since a group was last generated
         # the latest finished calls: generate_s, score_s and wall-clock start, end
         self.calls_timing: collections.deque[dict] = collections.deque(maxlen=4096)
         self.resize(num_actors)
@@ -381,6 +384,13 @@ class RolloutGroup:
         for group_id, reason in meta["filtered"]:
             self.prompts.mark_filtered(group_id, reason)
         self.stats["filtered"] += len(meta["filtered"])
+        self._filtered_in_a_row = 0 if meta["groups"] else self._filtered_in_a_row + len(meta["filtered"])
+        if self._filtered_in_a_row >= len(self.prompts):
+            raise PromptsExhausted(
+                f"no prompt could be generated for a whole epoch ({self._filtered_in_a_row} "
+                f"prompts in a row were filtered before generation; the last: "
+                f"{meta['filtered'][-1][1]}); raise llm.max_prompt_tokens (within the model's "
+                f"context, minus generation.max_tokens) or shorten the prompts")
         refs = [GroupRef(call.batch, start, stop, gid, version)
                 for gid, start, stop, version in meta["groups"]]
         stale = self.buffer.add(refs)
@@ -388,7 +398,6 @@ class RolloutGroup:
         self.stats["reissued"] += len(stale)
         self.stats["groups"] += len(refs) - len(stale)
         self.stats["tokens"] += meta["tokens"]
-        self.reward_metrics = meta["reward_metrics"]
         if "timing" in meta:
             self.calls_timing.append(meta["timing"])
             self.stats["generate_s"] += meta["timing"]["generate_s"]

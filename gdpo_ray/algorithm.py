@@ -301,18 +301,19 @@ class GDPO(Algorithm):
                 learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
             with _timed(timers, "push_weights"):
                 self._push_weights()
+            with _timed(timers, "metrics"):
+                self.prompts.mark_trained([g.group_id for g in groups])
+                self.counters["trained_groups"] += len(groups)
+                values = self._step_metrics(step, groups, batches, rewards, details, filtered)
+                values |= step_metrics.failure_metrics(errors, self.reward_names)
+                values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+                if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
+                    # counts only once complete (save_to_path writes aside, then renames)
+                    self._last_checkpoint = self.save_to_path(
+                        str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
         except ray.exceptions.RayActorError as err:  # a learner died: this step is redone
             self._recover(err)
             return None
-        with _timed(timers, "metrics"):
-            self.prompts.mark_trained([g.group_id for g in groups])
-            self.counters["trained_groups"] += len(groups)
-            values = self._step_metrics(step, groups, batches, rewards, details, filtered)
-            values |= step_metrics.failure_metrics(errors, self.reward_names)
-            values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
-            if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
-                self._last_checkpoint = self.save_to_path(
-                    str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
         values.update({f"timing/{k}_s": v for k, v in timers.items()})
         values["timing/step_s"] = sum(timers.values())
         for key, value in values.items():
@@ -449,7 +450,9 @@ class GDPO(Algorithm):
         logger.warning("a learner died (%s); recovering from %s", err,
                        self._last_checkpoint or "the start of the run")
         self.counters["learner_recoveries"] += 1
-        recoveries = self.counters["learner_recoveries"]
+        # events that happened stay counted (the restored state predates some of them)
+        events = (self.counters["learner_recoveries"], dict(self.rollouts.stats),
+                  self.buffer.dropped_stale)
         try:
             self.learners.shutdown()
         except Exception:  # noqa: BLE001 - some of them are dead already
@@ -462,7 +465,8 @@ class GDPO(Algorithm):
             self.set_state(self._initial_state)
             self.learners.push_weights(self.rollouts, self.policy_version,
                                        int(self.config.weight_bucket_mb) << 20)
-        self.counters["learner_recoveries"] = recoveries  # the restored state predates this one
+        self.counters["learner_recoveries"], stats, self.buffer.dropped_stale = events
+        self.rollouts.stats.update(stats)
 
     # ---------------------------------------------------------------------------------------
     # checkpoints: the driver's state (prompts, buffer, counters) in RLlib's state file, the
@@ -488,10 +492,29 @@ class GDPO(Algorithm):
         return []
 
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
-        path = Checkpointable.save_to_path(self, path, state=state, filesystem=filesystem,
-                                           use_msgpack=use_msgpack)
-        self.learners.call("save_checkpoint", str(pathlib.Path(path) / "learner"))
-        return path
+        """A checkpoint, atomically: written beside ``path`` (the driver's state, then the
+        learners'), marked complete (``COMPLETE_MARKER``), then renamed to ``path`` (an older
+        checkpoint there is replaced only then). A save cut short leaves a ``.partial-*``
+        directory, which nothing counts or resumes from."""
+        import shutil
+        import uuid
+
+        final = pathlib.Path(path or tempfile.mkdtemp(prefix="gdpo-ckpt-")).resolve()
+        aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
+        Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
+                                    use_msgpack=use_msgpack)
+        self.learners.call("save_checkpoint", str(aside / "learner"))
+        (aside / COMPLETE_MARKER).write_text(f"policy_version {self.policy_version}\n")
+        if final.exists() and any(final.iterdir()):
+            old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
+            final.rename(old)
+            aside.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if final.exists():
+                final.rmdir()
+            aside.rename(final)
+        return str(final)
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
@@ -544,6 +567,22 @@ def _request_rollout_nodes(per_actor: dict, actors: int) -> None:
         logger.info("no autoscaler to ask for rollout nodes: %s", err)
 
 
+#: written last into a checkpoint: only a directory holding it is a complete checkpoint
+COMPLETE_MARKER = "gdpo_checkpoint_complete"
+
+
+def check_checkpoint(checkpoint: str) -> None:
+    """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint."""
+    root = pathlib.Path(checkpoint)
+    if not (root / "class_and_ctor_args.pkl").is_file():
+        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
+    if not (root / COMPLETE_MARKER).is_file():
+        siblings = sorted(p.name for p in root.parent.iterdir() if (p / COMPLETE_MARKER).is_file())
+        raise ValueError(f"--resume {checkpoint}: an incomplete checkpoint (its save was cut short: "
+                         f"no {COMPLETE_MARKER}); resume from a complete one"
+                         + (f" beside it: {siblings}" if siblings else ""))
+
+
 #: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
 RESUME_FIXED = ("prompts", "num_prompts", "columns", "prompt_column", "id_column", "seed")
 
@@ -554,9 +593,8 @@ def resume_changes(config: GDPOConfig, checkpoint: str) -> list[tuple[str, Any, 
     differs: the saved prompt state would then point into other data."""
     import pickle
 
+    check_checkpoint(checkpoint)
     path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
-    if not path.is_file():
-        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no {path.name})")
     with open(path, "rb") as f:
         saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
     names = [*fields.FIELDS, "seed", "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]

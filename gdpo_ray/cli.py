@@ -56,6 +56,7 @@ def _load_run(args: argparse.Namespace, command: str):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from actors.rollout import PromptsExhausted
     from gdpo_ray.algorithm import RewardFailure
 
     try:  # a bad config, model, dataset or reward fails here, before Ray or any actor starts
@@ -64,7 +65,7 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gdpo-ray train: {err}", file=sys.stderr)
         return 2
-    except RewardFailure as err:
+    except (RewardFailure, PromptsExhausted) as err:
         print(f"gdpo-ray train: stopped: {err}", file=sys.stderr)
         return 1
 

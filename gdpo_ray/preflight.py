@@ -73,6 +73,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
 
     c = config
     check_model(c.model_path)
+    check_context(c)
     source = PromptSource(load_prompts(c), prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
@@ -124,6 +125,35 @@ def check_model(spec: Any) -> None:
     raise ValueError(f"llm.model_path {spec!r} does not exist; give a Hugging Face model directory "
                      f"(with config.json), a hub name in the local cache, or one of "
                      f"{', '.join(BUILT_IN_MODELS)}")
+
+
+def context_length(spec: Any) -> int | None:
+    """The model's context length (positions), where its config says it (None: unknown)."""
+    if spec in ("demo", "tiny"):
+        from gdpo_ray.tiny_model import MAX_POSITIONS
+
+        return MAX_POSITIONS
+    config = Path(str(spec)).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    values = json.loads(config.read_text())
+    values |= values.get("text_config") or {}
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        if isinstance(values.get(key), int):
+            return values[key]
+    return None
+
+
+def check_context(c: Any) -> None:
+    """A prompt of max_prompt_tokens and a response of max_tokens fit in the model."""
+    positions = context_length(c.model_path)
+    if positions is not None and c.max_prompt_tokens + c.max_tokens > positions:
+        raise ValueError(
+            f"llm.max_prompt_tokens ({c.max_prompt_tokens}) + generation.max_tokens "
+            f"({c.max_tokens}) = {c.max_prompt_tokens + c.max_tokens} tokens exceed the model's "
+            f"context length ({positions} positions, llm.model_path {c.model_path!r}); lower "
+            f"them so that they sum to at most {positions} (longer prompts are filtered, not "
+            f"truncated)")
 
 
 def _placeholders(prompt) -> list[tuple[str, str]]:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: its context length (the demo model, warm-started from it, has the same)
+MAX_POSITIONS = 1024
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
@@ -48,7 +51,7 @@ def build_tiny_model(path: str | Path, *, hidden_size: int = 64, layers: int = 2
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         # head_dim 32: the smallest that vLLM's CPU attention kernels accept
         num_hidden_layers=layers, num_attention_heads=hidden_size // 32, num_key_value_heads=1,
-        max_position_embeddings=1024, tie_word_embeddings=True,
+        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )

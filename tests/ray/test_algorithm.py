@@ -107,6 +107,21 @@ def test_the_start_up_check_runs_before_any_actor(ray_cluster):
         config.build_algo()  # raised by setup before it builds the learners and rollout actors
 
 
+def test_every_prompt_too_long_stops_the_run_with_the_reason(ray_cluster):
+    from actors.rollout import PromptsExhausted
+
+    config = demo_config("llm.max_prompt_tokens=8")
+    config.data(prompts=[{"prompt": "please add these numbers: " + "1 + 2 + 3 " * 20,
+                          "ground_truth": "x"}] * 6)
+    algo = config.build_algo()
+    try:
+        with pytest.raises(PromptsExhausted, match=r"no prompt could be generated for a whole "
+                                                   r"epoch .* prompt too long \(\d+ > 8 tokens\)"):
+            algo.train()
+    finally:
+        algo.stop()
+
+
 def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
     algo = demo_config("generation.colocate=true", "training.max_staleness=0").build_algo()
     try:
@@ -180,6 +195,42 @@ def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp
         assert algo.policy_version == 2 and learner_digest(algo) == digest
         result = algo.train()
         assert result["step"] == 3 and result["learner_recoveries"] == 1
+    finally:
+        algo.stop()
+
+
+def test_a_learner_dying_in_the_checkpoint_loses_nothing(ray_cluster, tmp_path, monkeypatch):
+    """The automatic checkpoint is inside recovery, and only a complete one counts; event
+    counters (a rollout actor's restart) survive the recovery."""
+    from gdpo_ray.algorithm import COMPLETE_MARKER, check_checkpoint
+
+    algo = demo_config("training.checkpoint_every=1", f"training.checkpoint_dir={tmp_path}").build_algo()
+    try:
+        algo.train()  # step_000001, complete
+        ray_cluster.kill(algo.rollouts.slots[0].handle)
+        algo.train()
+        restarts = algo.rollouts.stats["actor_restarts"]
+        assert restarts >= 1
+        learners = algo.learners
+        real = learners.call
+
+        def die_while_saving(method, *args):
+            if method == "save_checkpoint":  # the driver's state is written, the learner dies
+                ray_cluster.kill(learners.learners[0])
+            return real(method, *args)
+
+        monkeypatch.setattr(learners, "call", die_while_saving)
+        algo.train()  # update ok, then the checkpoint of step 3 fails: recovered from step 2
+        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 2
+        assert algo.rollouts.stats["actor_restarts"] >= restarts  # not rolled back
+        partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+        assert partial and not (partial[0] / COMPLETE_MARKER).exists()
+        with pytest.raises(ValueError, match="an incomplete checkpoint"):
+            check_checkpoint(str(partial[0]))
+        assert not (tmp_path / "step_000003").exists()
+        result = algo.train()  # step 3 again, checkpointed this time
+        assert result["step"] == 3 and (tmp_path / "step_000003" / COMPLETE_MARKER).exists()
+        assert result["rollout/actor_restarts"] >= restarts
     finally:
         algo.stop()
 

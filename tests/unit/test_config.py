@@ -124,11 +124,15 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
     import pickle
 
-    from gdpo_ray.algorithm import resume_changes
+    from gdpo_ray.algorithm import COMPLETE_MARKER, resume_changes
 
     saved = good().training(lr=2e-4)
     with open(tmp_path / "class_and_ctor_args.pkl", "wb") as f:  # as RLlib writes a checkpoint
         pickle.dump({"class": None, "ctor_args_and_kwargs": ((saved.get_state(),), {})}, f)
+    # a save cut short has no completion marker: refused, naming the complete ones beside it
+    with pytest.raises(ValueError, match="an incomplete checkpoint .* no gdpo_checkpoint_complete"):
+        resume_changes(good().training(lr=2e-4), str(tmp_path))
+    (tmp_path / COMPLETE_MARKER).write_text("")
     assert resume_changes(good().training(lr=2e-4), str(tmp_path)) == []
     assert resume_changes(good().training(lr=1e-5, max_staleness=1), str(tmp_path)) == [
         ("max_staleness", 0, 1), ("lr", 2e-4, 1e-5)]

@@ -41,7 +41,8 @@ def folder(tmp_path, monkeypatch):
             return [0.0 for _ in completions]
     '''))
     config = {
-        "llm": {"model_path": "tiny"},
+        "llm": {"model_path": "tiny", "max_prompt_tokens": 256},
+        "generation": {"max_tokens": 32},
         "data": {"prompts": "data.jsonl", "prompt_column": "question"},
         "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [
             {"name": "correct", "fn": f"{module}:correct", "weight": 2.0},
@@ -146,6 +147,13 @@ def test_overrides_after_resume_and_relative_checkpoints(folder, capsys):
     assert main(["train", "config.yaml", "--resume", "runs/old/checkpoints/final",
                  "run.name=new", "run.steps=2"]) == 2
     assert f"--resume {ckpt}: not a gdpo-ray checkpoint" in capsys.readouterr().err
+
+
+def test_prompt_and_response_must_fit_the_model(folder, capsys):
+    fails(capsys, folder, "train", "config.yaml", "llm.max_prompt_tokens=1000",
+          "generation.max_tokens=100",
+          match="llm.max_prompt_tokens (1000) + generation.max_tokens (100) = 1100 tokens exceed "
+                "the model's context length (1024 positions")
 
 
 def test_list_and_version(capsys):
