@@ -351,6 +351,14 @@ class RolloutGroup:
             self._ray.kill(slot.handle)
             self._replace(slot)
 
+    def restart(self, handles: Sequence[Any]) -> None:
+        """Replaces the actors ``handles`` (dead, or stuck in a broken weight broadcast): their
+        calls in flight are re-issued, each gets a fresh actor."""
+        for slot in [s for s in self.slots if any(s.handle is h for h in handles)]:
+            self._reissue(slot.calls)
+            self._ray.kill(slot.handle)
+            self._replace(slot)
+
     def _replace(self, slot: _Slot) -> None:
         fresh = self._start_actor(self.slots.index(slot))
         slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []

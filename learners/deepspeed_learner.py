@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import socket
 import time
@@ -26,6 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,6 +453,12 @@ def _hash_nested(h, value) -> None:
         h.update(repr(value).encode())
 
 
+class _BrokenBroadcast(Exception):
+    def __init__(self, actors: list, cause: Any) -> None:
+        super().__init__(str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__)
+        self.actors = actors
+
+
 class LearnerGroup:
     """N learners in a placement group (gang-scheduled), one process group among them."""
 
@@ -511,20 +520,66 @@ class LearnerGroup:
         """New weights to every rollout actor over a broadcast from learner rank 0, bypassing
         the object store: NCCL when learner and engines are all on CUDA (vLLM engines through
         vLLM's weight transfer), else gloo; ``self.broadcast_backend`` says which. The group is
-        (re)built when the actors changed. Returns the largest bucket's bytes."""
+        (re)built when the actors changed. Returns the largest bucket's bytes.
+
+        A rollout actor that dies before or during a push costs no more than that push: the
+        group is dropped (rebuilt at the next push), every actor whose part did not complete
+        (the dead one, and survivors left waiting inside a collective) is replaced with its work
+        re-issued (``RolloutGroup.restart``), and this version goes out through the object
+        store. A dead learner raises (the algorithm's learner recovery)."""
+        ray = self._ray
+        rollouts.pump(0)  # actors that died since the last push (their calls failed): replaced
         actors = [s.handle for s in rollouts.slots]
-        if getattr(self, "_broadcast_members", None) != actors:
-            host, port = self._ray.get(self.learners[0].address.remote())
-            world = 1 + len(actors)
-            agreed = self._ray.get([self.learners[0].open_broadcast.remote(host, port, world)] +
-                                   [a.join_broadcast.remote(host, port, i + 1, world) for i, a in enumerate(actors)])
-            self.broadcast_backend = agreed[0]
-            self._broadcast_members = actors
-        receiving = [a.receive_weights.remote(version) for a in actors]
-        peak = self._ray.get([learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners])[0]
-        self._ray.get(receiving)
+        parts: list[tuple[Any, Any]] = []  # (actor, ref of its part of this push)
+        try:
+            if getattr(self, "_broadcast_members", None) != actors:
+                self._broadcast_members = None
+                host, port = ray.get(self.learners[0].address.remote())
+                world = 1 + len(actors)
+                parts = [(a, a.join_broadcast.remote(host, port, i + 1, world)) for i, a in enumerate(actors)]
+                self.broadcast_backend = self._settle(
+                    [self.learners[0].open_broadcast.remote(host, port, world)], parts)[0]
+                self._broadcast_members = actors
+            parts = [(a, a.receive_weights.remote(version)) for a in actors]
+            peak = self._settle([learner.broadcast_weights.remote(bucket_bytes)
+                                 for learner in self.learners], parts)[0]
+        except _BrokenBroadcast as broken:
+            logger.warning("weight broadcast of version %d failed (%s); replacing %d rollout "
+                           "actor(s) and pushing through the object store", version, broken,
+                           len(broken.actors))
+            self._broadcast_members = None
+            rollouts.restart(broken.actors)
+            return self.push_weights(rollouts, version, bucket_bytes)
         rollouts.on_update(version, None)
         return peak
+
+    def _settle(self, learner_refs: list, parts: list[tuple[Any, Any]], grace_s: float = 10.0) -> list:
+        """The learners' results of a broadcast step whose other members are ``parts``. Raises
+        a learner's death as it is; any other failure as ``_BrokenBroadcast`` naming the actors
+        whose part did not complete (those still waiting ``grace_s`` after the learners gave up
+        are stuck in the collective)."""
+        ray = self._ray
+        try:
+            results = ray.get(learner_refs)
+            failed = None
+        except ray.exceptions.RayActorError:
+            raise  # a learner died: not the broadcast's to handle
+        except ray.exceptions.RayTaskError as err:  # e.g. gloo: "Connection closed by peer"
+            results, failed = None, err
+        refs = [ref for _, ref in parts]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s if failed else None)
+        broken = []
+        for actor, ref in parts:
+            if ref not in done:
+                broken.append(actor)
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                broken.append(actor)
+        if failed is not None or broken:
+            raise _BrokenBroadcast(broken or [a for a, _ in parts], failed or "a rollout actor died")
+        return results
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """The same method on every learner (collectives need all ranks)."""

@@ -107,6 +107,39 @@ def test_the_start_up_check_runs_before_any_actor(ray_cluster):
         config.build_algo()  # raised by setup before it builds the learners and rollout actors
 
 
+@pytest.mark.parametrize("when", ["between steps", "during the broadcast"])
+def test_broadcast_weight_sync_survives_a_dead_rollout_actor(ray_cluster, when, monkeypatch):
+    config = demo_config("training.weight_sync=broadcast", "env_runners.num_env_runners=2",
+                         "training.max_staleness=0")
+    algo = config.build_algo()
+    try:
+        algo.train()
+        victim = algo.rollouts.slots[0].handle
+        if when == "between steps":
+            ray_cluster.kill(victim)
+        else:  # the actor dies as the push starts: its receive never runs
+            real = victim.receive_weights
+
+            class Dying:
+                def remote(self, *args):
+                    ray_cluster.kill(victim)
+                    return real.remote(*args)
+
+            monkeypatch.setattr(victim, "receive_weights", Dying())
+        results = [algo.train() for _ in range(2)]
+        assert [r["step"] for r in results] == [2, 3]
+        assert results[-1]["rollout/actor_restarts"] >= 1
+        # every rollout actor (the replacement too) holds the learner's weights
+        digests = ray_cluster.get([s.handle.weights_digest.remote() for s in algo.rollouts.slots])
+        assert set(digests) == {learner_digest(algo)}
+        p = algo.prompts
+        outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
+        assert outcomes.count("trained") == 12
+        assert p.in_flight == len(algo.buffer) + algo.rollouts.in_flight
+    finally:
+        algo.stop()
+
+
 def test_every_prompt_too_long_stops_the_run_with_the_reason(ray_cluster):
     from actors.rollout import PromptsExhausted
 
