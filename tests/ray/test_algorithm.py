@@ -13,6 +13,14 @@ def demo_config(*overrides: str) -> GDPOConfig:
     return apply_sections(GDPOConfig(), load_preset("demo", base + list(overrides)))
 
 
+def assert_every_prompt_accounted_for(algo, trained: int) -> None:
+    """Every prompt handed out is in exactly one state: trained, filtered or in flight."""
+    p = algo.prompts
+    outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
+    assert outcomes.count("trained") == trained
+    assert p.in_flight == len(algo.buffer) + algo.rollouts.in_flight
+
+
 def learner_digest(algo) -> str:
     return algo.learners.call("weights_digest")[0]
 
@@ -51,11 +59,7 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         calls = list(algo.rollouts.calls_timing)
         assert any(c["start"] < end and c["end"] > start
                    for start, end in algo.update_intervals[1:] for c in calls)
-        # every prompt handed out is in exactly one state
-        p = algo.prompts
-        outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
-        assert outcomes.count("trained") == 12
-        assert p.in_flight == len(algo.buffer) + algo.rollouts.in_flight
+        assert_every_prompt_accounted_for(algo, trained=12)
     finally:
         algo.stop()
 
@@ -132,10 +136,7 @@ def test_broadcast_weight_sync_survives_a_dead_rollout_actor(ray_cluster, when, 
         # every rollout actor (the replacement too) holds the learner's weights
         digests = ray_cluster.get([s.handle.weights_digest.remote() for s in algo.rollouts.slots])
         assert set(digests) == {learner_digest(algo)}
-        p = algo.prompts
-        outcomes = [s for e in range(p.epoch + 1) for s in p.outcomes(e).values()]
-        assert outcomes.count("trained") == 12
-        assert p.in_flight == len(algo.buffer) + algo.rollouts.in_flight
+        assert_every_prompt_accounted_for(algo, trained=12)
     finally:
         algo.stop()
 
