@@ -16,22 +16,12 @@ a count, and their prompts are handed back to be re-issued.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from typing import Any, Sequence
 
 import pyarrow as pa
 
-
-@dataclasses.dataclass(frozen=True)
-class GroupRef:
-    """One group: rows ``start:stop`` of the record batch ``ray.get(ref)``."""
-
-    ref: Any  # ray.ObjectRef of a pyarrow.RecordBatch holding whole groups
-    start: int
-    stop: int
-    group_id: str
-    policy_version: int
+from gdpo_ray.groups import GroupRef
 
 
 class ArrowBuffer:
@@ -97,13 +87,6 @@ class ArrowBuffer:
     def release(self, n: int) -> None:
         """``n`` taken groups were filtered out (not trained): their places are free again."""
         self.accepted -= n
-
-    def discard(self, group_ids: set[str]) -> list[GroupRef]:
-        """Removes the given groups (e.g. their object was lost); returns what was removed."""
-        removed = [g for g in self._entries if g.group_id in group_ids]
-        self._entries = deque(g for g in self._entries if g.group_id not in group_ids)
-        self.accepted -= len(removed)
-        return removed
 
     def state_dict(self) -> dict:
         """Counters and the buffered groups themselves (their Arrow payload, IPC-serialized)."""

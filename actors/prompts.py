@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from gdpo_ray.data import Rows, read_rows
+from gdpo_ray.data import Rows, read_dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class PromptSource:
     """Seeded epochs over a dataset, with the state of every prompt handed out.
 
     Args:
-        data: see ``gdpo_ray.data.read_rows``.
+        data: see ``gdpo_ray.data.read_dataset``.
         prompt_column: the column holding the prompt text or chat messages.
         id_column: a column of unique prompt ids (default: the row number).
         seed: the order of epoch e is a permutation drawn from (seed, e).
@@ -52,7 +52,7 @@ class PromptSource:
 
     def __init__(self, data: Any, prompt_column: str = "prompt", id_column: str | None = None,
                  seed: int = 0, columns: Mapping[str, str] | None = None) -> None:
-        source = read_rows(data)
+        source = read_dataset(data)
         self._rows = [dict(r) for r in source.rows]
         names = list(self._rows[0])
         for name, path in (columns or {}).items():

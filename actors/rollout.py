@@ -26,10 +26,11 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from actors.buffer import ArrowBuffer, GroupRef
+from actors.buffer import ArrowBuffer
 from actors.engines import SamplingParams, make_engine
 from actors.prompts import Prompt, PromptSource
-from gdpo_ray.batch import GroupData, build_groups, group_bounds
+from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups, group_bounds
+from gdpo_ray.groups import GroupRef
 from gdpo_ray.rewards import TrainerState
 
 
@@ -159,7 +160,7 @@ class RolloutActor:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
-    def generate(self, prompts: Sequence[Prompt]) -> tuple[dict, pa.RecordBatch | None]:
+    def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
         """-> (metadata, one record batch of the complete groups). Use with num_returns=2."""
         start, wall_start = time.perf_counter(), time.time()
         version, filtered, kept, ids = self.version, [], [], []
@@ -170,9 +171,8 @@ class RolloutActor:
             else:
                 kept.append(p)
                 ids.append(tokens)
-        meta = {"groups": [], "filtered": filtered, "tokens": 0}
         if not kept:
-            return meta, None
+            return CallMeta(groups=[], filtered=filtered), None
         samples = self.engine.generate(ids, self.group_size, self.sampling)
         t_generate = time.perf_counter()
         flat = [s for group in samples for s in group]
@@ -201,10 +201,10 @@ class RolloutActor:
                 task_columns=p.columns,
             ))
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
-        meta["groups"] = [(gid, start, stop, version) for gid, start, stop in group_bounds(batch)]
-        meta["tokens"] = sum(len(s.token_ids) for s in flat)
-        meta["timing"] = {"generate_s": t_generate - start, "score_s": time.perf_counter() - t_generate,
-                          "start": wall_start, "end": time.time()}
+        timing = CallTiming(generate_s=t_generate - start, score_s=time.perf_counter() - t_generate,
+                            start=wall_start, end=time.time())
+        meta = CallMeta(groups=[(gid, a, b, version) for gid, a, b in group_bounds(batch)],
+                        filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
         return meta, batch
 
     def shutdown(self) -> None:
@@ -264,7 +264,7 @@ class RolloutGroup:
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
         self._filtered_in_a_row = 0  # prompts filtered since a group was last generated
         # the latest finished calls: generate_s, score_s and wall-clock start, end
-        self.calls_timing: collections.deque[dict] = collections.deque(maxlen=4096)
+        self.calls_timing: collections.deque[CallTiming] = collections.deque(maxlen=4096)
         self.resize(num_actors)
 
     @property
@@ -389,27 +389,27 @@ class RolloutGroup:
         except self._ray.exceptions.ObjectLostError:
             self._reissue([call])
             return
-        for group_id, reason in meta["filtered"]:
+        for group_id, reason in meta.filtered:
             self.prompts.mark_filtered(group_id, reason)
-        self.stats["filtered"] += len(meta["filtered"])
-        self._filtered_in_a_row = 0 if meta["groups"] else self._filtered_in_a_row + len(meta["filtered"])
+        self.stats["filtered"] += len(meta.filtered)
+        self._filtered_in_a_row = 0 if meta.groups else self._filtered_in_a_row + len(meta.filtered)
         if self._filtered_in_a_row >= len(self.prompts):
             raise PromptsExhausted(
                 f"no prompt could be generated for a whole epoch ({self._filtered_in_a_row} "
                 f"prompts in a row were filtered before generation; the last: "
-                f"{meta['filtered'][-1][1]}); raise llm.max_prompt_tokens (within the model's "
+                f"{meta.filtered[-1][1]}); raise llm.max_prompt_tokens (within the model's "
                 f"context, minus generation.max_tokens) or shorten the prompts")
         refs = [GroupRef(call.batch, start, stop, gid, version)
-                for gid, start, stop, version in meta["groups"]]
+                for gid, start, stop, version in meta.groups]
         stale = self.buffer.add(refs)
         self.prompts.reissue(stale)
         self.stats["reissued"] += len(stale)
         self.stats["groups"] += len(refs) - len(stale)
-        self.stats["tokens"] += meta["tokens"]
-        if "timing" in meta:
-            self.calls_timing.append(meta["timing"])
-            self.stats["generate_s"] += meta["timing"]["generate_s"]
-            self.stats["score_s"] += meta["timing"]["score_s"]
+        self.stats["tokens"] += meta.tokens
+        if meta.timing is not None:
+            self.calls_timing.append(meta.timing)
+            self.stats["generate_s"] += meta.timing.generate_s
+            self.stats["score_s"] += meta.timing.score_s
 
     def _reissue(self, calls: list[_Call]) -> None:
         for call in calls:
@@ -441,31 +441,3 @@ class RolloutGroup:
                 pass
             self._ray.kill(slot.handle)
         self.slots = []
-
-
-def _objects(refs: Sequence[GroupRef]) -> dict:
-    """ObjectRef -> record batch, one ray.get for the distinct objects of ``refs``."""
-    import ray
-
-    unique = list(dict.fromkeys(g.ref for g in refs))
-    return dict(zip(unique, ray.get(unique)))
-
-
-def read_groups(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
-    """One record batch per group of ``refs`` (zero-copy slices of the object store)."""
-    objects = _objects(refs)
-    return [objects[g.ref].slice(g.start, g.stop - g.start) for g in refs]
-
-
-def read_rows(refs: Sequence[GroupRef]) -> list[pa.RecordBatch]:
-    """The rows of ``refs``, in order, as few zero-copy slices as possible: consecutive groups
-    that are consecutive rows of one object come back as one slice (a learner reads hundreds of
-    groups as a handful of batches)."""
-    runs: list[list] = []  # [ref, start, stop]
-    for g in refs:
-        if runs and runs[-1][0] == g.ref and runs[-1][2] == g.start:
-            runs[-1][2] = g.stop
-        else:
-            runs.append([g.ref, g.start, g.stop])
-    objects = _objects(refs)
-    return [objects[ref].slice(start, stop - start) for ref, start, stop in runs]

@@ -82,7 +82,7 @@ class Producer:
 
 class Learner:
     def arrow(self, refs) -> int:
-        from actors.rollout import read_rows
+        from gdpo_ray.groups import read_rows
 
         tokens = 0
         for batch in read_rows(refs):
@@ -114,7 +114,8 @@ class Learner:
 def run(args) -> dict:
     import ray
 
-    from actors.buffer import ArrowBuffer, GroupRef
+    from actors.buffer import ArrowBuffer
+    from gdpo_ray.groups import GroupRef
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,

@@ -38,7 +38,7 @@ class PlainTorch:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
 
     def update(self, groups, advantages) -> float:
-        from actors.rollout import read_groups
+        from gdpo_ray.groups import read_groups
         from gdpo_ray.losses import PolicyLossConfig, policy_loss
         from learners.deepspeed_learner import _rows, plan_micro_batches
 
@@ -88,7 +88,7 @@ def main() -> None:
 
     import ray
 
-    from actors.buffer import GroupRef
+    from gdpo_ray.groups import GroupRef
     from gdpo_ray.batch import GroupData, build_groups, group_bounds
     from gdpo_ray.tiny_model import build_tiny_model
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup

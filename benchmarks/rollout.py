@@ -52,7 +52,7 @@ def measure(engine: str, model: str, args) -> dict:
             batch_prompts = source.take(args.prompts)
             start = time.perf_counter()
             meta, _ = actor.generate(batch_prompts)
-            actor_tps.append(meta["tokens"] / (time.perf_counter() - start))
+            actor_tps.append(meta.tokens / (time.perf_counter() - start))
     finally:
         actor.shutdown()
     raw, through = max(raw_tps), max(actor_tps)

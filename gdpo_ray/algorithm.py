@@ -35,6 +35,8 @@ from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files, preflight
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
+from gdpo_ray.batch import rewards_matrix
+from gdpo_ray.groups import read_groups
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +294,7 @@ class GDPO(Algorithm):
             self._scale_rollouts()
             groups, batches, filtered = self._take_groups()
         with _timed(timers, "advantages"):
-            rewards, index = _rewards_and_index(batches)
+            rewards, index = rewards_matrix(batches)
             errors = [e for b in batches for e in b.column("reward_errors").to_pylist()]
             self._watch_failures(step, rewards, errors)  # stops a run whose reward always fails
             details = _advantage_details(rewards, index, c, self.reward_weights)
@@ -322,8 +324,6 @@ class GDPO(Algorithm):
 
     def _take_groups(self):
         """B groups (fewer only if dynamic sampling ran out of refills) and their record batches."""
-        from actors.rollout import read_groups
-
         c = self.config
         kept, batches, filtered = [], [], 0
         for _ in range(c.max_refills + 1):
@@ -332,7 +332,7 @@ class GDPO(Algorithm):
             taken = self.buffer.take(need)
             got = read_groups(taken)
             if c.dynamic_sampling:
-                informative = informative_groups(*_rewards_and_index(got), estimator=c.estimator,
+                informative = informative_groups(*rewards_matrix(got), estimator=c.estimator,
                                                  weights=self.reward_weights, eps=c.eps)
                 for g, ok in zip(taken, informative):
                     if not ok:
@@ -503,7 +503,7 @@ class GDPO(Algorithm):
         aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
         Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
                                     use_msgpack=use_msgpack)
-        self.learners.call("save_checkpoint", str(aside / "learner"))
+        self.learners.save_checkpoint(str(aside / "learner"))
         (aside / COMPLETE_MARKER).write_text(f"policy_version {self.policy_version}\n")
         if final.exists() and any(final.iterdir()):
             old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
@@ -519,13 +519,13 @@ class GDPO(Algorithm):
     def restore_from_path(self, path, *args, **kwargs) -> None:
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
         Checkpointable.restore_from_path(self, path, *args, **kwargs)
-        self.learners.call("load_checkpoint", str(pathlib.Path(path) / "learner"))
+        self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
         self.learners.push_weights(self.rollouts, self.policy_version,
                                    int(self.config.weight_bucket_mb) << 20)
 
     def export_policy(self, path: str) -> str:
         """The current policy as a Hugging Face model directory (from_pretrained / vLLM)."""
-        self.learners.call("export_hf", str(path))
+        self.learners.export_hf(str(path))
         return str(path)
 
 
@@ -542,15 +542,6 @@ class _timed:
 
     def __exit__(self, *exc):
         self.timers[self.name] = time.perf_counter() - self.start
-
-
-def _rewards_and_index(batches) -> tuple[np.ndarray, np.ndarray]:
-    """[N, K] rewards of the step's rollouts (groups contiguous) and their [N] group index."""
-    rewards = np.concatenate([
-        b.column("rewards").flatten().to_numpy(zero_copy_only=False).reshape(b.num_rows, -1)
-        for b in batches])
-    index = np.repeat(np.arange(len(batches)), [b.num_rows for b in batches])
-    return rewards, index
 
 
 def _advantage_details(rewards, index, c, weights):

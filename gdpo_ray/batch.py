@@ -1,4 +1,6 @@
-"""The Arrow record of one prompt group (DESIGN.md §3), and its conversion for the learner.
+"""The Arrow record of one prompt group (DESIGN.md §3), what a rollout call reports beside it
+(``CallMeta``), and the batch's ``[N, K]`` rewards (``rewards_matrix``). Pure: no Ray
+(``gdpo_ray.groups`` holds the references into the object store and their readers).
 
 One group of G rollouts = G contiguous rows; an object in Ray's store holds one RecordBatch with
 one or more whole groups (each a zero-copy slice). Columns (names are the contract):
@@ -199,46 +201,31 @@ def check_group(batch: pa.RecordBatch) -> None:
         raise ValueError("the batch holds several groups")
 
 
-def to_tensors(batches: Sequence[pa.RecordBatch], pad_token_id: int = 0) -> dict[str, Any]:
-    """Padded torch tensors of several groups, for a learner.
+@dataclasses.dataclass(frozen=True)
+class CallTiming:
+    """Seconds a rollout call spent generating and scoring, and its wall-clock span."""
 
-    Returns (B groups, N = sum of G rows, P/R = longest prompt/response):
-        prompt_ids [N, P] int64, left-padded; prompt_mask [N, P] bool
-        response_ids [N, R] int64, right-padded; response_mask [N, R] bool
-        rollout_logprobs [N, R] float32 (0 where padded)
-        rewards [N, K] float32; group_index [N] int64 (0..B-1); policy_version [N] int64
-    """
-    import torch
-
-    prompt_ids, prompt_mask = _pad([b.column("prompt_token_ids") for b in batches], pad_token_id,
-                                   left=True)
-    response_ids, response_mask = _pad([b.column("response_token_ids") for b in batches],
-                                       pad_token_id)
-    logprobs, _ = _pad([b.column("response_logprobs") for b in batches], 0.0)
-    k = batches[0].schema.field("rewards").type.list_size
-    rewards = np.concatenate([b.column("rewards").flatten().to_numpy() for b in batches]).reshape(-1, k)
-    sizes = [b.num_rows for b in batches]
-    return {
-        "prompt_ids": torch.from_numpy(prompt_ids.astype(np.int64)),
-        "prompt_mask": torch.from_numpy(prompt_mask),
-        "response_ids": torch.from_numpy(response_ids.astype(np.int64)),
-        "response_mask": torch.from_numpy(response_mask),
-        "rollout_logprobs": torch.from_numpy(logprobs),
-        "rewards": torch.from_numpy(rewards),
-        "group_index": torch.from_numpy(np.repeat(np.arange(len(batches)), sizes)),
-        "policy_version": torch.from_numpy(
-            np.concatenate([b.column("policy_version").to_numpy() for b in batches])),
-    }
+    generate_s: float
+    score_s: float
+    start: float
+    end: float
 
 
-def _pad(columns: list[pa.Array], pad: Any, left: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged list columns -> [N, L] padded values and [N, L] mask, without a per-row loop."""
-    values = np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in columns])
-    lengths = np.concatenate([np.diff(c.offsets.to_numpy()) for c in columns]).astype(np.int64)
-    n, width = len(lengths), int(lengths.max()) if len(lengths) else 0
-    out = np.full((n, width), pad, dtype=values.dtype)
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    if left:
-        mask = mask[:, ::-1]
-    out[mask] = values
-    return out, np.ascontiguousarray(mask)
+@dataclasses.dataclass(frozen=True)
+class CallMeta:
+    """What a rollout call reports beside its record batch (the driver reads only this)."""
+
+    groups: list[tuple[str, int, int, int]]  # (group_id, first row, end row, policy version)
+    filtered: list[tuple[str, str]]  # (group_id, reason) of prompts not generated
+    tokens: int = 0  # response tokens generated
+    timing: CallTiming | None = None  # None when nothing was generated
+
+
+def rewards_matrix(batches: Sequence[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] float32 rewards of the rollouts of ``batches`` (each one or more whole groups,
+    contiguous; NaN = not computed) and their [N] group index (one group per batch)."""
+    rewards = np.concatenate([
+        b.column("rewards").flatten().to_numpy(zero_copy_only=False).reshape(b.num_rows, -1)
+        for b in batches])
+    index = np.repeat(np.arange(len(batches)), [b.num_rows for b in batches])
+    return rewards, index

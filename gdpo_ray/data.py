@@ -1,6 +1,6 @@
 """Reading a prompt dataset into rows, with errors that name the file and the 1-based line.
 
-``read_rows(data)`` takes a parquet or jsonl path (``.jsonl``, or ``.json`` holding JSON lines or
+``read_dataset(data)`` takes a parquet or jsonl path (``.jsonl``, or ``.json`` holding JSON lines or
 one JSON array), a Hugging Face ``datasets.Dataset``, an Arrow table or a list of dicts, and
 returns ``Rows``: plain dicts, every row with the same keys (a key missing from a row is None
 there), and where each row came from, for messages. JSON lines are read one line at a time with
@@ -37,7 +37,7 @@ class Rows:
 _CACHE: dict[tuple, Rows] = {}
 
 
-def read_rows(data: Any) -> Rows:
+def read_dataset(data: Any) -> Rows:
     if isinstance(data, Rows):
         return data
     if isinstance(data, (str, Path)):

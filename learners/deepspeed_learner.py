@@ -198,7 +198,7 @@ class DeepSpeedLearner:
     def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
         """One policy update over this rank's share: whole groups (GroupRefs, read zero-copy
         here) and the advantages of their rows, in order."""
-        from actors.rollout import read_rows
+        from gdpo_ray.groups import read_rows
 
         cfg = self.config
         start = time.perf_counter()
@@ -512,7 +512,7 @@ class LearnerGroup:
     def push_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
         """New weights to every rollout actor (``RolloutGroup.on_update``); returns the largest
         bucket's bytes."""
-        refs, peak = self.call("weight_buckets", bucket_bytes)[0]
+        refs, peak = self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
         rollouts.on_update(version, refs)
         return peak
 
@@ -581,9 +581,33 @@ class LearnerGroup:
             raise _BrokenBroadcast(broken or [a for a, _ in parts], failed or "a rollout actor died")
         return results
 
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """The same method on every learner (collectives need all ranks)."""
-        return self._ray.get([getattr(learner, method).remote(*args) for learner in self.learners])
+    def _on_all(self, call) -> list[Any]:
+        """``call(learner)`` (an ObjectRef) on every learner, results in rank order
+        (collectives need all ranks)."""
+        return self._ray.get([call(learner) for learner in self.learners])
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, scheduler, RNG and step of every rank, under ``path``."""
+        self._on_all(lambda learner: learner.save_checkpoint.remote(path))
+
+    def load_checkpoint(self, path: str) -> int:
+        """``save_checkpoint``'s state back; returns the learner step."""
+        return self._on_all(lambda learner: learner.load_checkpoint.remote(path))[0]
+
+    def export_hf(self, path: str) -> None:
+        """The policy as a Hugging Face model directory (rank 0 writes it)."""
+        self._on_all(lambda learner: learner.export_hf.remote(path))
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """The full weights (rank 0's, gathered under ZeRO-3)."""
+        return self._on_all(lambda learner: learner.get_weights.remote())[0]
+
+    def weights_digests(self) -> list[str]:
+        """sha256 of every rank's parameters (equal on all ranks)."""
+        return self._on_all(lambda learner: learner.weights_digest.remote())
+
+    def optimizer_digests(self) -> list[str]:
+        return self._on_all(lambda learner: learner.optimizer_digest.remote())
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group

@@ -37,7 +37,7 @@ def test_smollm2_generates_with_its_chat_template(smollm2):
                         batch.column("response_logprobs").to_pylist()):
         assert actor.tokenizer.decode(ids, skip_special_tokens=True).strip()  # real text
         assert all(math.isfinite(x) and x <= 0 for x in lps)
-    assert meta["groups"][0][0] == prompt[0].group_id
+    assert meta.groups[0][0] == prompt[0].group_id
 
 
 def test_smollm2_math_preset_trains_a_step(ray_cluster):
@@ -50,9 +50,9 @@ def test_smollm2_math_preset_trains_a_step(ray_cluster):
         "training.prompts_per_step=2", "training.group_size=2", "generation.max_tokens=48"]))
     algo = config.build_algo()
     try:
-        before = algo.learners.call("weights_digest")[0]
+        before = algo.learners.weights_digests()[0]
         result = algo.train()
-        changed = algo.learners.call("weights_digest")[0] != before
+        changed = algo.learners.weights_digests()[0] != before
     finally:
         algo.stop()
     assert 0 <= result["rewards/correct/mean"] <= 1 and 0 <= result["rewards/length/mean"] <= 1

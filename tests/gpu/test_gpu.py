@@ -115,7 +115,7 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
             learners.update(fixed_batch, ADV)
             peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
             pushes.append((ray_cluster.get(actor.weights_digest.remote()),
-                           ray_cluster.get(actor.policy_version.remote()), learners.call("weights_digest")[0]))
+                           ray_cluster.get(actor.policy_version.remote()), learners.weights_digests()[0]))
         backend = learners.broadcast_backend
     finally:
         learners.shutdown()
@@ -149,7 +149,7 @@ def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray
         learners.broadcast_weights(rollouts, 1)
         greedy_after = ray_cluster.get(actor.greedy.remote(prompts, 8))
         version = ray_cluster.get(actor.policy_version.remote())
-        weights = learners.call("get_weights")[0]
+        weights = learners.get_weights()
         backend = learners.broadcast_backend
     finally:
         learners.shutdown()

@@ -22,7 +22,7 @@ def assert_every_prompt_accounted_for(algo, trained: int) -> None:
 
 
 def learner_digest(algo) -> str:
-    return algo.learners.call("weights_digest")[0]
+    return algo.learners.weights_digests()[0]
 
 
 def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
@@ -57,7 +57,7 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         assert ray_cluster.get(actor.weights_digest.remote()) == learner_digest(algo)
         # overlap (max_staleness = 1): some generation ran while a step was being learned
         calls = list(algo.rollouts.calls_timing)
-        assert any(c["start"] < end and c["end"] > start
+        assert any(c.start < end and c.end > start
                    for start, end in algo.update_intervals[1:] for c in calls)
         assert_every_prompt_accounted_for(algo, trained=12)
     finally:
@@ -192,7 +192,7 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
         algo.train()
         algo.train()
         path = algo.save_to_path(str(tmp_path / "ckpt"))
-        saved = {"digest": learner_digest(algo), "opt": algo.learners.call("optimizer_digest")[0],
+        saved = {"digest": learner_digest(algo), "opt": algo.learners.optimizer_digests()[0],
                  "prompts": algo.prompts.state_dict(algo.buffer.group_ids()),
                  "buffered": algo.buffer.group_ids()}
         algo.train()  # the original run goes on; the restored one starts from step 2
@@ -202,7 +202,7 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
     try:
         assert restored.policy_version == 2 and restored.iteration == 2
         assert learner_digest(restored) == saved["digest"]
-        assert restored.learners.call("optimizer_digest")[0] == saved["opt"]
+        assert restored.learners.optimizer_digests()[0] == saved["opt"]
         assert restored.buffer.group_ids() == saved["buffered"]
         assert restored.prompts.state_dict(saved["buffered"]) == saved["prompts"]
         actor = restored.rollouts.slots[0].handle
@@ -246,14 +246,13 @@ def test_a_learner_dying_in_the_checkpoint_loses_nothing(ray_cluster, tmp_path, 
         restarts = algo.rollouts.stats["actor_restarts"]
         assert restarts >= 1
         learners = algo.learners
-        real = learners.call
+        real = learners.save_checkpoint
 
-        def die_while_saving(method, *args):
-            if method == "save_checkpoint":  # the driver's state is written, the learner dies
-                ray_cluster.kill(learners.learners[0])
-            return real(method, *args)
+        def die_while_saving(path):  # the driver's state is written, then a learner dies
+            ray_cluster.kill(learners.learners[0])
+            return real(path)
 
-        monkeypatch.setattr(learners, "call", die_while_saving)
+        monkeypatch.setattr(learners, "save_checkpoint", die_while_saving)
         algo.train()  # update ok, then the checkpoint of step 3 fails: recovered from step 2
         assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 2
         assert algo.rollouts.stats["actor_restarts"] >= restarts  # not rolled back

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from actors.buffer import GroupRef
+from gdpo_ray.groups import GroupRef
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
 from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
@@ -50,7 +50,7 @@ def test_update_lowers_the_loss_and_replicas_agree(ray_cluster, tiny_model_dir, 
     group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, precision=precision), num_learners=learners)
     try:
         m = group.update(fixed_batch, ADV)
-        digests = group.call("weights_digest")
+        digests = group.weights_digests()
     finally:
         group.shutdown()
     # four epochs over the same batch against the policy at its start: the surrogate goes down
@@ -63,9 +63,9 @@ def test_one_and_two_learners_compute_the_same_update(ray_cluster, tiny_model_di
     for n in (1, 2):
         group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=n)
         try:
-            start = group.call("get_weights")[0]
+            start = group.get_weights()
             m = group.update(fixed_batch, ADV)
-            weights.append(group.call("get_weights")[0])
+            weights.append(group.get_weights())
         finally:
             group.shutdown()
         losses.append((m["loss"], m["tokens"]))
@@ -85,12 +85,12 @@ def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_pat
     group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=1)
     try:
         group.update(fixed_batch, ADV)
-        group.call("save_checkpoint", str(tmp_path))
-        saved = group.call("weights_digest") + group.call("optimizer_digest")
+        group.save_checkpoint(str(tmp_path))
+        saved = group.weights_digests() + group.optimizer_digests()
         group.update(fixed_batch, ADV)
-        assert group.call("weights_digest") != saved[:1]
-        assert group.call("load_checkpoint", str(tmp_path)) == [1]
-        assert group.call("weights_digest") + group.call("optimizer_digest") == saved
+        assert group.weights_digests() != saved[:1]
+        assert group.load_checkpoint(str(tmp_path)) == 1
+        assert group.weights_digests() + group.optimizer_digests() == saved
     finally:
         group.shutdown()
 
@@ -105,11 +105,11 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
         greedy_before = ray_cluster.get(rollouts.slots[0].handle.greedy.remote(prompts, 8))
         for _ in range(3):
             learners.update(fixed_batch, ADV)
-        weights = learners.call("get_weights")[0]  # rank 0 gathers the ZeRO-3 shards
+        weights = learners.get_weights()  # rank 0 gathers the ZeRO-3 shards
         rollouts.set_weights(1, ray_cluster.put(weights))
         after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
         greedy_after = ray_cluster.get([s.handle.greedy.remote(prompts, 8) for s in rollouts.slots])
-        learner_digest = learners.call("weights_digest")[0]
+        learner_digest = learners.weights_digests()[0]
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -152,7 +152,7 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
         peak = learners.push_weights(rollouts, version=1, bucket_bytes=bucket)
         after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
         versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
-        learner_digest = learners.call("weights_digest")[0]
+        learner_digest = learners.weights_digests()[0]
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -183,8 +183,8 @@ def test_export_as_hugging_face_directory(ray_cluster, tiny_model_dir, fixed_bat
     group = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
     try:
         group.update(fixed_batch, ADV)
-        group.call("export_hf", str(tmp_path / "policy"))
-        weights = group.call("get_weights")[0]
+        group.export_hf(str(tmp_path / "policy"))
+        weights = group.get_weights()
     finally:
         group.shutdown()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
@@ -204,7 +204,7 @@ def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
             peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
             after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
             versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
-            digests.append((after, versions, learners.call("weights_digest")[0]))
+            digests.append((after, versions, learners.weights_digests()[0]))
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -221,7 +221,7 @@ def test_uneven_shares_with_epochs_and_kl_under_zero3(ray_cluster, tiny_model_di
                                    loss=PolicyLossConfig(is_cap=2.0, kl_coef=0.1)), num_learners=2)
     try:
         m = learners.update(fixed_batch[:3], ADV[:12])
-        digests = learners.call("weights_digest")
+        digests = learners.weights_digests()
     finally:
         learners.shutdown()
     assert m["kl"] > 0 and np.isfinite(m["loss"]) and m["tokens"] > 0  # the policy moved off the reference

@@ -7,7 +7,8 @@ import pytest
 
 from actors.buffer import ArrowBuffer
 from actors.prompts import PromptSource
-from actors.rollout import RolloutGroup, read_groups, read_rows
+from actors.rollout import RolloutGroup
+from gdpo_ray.groups import read_groups, read_rows
 from gdpo_ray.batch import check_group, reward_names
 
 ROWS = [{"prompt": f"What is {a} + {b}?", "ground_truth": str(a + b)} for a in range(4) for b in range(4)]
@@ -182,12 +183,12 @@ def test_generation_in_flight_finishes_on_its_version(ray_cluster, tiny_model_di
         ray_cluster.get(actor.shutdown.remote())
         ray_cluster.kill(actor)
     # the call that started before the new weights keeps its version; the next one has the new one
-    assert {v for _, _, _, v in meta1["groups"]} == {0} and set(batch1.column("policy_version").to_pylist()) == {0}
-    assert {v for _, _, _, v in meta2["groups"]} == {1} and set(batch2.column("policy_version").to_pylist()) == {1}
+    assert {v for _, _, _, v in meta1.groups} == {0} and set(batch1.column("policy_version").to_pylist()) == {0}
+    assert {v for _, _, _, v in meta2.groups} == {1} and set(batch2.column("policy_version").to_pylist()) == {1}
 
 
 def test_read_rows_coalesces_consecutive_groups_of_one_object(ray_cluster):
-    from actors.buffer import GroupRef
+    from gdpo_ray.groups import GroupRef
     from gdpo_ray.batch import GroupData, build_groups
 
     def obj(tag):

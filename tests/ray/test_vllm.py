@@ -78,7 +78,8 @@ def test_vllm_loads_new_weights(engine, tiny_model_dir):
 def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup, read_groups
+    from actors.rollout import RolloutGroup
+    from gdpo_ray.groups import read_groups
 
     rows = [{"prompt": f"What is {a} + 1?", "ground_truth": str(a + 1)} for a in range(4)]
     group = RolloutGroup(

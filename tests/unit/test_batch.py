@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from gdpo_ray.batch import build_group, check_group, reward_names, to_tensors
+from gdpo_ray.batch import build_group, check_group, reward_names
 
 
 def group(gid="p/e0/a0", version=3, responses=([5, 6, 7], [8]), rewards=((1.0, np.nan), (0.0, 0.5))):
@@ -58,27 +58,14 @@ def test_check_group_names_the_broken_rule():
         check_group(wrong_type)
 
 
-def test_to_tensors_pads_exactly():
-    t = to_tensors([group("a/e0/a0", 1), group("b/e0/a0", 2, responses=([9, 9], [4, 4, 4, 4]))], pad_token_id=0)
-    assert t["response_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0], [9, 9, 0, 0], [4, 4, 4, 4]]
-    assert t["response_mask"].sum(1).tolist() == [3, 1, 2, 4]
-    assert t["prompt_ids"].tolist() == [[1, 2]] * 4 and t["prompt_mask"].all()
-    assert t["rollout_logprobs"][1].tolist() == [-0.5, 0, 0, 0]
-    assert t["group_index"].tolist() == [0, 0, 1, 1]
-    assert t["policy_version"].tolist() == [1, 1, 2, 2]
-    assert t["rewards"].shape == (4, 2)
+def test_rewards_matrix_of_batches():
+    from gdpo_ray.batch import rewards_matrix
 
-
-def test_to_tensors_left_pads_prompts():
-    a = build_group(prompt_id="a", group_id="a", prompt_token_ids=[7], response_token_ids=[[1], [1]],
-                    response_logprobs=[[0.0], [0.0]], finish_reasons=["stop"] * 2, policy_version=0,
-                    rewards=np.zeros((2, 1)), reward_errors=[[""]] * 2, reward_names=["r"])
-    b = build_group(prompt_id="b", group_id="b", prompt_token_ids=[5, 6, 7], response_token_ids=[[1], [1]],
-                    response_logprobs=[[0.0], [0.0]], finish_reasons=["stop"] * 2, policy_version=0,
-                    rewards=np.zeros((2, 1)), reward_errors=[[""]] * 2, reward_names=["r"])
-    t = to_tensors([a, b], pad_token_id=-1)
-    assert t["prompt_ids"].tolist() == [[-1, -1, 7], [-1, -1, 7], [5, 6, 7], [5, 6, 7]]
-    assert t["prompt_mask"].tolist()[0] == [False, False, True]
+    a, b = group("a/e0/a0", 1), group("b/e0/a0", 2)
+    rewards, index = rewards_matrix([a, b])
+    assert rewards.shape == (4, 2) and rewards.dtype == np.float32
+    np.testing.assert_array_equal(rewards[:2], a.column("rewards").to_pylist())
+    assert index.tolist() == [0, 0, 1, 1]
 
 
 def test_several_groups_in_one_batch_are_zero_copy_slices():
@@ -95,9 +82,10 @@ def test_several_groups_in_one_batch_are_zero_copy_slices():
     assert group_bounds(batch) == [("a/e0/a0", 0, 3), ("b/e0/a0", 3, 6), ("c/e0/a0", 6, 9)]
     assert batch.column("ground_truth").to_pylist() == [None] * 3 + ["1"] * 3 + ["2"] * 3
     second = batch.slice(3, 3)
-    t = to_tensors([second])
-    assert t["rewards"].tolist() == [[1.0]] * 3 and t["response_ids"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    assert t["policy_version"].tolist() == [1, 1, 1] and t["prompt_ids"].tolist() == [[1, 1]] * 3
+    assert second.column("rewards").to_pylist() == [[1.0]] * 3
+    assert second.column("response_token_ids").to_pylist() == [[1], [1, 1], [1, 1, 1]]
+    assert second.column("policy_version").to_pylist() == [1, 1, 1]
+    assert second.column("prompt_token_ids").to_pylist() == [[1, 1]] * 3
     # a batch whose group rows are interleaved breaks the contract
     mixed = pa.concat_batches([batch.slice(0, 2), batch.slice(3, 3), batch.slice(2, 1)])
     with pytest.raises(ValueError, match="contiguous"):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from actors.buffer import ArrowBuffer, GroupRef
+from actors.buffer import ArrowBuffer
+from gdpo_ray.groups import GroupRef
 
 
 def refs(versions, start=0):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from actors.prompts import PromptSource
-from gdpo_ray.data import read_rows
+from gdpo_ray.data import read_dataset
 
 
 def write(tmp_path, name, lines):
@@ -27,19 +27,19 @@ GOOD = json.dumps({"prompt": "1+1?", "ground_truth": "2"})
 def test_a_bad_line_is_named_with_the_file_and_its_line(tmp_path, bad, message):
     path = write(tmp_path, "data.jsonl", [GOOD, "", bad, GOOD])  # line 2 is blank
     with pytest.raises(ValueError, match=f"data.jsonl, {message}"):
-        read_rows(path)
+        read_dataset(path)
 
 
 def test_any_row_size_reads(tmp_path):
     # one row far larger than pyarrow's JSON block (which failed with "straddling object")
     big = json.dumps({"prompt": "x" * (8 << 20), "ground_truth": "1"})
-    rows = read_rows(write(tmp_path, "big.jsonl", [GOOD, big, GOOD]))
+    rows = read_dataset(write(tmp_path, "big.jsonl", [GOOD, big, GOOD]))
     assert len(rows) == 3 and len(rows.rows[1]["prompt"]) == 8 << 20
 
 
 def test_rows_get_every_key_and_their_line_numbers(tmp_path):
     path = write(tmp_path, "d.jsonl", [GOOD, "", json.dumps({"prompt": "q", "extra": 1})])
-    rows = read_rows(path)
+    rows = read_dataset(path)
     assert rows.rows[1] == {"prompt": "q", "ground_truth": None, "extra": 1}
     assert rows.rows[0]["extra"] is None
     assert rows.where(1).endswith("d.jsonl, line 3")
@@ -47,14 +47,14 @@ def test_rows_get_every_key_and_their_line_numbers(tmp_path):
 
 def test_json_arrays_parquet_and_missing_files(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b"}]))
-    assert [r["prompt"] for r in read_rows(str(tmp_path / "a.json")).rows] == ["a", "b"]
+    assert [r["prompt"] for r in read_dataset(str(tmp_path / "a.json")).rows] == ["a", "b"]
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match=r"bad.parquet: cannot be read as parquet"):
-        read_rows(str(tmp_path / "bad.parquet"))
+        read_dataset(str(tmp_path / "bad.parquet"))
     with pytest.raises(ValueError, match=r"'nope.jsonl' does not exist; data.prompts takes"):
-        read_rows("nope.jsonl")
+        read_dataset("nope.jsonl")
     with pytest.raises(ValueError, match="is a directory"):
-        read_rows(str(tmp_path))
+        read_dataset(str(tmp_path))
 
 
 def test_prompt_source_names_the_line_of_a_bad_prompt(tmp_path):
