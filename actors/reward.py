@@ -17,8 +17,8 @@ Nothing is ever replaced by 0.0. Conditions (``RewardSpec.condition``) are appli
 scored values, so the returned columns are what is stored and trained on.
 
 Hangs cost about one timeout per call of ``score``, not one per row: a call that has run
-``PARK_AFTER_S`` while its worker uses (almost) no CPU, i.e. it waits (sleeps, a socket, a
-judge server), is parked: it no longer counts against ``num_workers`` and another worker takes
+``PARK_AFTER_S`` while its worker sleeps (not runnable) and used at most half a core, i.e. it
+waits (sleeps, a socket, a judge server), is parked: it no longer counts against ``num_workers`` and another worker takes
 the next task, so blocked calls time out side by side. Calls that compute (and rewards that run
 programs in a sandbox, which bound their own time) are never parked: CPU-bound hangs cost one
 timeout per worker.
@@ -98,12 +98,13 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
         conn.send((values, kind, error[:500], time.perf_counter() - start))
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process (Linux /proc), None where it cannot be read."""
+def _proc_stat(pid: int) -> tuple[str, float] | None:
+    """(scheduler state: R running or runnable, S sleeping, D waiting on I/O, ...; user +
+    system CPU seconds) of a process (Linux /proc), None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
+        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
         return None
 
@@ -125,7 +126,11 @@ def _context(specs: Sequence[RewardSpec]):
 
 
 class _Worker:
-    def __init__(self, ctx, payload: bytes) -> None:
+    def __init__(self, ctx, payload: bytes, cwd: str) -> None:
+        try:  # starting a process needs a current directory: Ray may have replaced the job's
+            os.getcwd()  # working-dir copy under this process (the same path, a new copy)
+        except FileNotFoundError:
+            os.chdir(cwd if os.path.isdir(cwd) else "/")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, payload), daemon=True)
         self.process.start()
@@ -140,16 +145,19 @@ class _Worker:
         self.task, self.parked = task, False
         self.started = time.monotonic()
         self.deadline = self.started + len(task.rows) * timeout_s
-        self.cpu_at_start = _cpu_seconds(self.process.pid)
+        stat = _proc_stat(self.process.pid)
+        self.cpu_at_start = stat[1] if stat else None
         self.conn.send((task.rewards[0], kwargs))
 
     def blocked(self, now: float) -> bool:
-        """Waiting (not computing) for at least PARK_AFTER_S since the call started."""
+        """Waiting (not computing) for at least PARK_AFTER_S since the call started: asleep now
+        (a computing process is runnable, R, even while other processes hold the CPUs) and
+        having used at most half a core meanwhile."""
         elapsed = now - self.started
         if elapsed < PARK_AFTER_S or self.cpu_at_start is None:
             return False
-        cpu = _cpu_seconds(self.process.pid)
-        return cpu is not None and cpu - self.cpu_at_start <= 0.5 * elapsed
+        stat = _proc_stat(self.process.pid)
+        return stat is not None and stat[0] in "SD" and stat[1] - self.cpu_at_start <= 0.5 * elapsed
 
     def kill(self) -> None:
         try:
@@ -182,10 +190,12 @@ class RewardPool:
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
         self.num_workers, self.rows_per_task = num_workers, rows_per_task
-        self._payload = cloudpickle.dumps((self.specs, list(sys.path), os.getcwd()))
+        self._cwd = os.getcwd()
+        self._payload = cloudpickle.dumps((self.specs, list(sys.path), self._cwd))
         self._ctx = _context(self.specs)
-        self._workers = [_Worker(self._ctx, self._payload) for _ in range(num_workers)]
+        self._workers = [_Worker(self._ctx, self._payload, self._cwd) for _ in range(num_workers)]
         self._startup_failures = 0
+        self.parked = 0  # calls parked so far (waiting while others were scored)
 
     @property
     def names(self) -> list[str]:
@@ -236,6 +246,7 @@ class RewardPool:
                     self._timed_out(w, pending, run)
                 elif pending and not w.parked and self.parkable[w.task.rewards[0]] and w.blocked(now):
                     w.parked = True
+                    self.parked += 1
         self._shrink()
         for j, spec in enumerate(self.specs):
             if run.timeouts[j]:
@@ -250,7 +261,7 @@ class RewardPool:
         working = sum(1 for w in self._workers if not w.parked)
         want = min(len(pending), self.num_workers - working,
                    self.num_workers + MAX_PARKED - len(self._workers))
-        self._workers += [_Worker(self._ctx, self._payload) for _ in range(max(0, want))]
+        self._workers += [_Worker(self._ctx, self._payload, self._cwd) for _ in range(max(0, want))]
 
     def _shrink(self) -> None:
         """Back to ``num_workers`` after a call of ``score`` (idle extra workers stop)."""
@@ -293,7 +304,7 @@ class RewardPool:
                 raise RuntimeError(f"reward workers keep dying at start (exit code {code}); "
                                    "their traceback is on stderr")
             if len(self._workers) < self.num_workers:
-                self._workers.append(_Worker(self._ctx, self._payload))
+                self._workers.append(_Worker(self._ctx, self._payload, self._cwd))
             return
         task = worker.task
         if task is not None:

@@ -176,7 +176,6 @@ def _hint(error: str, columns: Sequence[str]) -> str:
 def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
     import numpy as np
 
-    from actors.reward import RewardPool
     from gdpo_ray.rewards import failure_kind
 
     prompts = source.first(n)
@@ -190,9 +189,8 @@ def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
             for c in source.columns:
                 rows_columns[c].append(p.columns[c])
     rows_columns["response_length"] = [len(ids) for _, _, ids in inputs]
-    with RewardPool(specs, num_workers=1) as pool:
-        scored = pool.score([i[0] for i in inputs], [i[1] for i in inputs], rows_columns,
-                            completion_ids=[i[2] for i in inputs])
+    scored = _score_apart(specs, [i[0] for i in inputs], [i[1] for i in inputs], rows_columns,
+                          [i[2] for i in inputs])
     m, warnings, failed = len(inputs), [], []
     for k, spec in enumerate(specs):
         errors = [row[k] for row in scored.errors]
@@ -212,6 +210,38 @@ def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
         means = [[_nanmean(values[:, j, k]) for j in range(len(kinds))] for k in range(len(specs))]
     return Report(rows=len(source), columns=list(columns), names=[s.name for s in specs],
                   weights=[], placeholders=kinds, scores=means, failed=failed, warnings=warnings)
+
+
+def _score_apart(specs, prompts, completions, columns, completion_ids):
+    """Scores in a RewardPool started by a fresh interpreter: the pool's workers re-import the
+    ``__main__`` of the process that starts them, and here that may be a user's script without
+    an ``if __name__ == "__main__"`` guard (it would run again in every worker)."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    payload = cloudpickle.dumps((list(sys.path), specs, prompts, completions, columns, completion_ids))
+    done = subprocess.run([sys.executable, "-c", "from gdpo_ray.preflight import _score_child; "
+                           "_score_child()"], input=payload, capture_output=True)
+    if done.returncode != 0:
+        raise ValueError("the start-up check could not score the rewards: "
+                         + done.stderr.decode(errors="replace").strip()[-1500:])
+    return cloudpickle.loads(done.stdout)
+
+
+def _score_child() -> None:
+    import sys
+
+    import cloudpickle
+
+    path, specs, prompts, completions, columns, completion_ids = cloudpickle.loads(sys.stdin.buffer.read())
+    sys.path[:] = path
+    from actors.reward import RewardPool
+
+    with RewardPool(specs, num_workers=1) as pool:
+        scored = pool.score(prompts, completions, columns, completion_ids=completion_ids)
+    sys.stdout.buffer.write(cloudpickle.dumps(scored))
 
 
 def _nanmean(x) -> float:

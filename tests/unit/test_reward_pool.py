@@ -1,7 +1,9 @@
 """The scoring pool: a reward that hangs, raises or kills its worker costs only its own rows."""
 
 import math
+import os
 import subprocess
+import sys
 import time
 import uuid
 
@@ -123,6 +125,20 @@ def test_hanging_rows_cost_about_one_timeout_not_one_each():
     np.testing.assert_array_equal(out.values[:, 0], [nan if i % 2 else 1 for i in range(32)])
     assert out.metrics["rewards/sleep_on_odd/timeouts"] == 16
     assert elapsed < 10, elapsed
+    assert p.parked >= 15  # the hanging calls (the last one need not be: nothing waits behind it)
+
+
+def test_computing_calls_are_not_parked_even_when_the_cpus_are_busy():
+    # six processes spin on the machine's cores: a CPU-bound reward gets a fraction of a core
+    # (it looks idle by its CPU time) but stays runnable, so it is not taken for a waiting call
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3 * (os.cpu_count() or 2))]
+    try:
+        with RewardPool([trl("busy")], num_workers=1) as p:
+            out = p.score(["p"] * 6, ["x"] * 6)
+    finally:
+        for s in spinners:
+            s.kill()
+    assert out.values[:, 0].tolist() == [1.0] * 6 and p.parked == 0
 
 
 def test_infrastructure_failures_are_retried(tmp_path):

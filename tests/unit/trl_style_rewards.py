@@ -58,3 +58,11 @@ def sleep_on_odd(completions, **kwargs):
     if int(completions[0]) % 2:
         time.sleep(600)
     return [1.0 for _ in completions]
+
+
+def busy(completions, **kwargs):
+    """Computes for 0.3 s (a CPU-bound reward)."""
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    return [1.0 for _ in completions]
