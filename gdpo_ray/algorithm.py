@@ -37,6 +37,7 @@ from gdpo_ray import model_files, preflight
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
 from gdpo_ray.batch import rewards_matrix
 from gdpo_ray.groups import read_groups
+from gdpo_ray.rewards.spec import plain_declaration
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +50,9 @@ def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
         if key not in allowed:
             raise TypeError(fields.unknown_key(key, fields.section_settings(self, section), f".{section}()"))
         if key == "rewards" and isinstance(value, (list, tuple)):
-            value = [_plain_reward(r) for r in value]
+            value = [plain_declaration(r) for r in value]
         setattr(self, key, value)
     return self
-
-
-def _plain_reward(reward: Any) -> Any:
-    """A reward declaration as plain data (JSON-able for Tune): YAML 1.1 reads an unquoted
-    ``on:`` key of a condition as the boolean True."""
-    if isinstance(reward, dict) and isinstance(reward.get("condition"), dict):
-        condition = {("on" if k is True else k): v for k, v in reward["condition"].items()}
-        return reward | {"condition": condition}
-    return reward
 
 
 class RewardFailure(RuntimeError):
@@ -121,6 +113,17 @@ class GDPOConfig(AlgorithmConfig):
         fields.check(self)  # ours first: their messages name the fix
 
     @property
+    def rollout_resources(self) -> dict:
+        """What one rollout actor asks of Ray (CPUs, GPUs and the custom resources)."""
+        return {"CPU": self.num_cpus_per_env_runner, "GPU": self.num_gpus_per_env_runner,
+                **self.custom_resources_per_env_runner}
+
+    @property
+    def weight_bucket_bytes(self) -> int:
+        """``weight_bucket_mb`` in bytes: the size of one bucket of a weight push."""
+        return int(self.weight_bucket_mb) << 20
+
+    @property
     def learner_config(self):
         from learners.deepspeed_learner import LearnerConfig
 
@@ -154,16 +157,14 @@ class GDPO(Algorithm):
 
         if not isinstance(config, GDPOConfig):
             config = cls.get_default_config().update_from_dict(config)
-        rollout = {"CPU": config.num_cpus_per_env_runner, "GPU": config.num_gpus_per_env_runner,
-                   **config.custom_resources_per_env_runner}
         learner = {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner}
         bundles = [{"CPU": config.num_cpus_for_main_process}]
         if config.colocate:  # each learner's bundle also holds its rollout actor
-            learner = {k: learner.get(k, 0) + rollout.get(k, 0) for k in learner | rollout}
+            learner = fields.merge_resources(learner, config.rollout_resources)
         else:
-            bundles += [rollout] * fields.env_runner_range(config)[0]
+            bundles += [config.rollout_resources] * fields.env_runner_range(config)[0]
         bundles += [learner] * max(1, config.num_learners)
-        return PlacementGroupFactory([{k: v for k, v in b.items() if v} for b in bundles],
+        return PlacementGroupFactory([fields.merge_resources(b) for b in bundles],
                                      strategy=config.placement_strategy)
 
     # ---------------------------------------------------------------------------------------
@@ -213,10 +214,7 @@ class GDPO(Algorithm):
         from learners.deepspeed_learner import LearnerGroup
 
         c = self.config
-        extra = None
-        if c.colocate:
-            extra = {"CPU": c.num_cpus_per_env_runner, "GPU": c.num_gpus_per_env_runner,
-                     **c.custom_resources_per_env_runner}
+        extra = c.rollout_resources if c.colocate else None
         return LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
                             num_cpus_per_learner=c.num_cpus_per_learner,
                             num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
@@ -371,7 +369,7 @@ class GDPO(Algorithm):
 
     def _push_weights(self) -> None:
         c, version = self.config, self.policy_version + 1
-        bucket = int(c.weight_bucket_mb) << 20
+        bucket = c.weight_bucket_bytes
         if c.weight_sync == "broadcast":
             self.learners.broadcast_weights(self.rollouts, version, bucket)
         else:
@@ -464,7 +462,7 @@ class GDPO(Algorithm):
             self.rollouts.discard_in_flight()
             self.set_state(self._initial_state)
             self.learners.push_weights(self.rollouts, self.policy_version,
-                                       int(self.config.weight_bucket_mb) << 20)
+                                       self.config.weight_bucket_bytes)
         self.counters["learner_recoveries"], stats, self.buffer.dropped_stale = events
         self.rollouts.stats.update(stats)
 
@@ -521,7 +519,7 @@ class GDPO(Algorithm):
         Checkpointable.restore_from_path(self, path, *args, **kwargs)
         self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
         self.learners.push_weights(self.rollouts, self.policy_version,
-                                   int(self.config.weight_bucket_mb) << 20)
+                                   self.config.weight_bucket_bytes)
 
     def export_policy(self, path: str) -> str:
         """The current policy as a Hugging Face model directory (from_pretrained / vLLM)."""

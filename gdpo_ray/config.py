@@ -233,6 +233,16 @@ def _check_gspo(c: Any) -> None:
             f".training(loss_agg='seq_mean_token_mean'), which the KL term then follows too")
 
 
+def merge_resources(*bundles: Mapping[str, float]) -> dict:
+    """Ray resource bundles added up, keys of amount 0 dropped (a bundle shared by a learner
+    and the rollout actor beside it)."""
+    out: dict = {}
+    for bundle in bundles:
+        for key, value in bundle.items():
+            out[key] = out.get(key, 0) + value
+    return {k: v for k, v in out.items() if v}
+
+
 def env_runner_range(c: Any) -> tuple[int, int]:
     """(min, max) rollout actors: ``num_env_runners`` is a number or a range [min, max]."""
     value = c.num_env_runners

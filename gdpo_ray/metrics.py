@@ -29,13 +29,14 @@ from gdpo_ray.advantages import RESIDUE_ULPS, AdvantageDetails
 
 
 def reward_metrics(rewards: np.ndarray, names: Sequence[str]) -> dict[str, float]:
-    """rewards: [N, K] (NaN = not computed) -> mean/std over the computed values, failure rate."""
+    """rewards: [N, K] (NaN = not computed) -> mean and unbiased std (ddof = 1, as the pool's and
+    the advantages') over the computed values, failure rate."""
     out = {}
     for k, name in enumerate(names):
         column = rewards[:, k]
         valid = column[~np.isnan(column)]
         out[f"rewards/{name}/mean"] = float(valid.mean()) if valid.size else float("nan")
-        out[f"rewards/{name}/std"] = float(valid.std()) if valid.size else float("nan")
+        out[f"rewards/{name}/std"] = float(valid.std(ddof=1)) if valid.size > 1 else float("nan")
         out[f"rewards/{name}/failure_rate"] = float(1 - valid.size / max(1, column.size))
     return out
 

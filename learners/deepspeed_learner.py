@@ -20,12 +20,12 @@ import dataclasses
 import hashlib
 import logging
 import os
-import socket
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from gdpo_ray.config import merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 
 logger = logging.getLogger(__name__)
@@ -126,9 +126,9 @@ class DeepSpeedLearner:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        from learners.weight_sync import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int) -> None:
         import torch
@@ -297,12 +297,18 @@ class DeepSpeedLearner:
         module = self.engine.module
         named = (module.state_dict(keep_vars=True).items() if checkpoint_names
                  else module.named_parameters())
+        for name, tensor in self._gathered(named):
+            yield name, tensor.cpu()
+
+    def _gathered(self, named):
+        """(name, full float32 tensor on this learner's device) of ``named`` parameters, each
+        gathered on its own under ZeRO-3 (a collective: every rank iterates alike)."""
         for name, param in named:
             if self.config.zero_stage == 3 and hasattr(param, "ds_id"):
                 with self.deepspeed.zero.GatheredParameters([param]):
-                    yield name, param.detach().float().cpu().clone()
+                    yield name, param.detach().float().clone()
             else:
-                yield name, param.detach().float().cpu()
+                yield name, param.detach().float()
 
     def _flat_parameters(self) -> list[tuple[np.ndarray, list]] | None:
         """Under ZeRO-1/2 on the host every parameter is a view into DeepSpeed's flat buffers
@@ -373,12 +379,7 @@ class DeepSpeedLearner:
         """(name, full float32 tensor on this learner's device) of every state-dict entry, in
         ``_full_params(checkpoint_names=True)``'s order, gathered one at a time under ZeRO-3 (a
         collective: call on all ranks)."""
-        for name, param in self.engine.module.state_dict(keep_vars=True).items():
-            if self.config.zero_stage == 3 and hasattr(param, "ds_id"):
-                with self.deepspeed.zero.GatheredParameters([param]):
-                    yield name, param.detach().float().clone()
-            else:
-                yield name, param.detach().float()
+        yield from self._gathered(self.engine.module.state_dict(keep_vars=True).items())
 
     def _weight_metadata(self) -> dict:
         """vLLM's ``update_info`` for ``_device_params`` (names, dtype names, full shapes; a
@@ -471,10 +472,8 @@ class LearnerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray = ray
-        bundle = {"CPU": num_cpus_per_learner, "GPU": num_gpus_per_learner}
-        for key, value in (bundle_extra or {}).items():
-            bundle[key] = bundle.get(key, 0) + value
-        bundle = {k: v for k, v in bundle.items() if v}
+        bundle = merge_resources({"CPU": num_cpus_per_learner, "GPU": num_gpus_per_learner},
+                                 bundle_extra or {})
         # inside a Ray Tune trial the learners take bundles of the trial's own placement group
         # (GDPO.default_resource_request reserved them); a second group would wait forever
         current = ray.util.get_current_placement_group()

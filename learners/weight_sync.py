@@ -169,7 +169,8 @@ def agreed_backend(members: Sequence[dict]) -> str:
     return kinds[-1]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port no socket of this host is bound to now (for a rendezvous)."""
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -214,7 +215,7 @@ class WeightBroadcast:
         elif self.backend == "nccl":
             self.group = _nccl_group(self.store, rank, world_size, timedelta(seconds=timeout_s), self.device)
         elif rank == 0:
-            self.vllm_port = _free_port()
+            self.vllm_port = free_port()
             self.store.set("gdpo/vllm_port", str(self.vllm_port))
             self.group = _vllm_trainer_group(host, self.vllm_port, world_size, self.device)
         else:  # this actor's vLLM engine joins with the port (RolloutActor.join_broadcast)

@@ -46,9 +46,7 @@ class RewardSpec:
                              f"allowed: {list(cls._KEYS)}")
         if "name" not in d:
             raise ValueError(f"a reward needs a name: {dict(d)}")
-        cond = d.get("condition")
-        if isinstance(cond, Mapping) and True in cond:  # YAML 1.1 reads an unquoted `on:` as True
-            cond = {("on" if k is True else k): v for k, v in cond.items()}
+        cond = plain_declaration(d).get("condition")
         if cond is not None and not isinstance(cond, Condition):
             if not isinstance(cond, Mapping) or set(cond) != {"on", "min"}:
                 raise ValueError(f"reward {d['name']!r}: condition must be {{on: <reward name>, min: <threshold>}}; got {cond!r}")
@@ -78,6 +76,15 @@ class RewardSpec:
                 "timeout; raise timeout_s or lower the sandbox limits (wall_s, max_tests)"
             )
         return float(self.timeout_s)
+
+
+def plain_declaration(reward: Any) -> Any:
+    """A reward declaration as plain data (JSON-able, for Tune): YAML 1.1 reads an unquoted
+    ``on:`` key of a condition as the boolean True; it becomes "on" again."""
+    if isinstance(reward, Mapping) and isinstance(reward.get("condition"), Mapping):
+        condition = {("on" if k is True else k): v for k, v in reward["condition"].items()}
+        return {**reward, "condition": condition}
+    return reward
 
 
 def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
