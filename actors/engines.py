@@ -1,18 +1,21 @@
-"""Generation engines behind one interface: HF transformers (CPU default) and vLLM.
+"""The engine contract: what a rollout actor asks of a generation engine, and the registry.
 
-``generate(prompt_token_ids, n, sampling)`` returns, per prompt, n ``Sample``s: the response
-token ids (up to and including the stop token), the log-probability of each sampled token under
-the distribution sampled from (log_softmax(logits / temperature); top-p/top-k are recorded in the
-group metadata, not renormalized into the logprobs, so that learners compute theirs the same
-way), and the finish reason ("stop" or "length").
+An engine (``Engine``) holds a policy's weights and generates: ``generate(prompt_token_ids, n,
+sampling)`` returns, per prompt, n ``Sample``s: the response token ids (up to and including the
+stop token), the log-probability of each sampled token under the distribution sampled from
+(log_softmax(logits / temperature); top-p/top-k are recorded in the group metadata, not
+renormalized into the logprobs, so that learners compute theirs the same way), and the finish
+reason ("stop", "length" or "abort"). Engines are registered by import path (``ENGINES``:
+``hf`` -> ``actors.hf_engine:HFEngine``, ``vllm`` -> ``actors.vllm_engine:VLLMEngine``); a
+config may also name any ``package.module:Class`` that fulfils the contract. This module imports
+nothing else of ``actors``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
-
-import numpy as np
+import importlib
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,132 +45,52 @@ class Sample:
     finish_reason: str  # "stop" | "length"
 
 
-class HFEngine:
-    """transformers ``generate`` on CPU (or one GPU)."""
+@runtime_checkable
+class Engine(Protocol):
+    """What a rollout actor uses of an engine."""
 
-    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
-                 seed: int = 0) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer: Any  # a Hugging Face tokenizer (chat template, decode)
+    device: str  # "cpu" or "cuda": where its weights live (picks the weight transport)
+    weight_transfer: bool  # True: it can join vLLM's NCCL weight transfer (receive_broadcast)
 
-        self.torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.model.to(device).eval()
-        self.device = device
-        self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-        self._calls = 0
-        self._seed = seed
+    @classmethod
+    def check_sampling(cls, sampling: SamplingParams) -> None:
+        """Raises ValueError for sampling it cannot do with exact logprobs (at config time)."""
 
     def generate(self, prompt_token_ids: list[list[int]], n: int,
-                 sampling: SamplingParams) -> list[list[Sample]]:
-        torch = self.torch
-        width = max(len(p) for p in prompt_token_ids)
-        ids = torch.full((len(prompt_token_ids), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_token_ids):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        self._calls += 1
-        torch.manual_seed(self._seed * 1_000_003 + self._calls)
-        extra = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
-                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None,
-                max_new_tokens=sampling.max_tokens, num_return_sequences=n,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id,
-                eos_token_id=self.eos_ids, **extra,
-            )
-        new = out.sequences[:, width:]  # [P * n, T]
-        logprobs = torch.stack([
-            torch.log_softmax(step.float() / sampling.temperature, dim=-1)
-            .gather(1, new[:, t:t + 1]).squeeze(1)
-            for t, step in enumerate(out.logits)
-        ], dim=1) if len(out.logits) else torch.zeros(new.shape)
-        return self._split(new.cpu().numpy(), logprobs.cpu().numpy(), n, sampling)
+                 sampling: SamplingParams) -> list[list[Sample]]: ...
 
-    def _split(self, new: np.ndarray, logprobs: np.ndarray, n: int, sampling: SamplingParams):
-        is_eos = np.isin(new, self.eos_ids)
-        samples = []
-        for row in range(new.shape[0]):
-            stops = np.flatnonzero(is_eos[row])
-            end, reason = (int(stops[0]) + 1, "stop") if len(stops) else (new.shape[1], "length")
-            stop_end = _stop_string_end(self.tokenizer, new[row, :end].tolist(), sampling.stop)
-            if stop_end is not None:
-                end, reason = stop_end, "stop"
-            samples.append(Sample(new[row, :end].tolist(),
-                                  logprobs[row, :end].astype(np.float32).tolist(), reason))
-        return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
+    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]: ...
 
-    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-        """Greedy completions (evaluation and checks), up to and including the stop token."""
-        out = []
-        with self.torch.no_grad():
-            for p in prompt_token_ids:  # one by one: no padding to reason about
-                ids = self.torch.tensor([p], device=self.device)
-                seq = self.model.generate(input_ids=ids, attention_mask=self.torch.ones_like(ids),
-                                          do_sample=False, max_new_tokens=max_tokens,
-                                          pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
-                new = seq[0, len(p):].tolist()
-                ends = [i for i, t in enumerate(new) if t in self.eos_ids]
-                out.append(new[:ends[0] + 1] if ends else new)
-        return out
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None: ...
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """New weights by reference, never written in place: a tensor already on the right
-        device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
-        push through the object store, the read-only shared-memory buffer, which generation only
-        reads); anything else is converted into fresh memory."""
-        import warnings
+    def sleep(self) -> None:
+        """Frees its accelerator memory while colocated learners update (a no-op where none)."""
 
-        params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
-        with self.torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer
-            for name, tensor in named_tensors:
-                if name not in params:
-                    raise ValueError(f"the model has no parameter {name!r}")
-                target, source = params[name], self.torch.as_tensor(tensor)
-                if tuple(source.shape) != tuple(target.shape):
-                    raise ValueError(f"{name}: shape {tuple(source.shape)} does not match the "
-                                     f"model's {tuple(target.shape)}")
-                if source.device == target.device and source.dtype == target.dtype:
-                    target.data = source
-                else:
-                    target.data = source.to(device=target.device, dtype=target.dtype)
+    def wake_up(self) -> None: ...
 
 
-def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:
-    ids = configured if isinstance(configured, list) else [configured]
-    ids = [i for i in ids if i is not None]
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("the model has no EOS token id (generation_config or tokenizer)")
-    return ids
+#: engine name -> "package.module:Class"
+ENGINES = {"hf": "actors.hf_engine:HFEngine", "vllm": "actors.vllm_engine:VLLMEngine"}
 
 
-def _stop_string_end(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:
-    """Length of the shortest prefix of ``tokens`` whose text contains a stop string, or None."""
-    if not stop or not any(s in tokenizer.decode(tokens) for s in stop):
-        return None
-    lo, hi = 1, len(tokens)  # containment only grows with the prefix: bisect
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if any(s in tokenizer.decode(tokens[:mid]) for s in stop):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+def engine_class(kind: str) -> type:
+    """The class of engine ``kind``: a name of ``ENGINES`` or an import path."""
+    path = ENGINES.get(kind, kind)
+    module, sep, name = path.partition(":")
+    if not sep:
+        raise ValueError(f"unknown engine {kind!r}; known: {', '.join(ENGINES)} (or "
+                         f"'package.module:Class' of an engine of the actors.engines.Engine contract)")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"engine {kind!r}: cannot import {path}: {err}") from None
+    missing = [m for m in ("generate", "greedy", "load_weights", "sleep", "wake_up", "check_sampling")
+               if not callable(getattr(cls, m, None))]
+    if missing:
+        raise ValueError(f"engine {kind!r} ({path}) lacks {missing} of the actors.engines.Engine contract")
+    return cls
 
 
-def make_engine(kind: str, model_path: str, **kwargs: Any):
-    if kind == "hf":
-        return HFEngine(model_path, **kwargs)
-    if kind == "vllm":
-        from actors.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, **kwargs)
-    raise ValueError(f"unknown engine {kind!r}; known: hf, vllm")
+def make_engine(kind: str, model_path: str, **kwargs: Any) -> Engine:
+    return engine_class(kind)(model_path, **kwargs)

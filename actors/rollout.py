@@ -87,12 +87,10 @@ class RolloutActor:
     def sleep(self) -> None:
         """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep
         mode); the hf engine keeps its weights where they are."""
-        if hasattr(self.engine, "sleep"):
-            self.engine.sleep()
+        self.engine.sleep()
 
     def wake_up(self) -> None:
-        if hasattr(self.engine, "wake_up"):
-            self.engine.wake_up()
+        self.engine.wake_up()
 
     def policy_version(self) -> int:
         return self.version
@@ -143,14 +141,8 @@ class RolloutActor:
         return self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
 
     def weights_digest(self) -> str:
-        """sha256 of the engine's parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for name, param in self.engine.model.named_parameters():
-            h.update(name.encode())
-            h.update(param.detach().float().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        """sha256 of the engine's parameters (an engine that offers ``weights_digest``)."""
+        return self.engine.weights_digest()
 
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:

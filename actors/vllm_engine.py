@@ -20,6 +20,14 @@ from actors.engines import Sample, SamplingParams
 
 
 class VLLMEngine:
+    @classmethod
+    def check_sampling(cls, sampling: SamplingParams) -> None:
+        if sampling.top_p < 1 or sampling.top_k:
+            raise ValueError(
+                "the vllm engine records logprobs after top-p/top-k truncation, not "
+                "log_softmax(logits / temperature) as DESIGN.md §3 requires: use top_p=1.0 and "
+                "top_k=0 with engine='vllm', or engine='hf'")
+
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, **llm_kwargs: Any) -> None:
         # the engine core runs in this process (a Ray actor), not in a child process
@@ -38,12 +46,7 @@ class VLLMEngine:
                  sampling: SamplingParams) -> list[list[Sample]]:
         from vllm import SamplingParams as VLLMSampling
 
-        if sampling.top_p < 1 or sampling.top_k:
-            raise ValueError(
-                "the vllm engine records logprobs after top-p/top-k truncation, not "
-                "log_softmax(logits / temperature) as DESIGN.md §3 requires: use top_p=1 and "
-                "top_k=0 with vllm, or the hf engine"
-            )
+        self.check_sampling(sampling)
         params = VLLMSampling(n=n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                               stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0)
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids],

@@ -67,7 +67,7 @@ FIELDS: dict[str, Field] = {
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason"),
     # generation: the rollout engine
-    "engine": Field("generation", "hf", "hf (transformers) or vllm"),
+    "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.Engine"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
     "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)"),
     "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)"),
@@ -145,7 +145,7 @@ def check_types(config: Any) -> None:
 
 def check(config: Any) -> None:
     """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
-    from actors.engines import SamplingParams
+    from actors.engines import SamplingParams, engine_class
     from gdpo_ray.advantages import ESTIMATORS
     from gdpo_ray.rewards import RewardSpec, check_specs
 
@@ -190,12 +190,7 @@ def check(config: Any) -> None:
             isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
         raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
                          f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
-    if c.engine not in ("hf", "vllm"):
-        raise ValueError(f"engine must be 'hf' or 'vllm'; got {c.engine!r}")
-    if c.engine == "vllm" and (c.top_p < 1 or c.top_k):
-        raise ValueError("the vllm engine records logprobs after top-p/top-k truncation: use "
-                         "top_p=1.0 and top_k=0 with engine='vllm', or engine='hf'")
-    SamplingParams(**sampling_params(c))
+    engine_class(c.engine).check_sampling(SamplingParams(**sampling_params(c)))
     policy_loss_config(c)
     if c.ratio_level == "sequence":
         _check_gspo(c)

@@ -22,7 +22,8 @@ os.environ.setdefault(MULTI_RANK_GPU_ENV, "1")
 
 
 def test_hf_engine_on_cuda_matches_a_forward_pass(tiny_model_dir):
-    from actors.engines import HFEngine, SamplingParams
+    from actors.engines import SamplingParams
+    from actors.hf_engine import HFEngine
 
     engine = HFEngine(tiny_model_dir, device="cuda", seed=3)
     prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]

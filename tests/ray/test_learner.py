@@ -123,7 +123,7 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
 def greedy_with(model_dir, weights, prompts, max_tokens):
     import torch
 
-    from actors.engines import HFEngine
+    from actors.hf_engine import HFEngine
 
     engine = HFEngine(model_dir)
     engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())

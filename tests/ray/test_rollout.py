@@ -154,7 +154,8 @@ def test_group_payload_is_read_zero_copy(ray_cluster, tiny_model_dir):
 def test_hf_logprobs_match_a_forward_pass(tiny_model_dir, temperature):
     import torch
 
-    from actors.engines import HFEngine, SamplingParams
+    from actors.engines import SamplingParams
+    from actors.hf_engine import HFEngine
 
     engine = HFEngine(tiny_model_dir, seed=1)
     prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]

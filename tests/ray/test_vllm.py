@@ -60,7 +60,7 @@ def perturbed(model, seed: int, scale: float):
 
 
 def test_vllm_refuses_truncated_sampling(engine):
-    with pytest.raises(ValueError, match="use top_p=1 and top_k=0 with vllm"):
+    with pytest.raises(ValueError, match="use top_p=1.0 and top_k=0 with engine=.vllm."):
         engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9))
 
 
@@ -119,7 +119,7 @@ def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
 
 
 def test_vllm_greedy_follows_its_weights(engine, tiny_model_dir):
-    from actors.engines import HFEngine
+    from actors.hf_engine import HFEngine
 
     prompts = [engine.tokenizer(t)["input_ids"] for t in ("What is 1 + 1?", "Name a color.")]
     hf = HFEngine(tiny_model_dir)

@@ -41,7 +41,7 @@ def test_defaults_and_sections():
     (lambda c: c.llm(model_path=None), "no policy model: use .llm(model_path="),
     (lambda c: c.data(prompts=None), "no prompts: use .data(prompts="),
     (lambda c: c.data(columns={"ground_truth": 3}), "columns must map column names to nested fields"),
-    (lambda c: c.generation(engine="tgi"), "engine must be 'hf' or 'vllm'"),
+    (lambda c: c.generation(engine="tgi"), "unknown engine 'tgi'; known: hf, vllm"),
     (lambda c: c.generation(engine="vllm", top_p=0.9), "top_p=1.0 and top_k=0 with engine='vllm'"),
     (lambda c: c.generation(temperature=0.0), "temperature"),
     (lambda c: c.env_runners(num_env_runners=0), "num_env_runners must be an integer >= 1 or a range"),

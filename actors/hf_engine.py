@@ -1,0 +1,153 @@
+"""The HF transformers engine (``generate``): the CPU default, also one GPU."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from actors.engines import Sample, SamplingParams
+
+
+class HFEngine:
+    """transformers ``generate`` on CPU (or one GPU); any top-p/top-k (its logprobs are of
+    the full distribution)."""
+
+    weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
+
+    @classmethod
+    def check_sampling(cls, sampling: SamplingParams) -> None:
+        pass
+
+    def sleep(self) -> None:
+        pass  # its weights stay where they are
+
+    def wake_up(self) -> None:
+        pass
+
+    def weights_digest(self) -> str:
+        """sha256 of the parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, param in self.model.named_parameters():
+            h.update(name.encode())
+            h.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
+                 seed: int = 0) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.model.to(device).eval()
+        self.device = device
+        self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._calls = 0
+        self._seed = seed
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int,
+                 sampling: SamplingParams) -> list[list[Sample]]:
+        torch = self.torch
+        width = max(len(p) for p in prompt_token_ids)
+        ids = torch.full((len(prompt_token_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompt_token_ids):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        self._calls += 1
+        torch.manual_seed(self._seed * 1_000_003 + self._calls)
+        extra = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None,
+                max_new_tokens=sampling.max_tokens, num_return_sequences=n,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id,
+                eos_token_id=self.eos_ids, **extra,
+            )
+        new = out.sequences[:, width:]  # [P * n, T]
+        logprobs = torch.stack([
+            torch.log_softmax(step.float() / sampling.temperature, dim=-1)
+            .gather(1, new[:, t:t + 1]).squeeze(1)
+            for t, step in enumerate(out.logits)
+        ], dim=1) if len(out.logits) else torch.zeros(new.shape)
+        return self._split(new.cpu().numpy(), logprobs.cpu().numpy(), n, sampling)
+
+    def _split(self, new: np.ndarray, logprobs: np.ndarray, n: int, sampling: SamplingParams):
+        is_eos = np.isin(new, self.eos_ids)
+        samples = []
+        for row in range(new.shape[0]):
+            stops = np.flatnonzero(is_eos[row])
+            end, reason = (int(stops[0]) + 1, "stop") if len(stops) else (new.shape[1], "length")
+            stop_end = _stop_string_end(self.tokenizer, new[row, :end].tolist(), sampling.stop)
+            if stop_end is not None:
+                end, reason = stop_end, "stop"
+            samples.append(Sample(new[row, :end].tolist(),
+                                  logprobs[row, :end].astype(np.float32).tolist(), reason))
+        return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
+
+    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+        """Greedy completions (evaluation and checks), up to and including the stop token."""
+        out = []
+        with self.torch.no_grad():
+            for p in prompt_token_ids:  # one by one: no padding to reason about
+                ids = self.torch.tensor([p], device=self.device)
+                seq = self.model.generate(input_ids=ids, attention_mask=self.torch.ones_like(ids),
+                                          do_sample=False, max_new_tokens=max_tokens,
+                                          pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
+                new = seq[0, len(p):].tolist()
+                ends = [i for i, t in enumerate(new) if t in self.eos_ids]
+                out.append(new[:ends[0] + 1] if ends else new)
+        return out
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """New weights by reference, never written in place: a tensor already on the right
+        device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
+        push through the object store, the read-only shared-memory buffer, which generation only
+        reads); anything else is converted into fresh memory."""
+        import warnings
+
+        params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
+        with self.torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer
+            for name, tensor in named_tensors:
+                if name not in params:
+                    raise ValueError(f"the model has no parameter {name!r}")
+                target, source = params[name], self.torch.as_tensor(tensor)
+                if tuple(source.shape) != tuple(target.shape):
+                    raise ValueError(f"{name}: shape {tuple(source.shape)} does not match the "
+                                     f"model's {tuple(target.shape)}")
+                if source.device == target.device and source.dtype == target.dtype:
+                    target.data = source
+                else:
+                    target.data = source.to(device=target.device, dtype=target.dtype)
+
+
+def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:
+    ids = configured if isinstance(configured, list) else [configured]
+    ids = [i for i in ids if i is not None]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("the model has no EOS token id (generation_config or tokenizer)")
+    return ids
+
+
+def _stop_string_end(tokenizer: Any, tokens: list[int], stop: tuple[str, ...]) -> int | None:
+    """Length of the shortest prefix of ``tokens`` whose text contains a stop string, or None."""
+    if not stop or not any(s in tokenizer.decode(tokens) for s in stop):
+        return None
+    lo, hi = 1, len(tokens)  # containment only grows with the prefix: bisect
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(tokens[:mid]) for s in stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
