@@ -97,10 +97,10 @@ class RolloutActor:
 
     def set_weights(self, version: int, weights: Any) -> int:
         """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
-        ObjectRefs of weight buckets (``learners.weight_sync``), read one at a time, zero-copy."""
+        ObjectRefs of weight buckets (``gdpo_ray.weights``), read one at a time, zero-copy."""
         import ray
 
-        from learners.weight_sync import unpack_bucket
+        from gdpo_ray.weights import unpack_bucket
 
         if isinstance(weights, Mapping):
             self.engine.load_weights(weights.items())
@@ -111,11 +111,11 @@ class RolloutActor:
         return self.version
 
     def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
-        """Joins the learners' weight broadcast group (``learners.weight_sync.WeightBroadcast``)
+        """Joins the learners' weight broadcast group (``gdpo_ray.weights.WeightBroadcast``)
         as ``rank``, proposing what its engine's device allows (``receiver_backend``: gloo on
         CPU, NCCL on CUDA, vLLM's weight transfer for vllm on CUDA); returns the group's
         backend. A vllm engine then joins vLLM's transfer group itself."""
-        from learners.weight_sync import WeightBroadcast, receiver_backend
+        from gdpo_ray.weights import WeightBroadcast, receiver_backend
 
         if getattr(self, "broadcast", None) is not None:
             self.broadcast.close()

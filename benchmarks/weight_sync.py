@@ -144,7 +144,7 @@ def measure_nccl(args, model: str) -> dict:
     import torch
 
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup
-    from learners.weight_sync import MULTI_RANK_GPU_ENV
+    from gdpo_ray.weights import MULTI_RANK_GPU_ENV
 
     share = nccl_share()
     if isinstance(share, str):

@@ -126,7 +126,7 @@ class DeepSpeedLearner:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
         import ray
 
-        from learners.weight_sync import free_port
+        from gdpo_ray.weights import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
@@ -334,7 +334,7 @@ class DeepSpeedLearner:
         Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
         import ray
 
-        from learners.weight_sync import bucket_bytes_of, pack_buckets, pack_flat_buckets
+        from gdpo_ray.weights import bucket_bytes_of, pack_buckets, pack_flat_buckets
 
         refs, peak = [], 0
         flat = self._flat_parameters() if self.rank == 0 else None
@@ -349,8 +349,8 @@ class DeepSpeedLearner:
     def open_broadcast(self, host: str, port: int, world_size: int) -> str:
         """Rank 0 joins a weight broadcast group as its root (with the rollout actors),
         proposing NCCL on CUDA and gloo on CPU; returns the backend the group agreed on
-        (``learners.weight_sync.WeightBroadcast``)."""
-        from learners.weight_sync import WeightBroadcast
+        (``gdpo_ray.weights.WeightBroadcast``)."""
+        from gdpo_ray.weights import WeightBroadcast
 
         if getattr(self, "broadcast", None) is not None:
             self.broadcast.close()
@@ -362,7 +362,7 @@ class DeepSpeedLearner:
         """Every rank gathers (ZeRO-3); rank 0 broadcasts: host buckets over gloo, device
         buckets over NCCL, or one tensor at a time into vLLM's weight transfer. Returns the
         largest bucket's (vllm: tensor's) bytes on rank 0, None elsewhere."""
-        from learners.weight_sync import pack_buckets
+        from gdpo_ray.weights import pack_buckets
 
         if self.rank != 0:
             if self.config.zero_stage == 3:  # the other ranks take part in the gathers only

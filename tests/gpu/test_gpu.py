@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from learners.weight_sync import MULTI_RANK_GPU_ENV
+from gdpo_ray.weights import MULTI_RANK_GPU_ENV
 # the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
 from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
 

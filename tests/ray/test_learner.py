@@ -164,7 +164,7 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
 def test_pack_and_unpack_buckets():
     import torch
 
-    from learners.weight_sync import pack_buckets, unpack_bucket
+    from gdpo_ray.weights import pack_buckets, unpack_bucket
 
     tensors = [("a", torch.arange(6, dtype=torch.float32).view(2, 3)), ("b", torch.ones(300)),
                ("c", torch.tensor([1.5, -2.0], dtype=torch.bfloat16))]

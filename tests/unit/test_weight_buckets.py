@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from learners.weight_sync import bucket_bytes_of, pack_flat_buckets, unpack_bucket
+from gdpo_ray.weights import bucket_bytes_of, pack_flat_buckets, unpack_bucket
 
 
 def flat_model():

@@ -1,4 +1,6 @@
-"""Weights out: the learners' parameters to every rollout actor, in buckets of bounded size.
+"""Weights out: the learners' parameters to every rollout actor, in buckets of bounded size
+(the wire format and the transports both sides share: the learners send, the rollout actors
+receive; ``actors`` and ``learners`` meet here instead of importing each other).
 
 Object-store path (CPU, and any cluster): learner rank 0 packs parameters, gathered one at a
 time under ZeRO-3, into buckets of at most ``bucket_bytes`` (a single larger parameter travels
