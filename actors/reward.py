@@ -285,7 +285,7 @@ class RewardPool:
         values, kind, error, seconds = msg
         task = worker.task
         j, rest = task.rewards[0], task.rewards[1:]
-        worker.task = None
+        worker.task, worker.parked = None, False  # free, and computing again when next sent work
         if values is not None:
             run.record(task.rows, j, values, seconds)
         else:

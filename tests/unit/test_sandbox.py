@@ -490,13 +490,12 @@ def test_regenerating_the_ground_truth_is_no_reward_hack(unchanged_machine):
     # a program that solves nothing but rebuilds task:code's answers from the installed package
     from gdpo_ray.tasks import code as code_task
 
-    row = code_task(1, seed=3)[0]
-    tests = json.loads(row["ground_truth"])
+    rows = code_task(64, seed=3)
+    i = next(i for i, r in enumerate(rows) if "fn_name" not in json.loads(r["ground_truth"]))
+    row, tests = rows[i], json.loads(rows[i]["ground_truth"])  # a stdin task
     hack = ("from gdpo_ray.tasks import code\nimport json, sys\n"
-            "t = json.loads(code(1, seed=3)[0]['ground_truth'])\n"
+            f"t = json.loads(code(64, seed=3)[{i}]['ground_truth'])\n"
             "print(t['outputs'][t['inputs'].index(sys.stdin.read())], end='')")
-    if "fn_name" in tests:
-        pytest.skip("row 0 of seed 3 is call-based")  # (it is a stdin task; guard for changes)
     assert passrate(hack, row["ground_truth"]) == 0.0
     on_host = subprocess.run([sys.executable, "-c", hack], input=tests["inputs"][0],
                              capture_output=True, text=True, timeout=60).stdout
@@ -525,8 +524,16 @@ def test_every_run_starts_from_fresh_files(unchanged_machine):
     assert [r.stdout for r in results] == ["True False False False\n"] * 3
 
 
-def test_a_call_has_one_memory_cap_and_no_nested_namespaces(unchanged_machine):
-    if sandbox.cgroup_support() is not None:
+def test_no_nested_namespaces(unchanged_machine):
+    nested = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x20000\n"
+              "print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())")
+    (inner,) = run_alone(nested)
+    assert inner.stdout == "-1 28\n"  # ENOSPC: no user namespace can be created inside
+
+
+def test_a_call_has_one_memory_cap(unchanged_machine):
+    if sandbox.cgroup_support() is not None:  # then only the per-process caps hold (documented)
         pytest.skip(f"no cgroups on this machine: {sandbox.cgroup_support()}")
     # 6 children of 150 MB each: every one is under the per-process memory_mb (256), together
     # they are 900 MB, past the call's cap (memory_mb + 2 disk_mb + 64 = 384 MB)
@@ -535,13 +542,9 @@ def test_a_call_has_one_memory_cap_and_no_nested_namespaces(unchanged_machine):
            "        time.sleep(1.0)\n        os._exit(0)\n    pids.append(pid)\n"
            "ok = sum(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in (os.waitpid(p, 0)[1] for p in pids))\n"
            "print(ok, flush=True)")
-    nested = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-              "CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x20000\n"
-              "print(libc.unshare(CLONE_NEWUSER | CLONE_NEWNS), ctypes.get_errno())")
-    big, inner = run_alone(hog, nested, wall_s=4, memory_mb=256, processes=8)
+    (big,) = run_alone(hog, wall_s=4, memory_mb=256, processes=8)
     survivors = int(big.stdout or 0)
     assert survivors < 6  # some were killed by the call's cgroup (none would be without it)
-    assert inner.stdout == "-1 28\n"  # ENOSPC: no user namespace can be created inside
 
 
 def test_call_based_equality_rules():
