@@ -36,6 +36,7 @@ from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files, preflight
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
 from gdpo_ray.batch import rewards_matrix
+from gdpo_ray.checkpoints import COMPLETE_MARKER
 from gdpo_ray.groups import read_groups
 from gdpo_ray.rewards.spec import plain_declaration
 
@@ -554,48 +555,6 @@ def _request_rollout_nodes(per_actor: dict, actors: int) -> None:
         request_resources(bundles=[dict(per_actor)] * actors)
     except Exception as err:  # noqa: BLE001 - no autoscaler (a local or fixed cluster): fine
         logger.info("no autoscaler to ask for rollout nodes: %s", err)
-
-
-#: written last into a checkpoint: only a directory holding it is a complete checkpoint
-COMPLETE_MARKER = "gdpo_checkpoint_complete"
-
-
-def check_checkpoint(checkpoint: str) -> None:
-    """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint."""
-    root = pathlib.Path(checkpoint)
-    if not (root / "class_and_ctor_args.pkl").is_file():
-        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
-    if not (root / COMPLETE_MARKER).is_file():
-        siblings = sorted(p.name for p in root.parent.iterdir() if (p / COMPLETE_MARKER).is_file())
-        raise ValueError(f"--resume {checkpoint}: an incomplete checkpoint (its save was cut short: "
-                         f"no {COMPLETE_MARKER}); resume from a complete one"
-                         + (f" beside it: {siblings}" if siblings else ""))
-
-
-#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
-RESUME_FIXED = ("prompts", "num_prompts", "columns", "prompt_column", "id_column", "seed")
-
-
-def resume_changes(config: GDPOConfig, checkpoint: str) -> list[tuple[str, Any, Any]]:
-    """(field, saved value, this config's value) of every GDPO field that differs from the
-    checkpoint's config. Raises ValueError, before anything starts, if one of ``RESUME_FIXED``
-    differs: the saved prompt state would then point into other data."""
-    import pickle
-
-    check_checkpoint(checkpoint)
-    path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
-    with open(path, "rb") as f:
-        saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
-    names = [*fields.FIELDS, "seed", "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
-    changes = [(name, saved.get(name), getattr(config, name)) for name in names
-               if saved.get(name) != getattr(config, name)]
-    for name, old, new in changes:
-        if name in RESUME_FIXED:
-            section = fields.FIELDS[name].section if name in fields.FIELDS else "debugging"
-            raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
-                             f"and is {new!r} now; a run resumes on the data it started with (set it "
-                             f"back, or start a new run)")
-    return changes
 
 
 def resolve_model_path(spec: str) -> pathlib.Path:

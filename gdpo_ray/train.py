@@ -77,7 +77,7 @@ class TrainingRun:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
         gdpo.validate()
         if resume:
-            from gdpo_ray.algorithm import resume_changes
+            from gdpo_ray.checkpoints import resume_changes
 
             if not Path(resume).is_dir():
                 raise ValueError(f"--resume {resume}: no such checkpoint directory")

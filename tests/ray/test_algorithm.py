@@ -236,7 +236,7 @@ def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp
 def test_a_learner_dying_in_the_checkpoint_loses_nothing(ray_cluster, tmp_path, monkeypatch):
     """The automatic checkpoint is inside recovery, and only a complete one counts; event
     counters (a rollout actor's restart) survive the recovery."""
-    from gdpo_ray.algorithm import COMPLETE_MARKER, check_checkpoint
+    from gdpo_ray.checkpoints import COMPLETE_MARKER, check_checkpoint
 
     algo = demo_config("training.checkpoint_every=1", f"training.checkpoint_dir={tmp_path}").build_algo()
     try:

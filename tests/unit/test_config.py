@@ -124,7 +124,7 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
     import pickle
 
-    from gdpo_ray.algorithm import COMPLETE_MARKER, resume_changes
+    from gdpo_ray.checkpoints import COMPLETE_MARKER, resume_changes
 
     saved = good().training(lr=2e-4)
     with open(tmp_path / "class_and_ctor_args.pkl", "wb") as f:  # as RLlib writes a checkpoint

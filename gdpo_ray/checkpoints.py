@@ -1,0 +1,54 @@
+"""gdpo-ray checkpoints on disk: what makes one complete, and what a resumed run may change.
+
+``GDPO.save_to_path`` writes a checkpoint aside, then ``COMPLETE_MARKER``, then renames it into
+place; only a directory holding the marker is a checkpoint (``check_checkpoint``).
+``resume_changes`` compares a new run's config with the checkpoint's, before anything starts.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+from gdpo_ray import config as fields
+
+#: written last into a checkpoint: only a directory holding it is a complete checkpoint
+COMPLETE_MARKER = "gdpo_checkpoint_complete"
+
+
+def check_checkpoint(checkpoint: str) -> None:
+    """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint."""
+    root = pathlib.Path(checkpoint)
+    if not (root / "class_and_ctor_args.pkl").is_file():
+        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
+    if not (root / COMPLETE_MARKER).is_file():
+        siblings = sorted(p.name for p in root.parent.iterdir() if (p / COMPLETE_MARKER).is_file())
+        raise ValueError(f"--resume {checkpoint}: an incomplete checkpoint (its save was cut short: "
+                         f"no {COMPLETE_MARKER}); resume from a complete one"
+                         + (f" beside it: {siblings}" if siblings else ""))
+
+
+#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
+RESUME_FIXED = ("prompts", "num_prompts", "columns", "prompt_column", "id_column", "seed")
+
+
+def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
+    """(field, saved value, this config's value) of every GDPO field that differs from the
+    checkpoint's config. Raises ValueError, before anything starts, if one of ``RESUME_FIXED``
+    differs: the saved prompt state would then point into other data."""
+    import pickle
+
+    check_checkpoint(checkpoint)
+    path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
+    with open(path, "rb") as f:
+        saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
+    names = [*fields.FIELDS, "seed", "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
+    changes = [(name, saved.get(name), getattr(config, name)) for name in names
+               if saved.get(name) != getattr(config, name)]
+    for name, old, new in changes:
+        if name in RESUME_FIXED:
+            section = fields.FIELDS[name].section if name in fields.FIELDS else "debugging"
+            raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
+                             f"and is {new!r} now; a run resumes on the data it started with (set it "
+                             f"back, or start a new run)")
+    return changes
