@@ -17,7 +17,7 @@ a count, and their prompts are handed back to be re-issued.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Sequence
+from typing import Sequence
 
 import pyarrow as pa
 

@@ -18,7 +18,6 @@ prompts, and ``resize(n)`` adds or removes actors while a run goes on.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import itertools
 import time
@@ -76,7 +75,7 @@ class RolloutActor:
         self.engine = make_engine(engine, model_path, seed=seed, **dict(engine_kwargs or {}))
         self.tokenizer = self.engine.tokenizer
         self.rewards = RewardPool(rewards, num_workers=reward_workers)
-        self.version = 0
+        self.version, self.channel = 0, None
 
     def ready(self) -> str:
         """The id of the Ray node this actor runs on (once it has started)."""
@@ -97,10 +96,10 @@ class RolloutActor:
 
     def set_weights(self, version: int, weights: Any) -> int:
         """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
-        ObjectRefs of weight buckets (``gdpo_ray.weights``), read one at a time, zero-copy."""
+        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``), read one at a time, zero-copy."""
         import ray
 
-        from gdpo_ray.weights import unpack_bucket
+        from gdpo_ray.weights.buckets import unpack_bucket
 
         if isinstance(weights, Mapping):
             self.engine.load_weights(weights.items())
@@ -111,28 +110,20 @@ class RolloutActor:
         return self.version
 
     def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
-        """Joins the learners' weight broadcast group (``gdpo_ray.weights.WeightBroadcast``)
-        as ``rank``, proposing what its engine's device allows (``receiver_backend``: gloo on
-        CPU, NCCL on CUDA, vLLM's weight transfer for vllm on CUDA); returns the group's
-        backend. A vllm engine then joins vLLM's transfer group itself."""
-        from gdpo_ray.weights import WeightBroadcast, receiver_backend
+        """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),
+        proposing what its engine's device allows (gloo on CPU, NCCL on CUDA, vLLM's weight
+        transfer for vllm on CUDA); returns the group's backend."""
+        from gdpo_ray.weights.channels import open_channel, receiver_backend
 
-        if getattr(self, "broadcast", None) is not None:
-            self.broadcast.close()
-        self.broadcast = WeightBroadcast(host, port, rank, world_size,
-                                         backend=receiver_backend(self.engine))
-        if self.broadcast.backend == "vllm":
-            self.engine.join_weight_transfer(host, self.broadcast.vllm_port, rank, world_size)
-        return self.broadcast.backend
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = open_channel(host, port, rank, world_size, receiver_backend(self.engine))
+        self.channel.attach(self.engine)
+        return self.channel.backend
 
     def receive_weights(self, version: int) -> int:
-        """Loads one broadcast push and becomes ``version``: through vLLM's weight transfer
-        (start, update, finish) on a vllm group, else bucket by bucket in one pass through the
-        engine's ``load_weights``."""
-        if self.broadcast.backend == "vllm":
-            self.engine.receive_broadcast(self.broadcast.update_info())
-        else:
-            self.engine.load_weights(self.broadcast.receive())
+        """Loads one broadcast version into the engine and becomes ``version``."""
+        self.channel.receive_into(self.engine)
         self.version = int(version)
         return self.version
 
@@ -154,7 +145,7 @@ class RolloutActor:
 
     def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
         """-> (metadata, one record batch of the complete groups). Use with num_returns=2."""
-        start, wall_start = time.perf_counter(), time.time()
+        start = time.perf_counter()
         version, filtered, kept, ids = self.version, [], [], []
         for p in prompts:
             tokens = self.tokenize(p.prompt)
@@ -193,8 +184,7 @@ class RolloutActor:
                 task_columns=p.columns,
             ))
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
-        timing = CallTiming(generate_s=t_generate - start, score_s=time.perf_counter() - t_generate,
-                            start=wall_start, end=time.time())
+        timing = CallTiming(generate_s=t_generate - start, score_s=time.perf_counter() - t_generate)
         meta = CallMeta(groups=[(gid, a, b, version) for gid, a, b in group_bounds(batch)],
                         filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
         return meta, batch
@@ -255,8 +245,6 @@ class RolloutGroup:
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0,
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
         self._filtered_in_a_row = 0  # prompts filtered since a group was last generated
-        # the latest finished calls: generate_s, score_s and wall-clock start, end
-        self.calls_timing: collections.deque[CallTiming] = collections.deque(maxlen=4096)
         self.resize(num_actors)
 
     @property
@@ -291,6 +279,10 @@ class RolloutGroup:
             self.slots.remove(slot)
             self._reissue(slot.calls)
             self._ray.kill(slot.handle)
+
+    def receivers(self) -> list[Any]:
+        """The actors' handles, in slot order (the receivers of a weight push)."""
+        return [s.handle for s in self.slots]
 
     def placement(self) -> list[str | None]:
         """The node id of every actor (None: not started yet, e.g. waiting for a node)."""
@@ -399,7 +391,6 @@ class RolloutGroup:
         self.stats["groups"] += len(refs) - len(stale)
         self.stats["tokens"] += meta.tokens
         if meta.timing is not None:
-            self.calls_timing.append(meta.timing)
             self.stats["generate_s"] += meta.timing.generate_s
             self.stats["score_s"] += meta.timing.score_s
 

@@ -8,7 +8,7 @@ engine refuses top_p < 1 and top_k > 0 rather than record logprobs of another di
 Weights in: ``load_weights`` (any device) reloads through ``collective_rpc("reload_weights")``;
 on CUDA the engine is also built with vLLM's NCCL weight transfer (``weight_transfer_config``),
 through which ``receive_broadcast`` takes a learner's NCCL broadcast straight into the running
-engine (``gdpo_ray.weights.WeightBroadcast``, backend "vllm").
+engine (``gdpo_ray.weights.channels.VllmChannel``).
 """
 
 from __future__ import annotations

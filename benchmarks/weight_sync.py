@@ -1,13 +1,13 @@
 """Weights out: a ~100M-parameter model from a DeepSpeed learner to 1 and 2 rollout actors.
 
-The push (``LearnerGroup.push_weights``: buckets of the learner's parameters written once into
+The push (``gdpo_ray.weights.transports.ObjectStoreTransport``: buckets of the learner's parameters written once into
 Ray's object store, read zero-copy by every actor and copied into its engine) is timed until the
 actors report the new version, against one plain memory copy of the model's bytes. Keys
 (``--json``): ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, and two_over_one (aim < 1.5);
-the same with the prefix ``broadcast_`` for the collective path (``broadcast_weights``: gloo). One untimed push first warms
+the same with the prefix ``broadcast_`` for the collective path (``BroadcastTransport``: gloo). One untimed push first warms
 the object store's memory.
 
-``--device cuda`` (a GPU machine) times instead the NCCL broadcast (``broadcast_weights`` from a
+``--device cuda`` (a GPU machine) times instead the NCCL broadcast (``BroadcastTransport`` from a
 learner on the GPU to hf engines on the GPU) to 1 and 2 actors, against one device-to-device copy
 of the model's bytes: nccl_ratio_to_copy_1, nccl_ratio_to_copy_2 and nccl_two_over_one. On one
 GPU the learner and actors share it, which NCCL allows from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE);
@@ -67,19 +67,23 @@ def rollout_group(model: str, n: int, **options):
                         n, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1), **options)
 
 
-def timed_pushes(method, rollouts, version: int, args, copy) -> tuple[float, float, int]:
+def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, float, int]:
     """(best push s, best copy s, last version): one untimed push, then ``args.repeats`` timed
-    pushes (until every actor reports the version), each beside one timed ``copy()``."""
+    pushes (until every actor reports the version), each beside one timed ``copy()``. The
+    actors generate nothing meanwhile (no pump): the push alone is timed."""
     import ray
+
+    def push_weights(transport, rollouts, version):
+        rollouts.on_update(version, transport.send(version, rollouts.receivers()).buckets)
 
     n = len(rollouts.slots)
     version += 1
-    method(rollouts, version, bucket_bytes=args.bucket_mb << 20)  # warm-up
+    push_weights(transport, rollouts, version)  # warm-up
     push, copies = [], []
     for _ in range(args.repeats):
         version += 1
         start = time.perf_counter()
-        method(rollouts, version, bucket_bytes=args.bucket_mb << 20)
+        push_weights(transport, rollouts, version)
         assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
         push.append(time.perf_counter() - start)
         copies.append(copy())
@@ -90,6 +94,7 @@ def measure_cpu(args, model: str) -> dict:
     """Object-store push and gloo broadcast against one host memcpy."""
     import ray
 
+    from gdpo_ray.weights.transports import BroadcastTransport, ObjectStoreTransport
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -110,8 +115,9 @@ def measure_cpu(args, model: str) -> dict:
     for n in (1, 2):
         rollouts = rollout_group(model, n)
         ray.get([s.starting for s in rollouts.slots])
-        for method, prefix in ((learners.push_weights, ""), (learners.broadcast_weights, "broadcast_")):
-            push, copy, version = timed_pushes(method, rollouts, version, args, memcpy)
+        for transport, prefix in ((ObjectStoreTransport(learners, args.bucket_mb << 20), ""),
+                                  (BroadcastTransport(learners, args.bucket_mb << 20), "broadcast_")):
+            push, copy, version = timed_pushes(transport, rollouts, version, args, memcpy)
             results[f"{prefix}push_s_{n}"] = push
             results[f"{prefix}memcpy_s_{n}"] = copy
             results[f"{prefix}ratio_to_memcpy_{n}"] = push / copy
@@ -143,8 +149,9 @@ def measure_nccl(args, model: str) -> dict:
     import ray
     import torch
 
+    from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
+    from gdpo_ray.weights.transports import BroadcastTransport
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup
-    from gdpo_ray.weights import MULTI_RANK_GPU_ENV
 
     share = nccl_share()
     if isinstance(share, str):
@@ -170,9 +177,10 @@ def measure_nccl(args, model: str) -> dict:
     for n in (1, 2):
         rollouts = rollout_group(model, n, actor={"engine_kwargs": {"device": "cuda"}}, num_gpus=share)
         ray.get([s.starting for s in rollouts.slots])
-        push, copy, version = timed_pushes(learners.broadcast_weights, rollouts, version, args, device_copy)
-        if learners.broadcast_backend != "nccl":
-            raise SystemExit(f"the broadcast group fell back to {learners.broadcast_backend}, not NCCL")
+        transport = BroadcastTransport(learners, args.bucket_mb << 20)
+        push, copy, version = timed_pushes(transport, rollouts, version, args, device_copy)
+        if transport.backend != "nccl":
+            raise SystemExit(f"the broadcast group fell back to {transport.backend}, not NCCL")
         results[f"nccl_push_s_{n}"] = push
         results[f"nccl_copy_s_{n}"] = copy
         results[f"nccl_ratio_to_copy_{n}"] = push / copy

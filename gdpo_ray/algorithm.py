@@ -202,23 +202,26 @@ class GDPO(Algorithm):
         self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
         self.policy_version = 0
         self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}
-        self.update_intervals: list[tuple[float, float]] = []  # wall clock of each learner update
         self._rollout_busy = (0.0, 0.0)  # generate_s, score_s summed at the last step
+        self._groups_during_update = 0  # groups that finished while the learners updated
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
-        self.learners = self._build_learners()
+        self._start_learners()
         self.rollouts = self._build_rollouts()
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
 
-    def _build_learners(self):
+    def _start_learners(self) -> None:
+        """The learners, and the weight transport (``training.weight_sync``) that sends from them."""
+        from gdpo_ray.weights.transports import make_transport
         from learners.deepspeed_learner import LearnerGroup
 
         c = self.config
         extra = c.rollout_resources if c.colocate else None
-        return LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
-                            num_cpus_per_learner=c.num_cpus_per_learner,
-                            num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
+        self.learners = LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
+                                     num_cpus_per_learner=c.num_cpus_per_learner,
+                                     num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
+        self.transport = make_transport(c.weight_sync, self.learners, c.weight_bucket_bytes)
 
     def _build_rollouts(self):
         from actors.rollout import RolloutGroup
@@ -301,7 +304,7 @@ class GDPO(Algorithm):
             with _timed(timers, "update"):
                 learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
             with _timed(timers, "push_weights"):
-                self._push_weights()
+                self._push_weights(self.policy_version + 1)
             with _timed(timers, "metrics"):
                 self.prompts.mark_trained([g.group_id for g in groups])
                 self.counters["trained_groups"] += len(groups)
@@ -356,25 +359,24 @@ class GDPO(Algorithm):
         """The learner update; the rollout group is pumped while it runs (overlap)."""
         import ray
 
-        start = time.time()
         if self.config.colocate:  # the engines give the shared devices to the learners
             self.rollouts.sleep()
+        before = self.rollouts.stats["groups"]
         refs = self.learners.update_async(groups, advantages)
         while ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
             self.rollouts.pump(timeout=0.05)
-        self.update_intervals.append((start, time.time()))
+        self._groups_during_update = self.rollouts.stats["groups"] - before
         metrics = ray.get(refs)[0]
         if self.config.colocate:
             self.rollouts.wake_up()
         return metrics
 
-    def _push_weights(self) -> None:
-        c, version = self.config, self.policy_version + 1
-        bucket = c.weight_bucket_bytes
-        if c.weight_sync == "broadcast":
-            self.learners.broadcast_weights(self.rollouts, version, bucket)
-        else:
-            self.learners.push_weights(self.rollouts, version, bucket)
+    def _push_weights(self, version: int) -> None:
+        """The policy as ``version`` to every rollout actor, through the run's transport (the
+        one place a version goes out: after an update, a learner recovery, a restore)."""
+        from gdpo_ray.weights.transports import push_weights
+
+        push_weights(self.transport, self.rollouts, version)
         self.policy_version = version
 
     def _step_metrics(self, step, groups, batches, rewards, details, filtered) -> dict:
@@ -398,6 +400,8 @@ class GDPO(Algorithm):
                    "rollout/actors": float(len(placement)),
                    "rollout/nodes": float(len({n for n in placement if n is not None})),
                    "rollout/dropped_stale": float(self.buffer.dropped_stale),
+                   # generation that overlapped the learning
+                   "rollout/groups_during_update": float(self._groups_during_update),
                    "rollout/reissued": float(stats["reissued"]),
                    "rollout/actor_restarts": float(stats["actor_restarts"]),
                    "rollout/prompts_filtered": float(stats["filtered"]),
@@ -456,14 +460,13 @@ class GDPO(Algorithm):
             self.learners.shutdown()
         except Exception:  # noqa: BLE001 - some of them are dead already
             pass
-        self.learners = self._build_learners()
+        self._start_learners()
         if self._last_checkpoint:
             self.restore_from_path(self._last_checkpoint)
         else:
             self.rollouts.discard_in_flight()
             self.set_state(self._initial_state)
-            self.learners.push_weights(self.rollouts, self.policy_version,
-                                       self.config.weight_bucket_bytes)
+            self._push_weights(self.policy_version)
         self.counters["learner_recoveries"], stats, self.buffer.dropped_stale = events
         self.rollouts.stats.update(stats)
 
@@ -519,8 +522,7 @@ class GDPO(Algorithm):
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
         Checkpointable.restore_from_path(self, path, *args, **kwargs)
         self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
-        self.learners.push_weights(self.rollouts, self.policy_version,
-                                   self.config.weight_bucket_bytes)
+        self._push_weights(self.policy_version)
 
     def export_policy(self, path: str) -> str:
         """The current policy as a Hugging Face model directory (from_pretrained / vLLM)."""

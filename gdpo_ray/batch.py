@@ -203,12 +203,10 @@ def check_group(batch: pa.RecordBatch) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CallTiming:
-    """Seconds a rollout call spent generating and scoring, and its wall-clock span."""
+    """Seconds a rollout call spent generating and scoring."""
 
     generate_s: float
     score_s: float
-    start: float
-    end: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import os
 import time
 from typing import Any, Sequence
@@ -27,8 +26,8 @@ import numpy as np
 
 from gdpo_ray.config import merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+from learners.weight_sender import WeightSender
 
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +125,7 @@ class DeepSpeedLearner:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
         import ray
 
-        from gdpo_ray.weights import free_port
+        from gdpo_ray.weights.channels import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
@@ -141,7 +140,7 @@ class DeepSpeedLearner:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        self.torch, self.deepspeed = torch, deepspeed
+        self.torch = torch
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -154,6 +153,7 @@ class DeepSpeedLearner:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.ref = None
         self.device = self.engine.device
+        self.sender, self.channel = WeightSender(self.engine, cfg.zero_stage), None
         if cfg.loss.kl_coef > 0:  # the frozen reference policy of the KL term
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref.to(self.device).eval().requires_grad_(False)
@@ -289,116 +289,43 @@ class DeepSpeedLearner:
 
     # -- weights, checkpoints ----------------------------------------------------------------
 
-    def _full_params(self, checkpoint_names: bool = False):
-        """(name, full tensor) of every parameter, gathered one at a time under ZeRO-3 (a
-        collective: call on all ranks). ``checkpoint_names`` lists every name of the model's
-        state dict, tied weights included (lm_head.weight beside embed_tokens), which vLLM's
-        reload needs."""
-        module = self.engine.module
-        named = (module.state_dict(keep_vars=True).items() if checkpoint_names
-                 else module.named_parameters())
-        for name, tensor in self._gathered(named):
-            yield name, tensor.cpu()
-
-    def _gathered(self, named):
-        """(name, full float32 tensor on this learner's device) of ``named`` parameters, each
-        gathered on its own under ZeRO-3 (a collective: every rank iterates alike)."""
-        for name, param in named:
-            if self.config.zero_stage == 3 and hasattr(param, "ds_id"):
-                with self.deepspeed.zero.GatheredParameters([param]):
-                    yield name, param.detach().float().clone()
-            else:
-                yield name, param.detach().float()
-
-    def _flat_parameters(self) -> list[tuple[np.ndarray, list]] | None:
-        """Under ZeRO-1/2 on the host every parameter is a view into DeepSpeed's flat buffers
-        (``bit16_groups_flat``): [(the buffer's bytes, [(offset, name, dtype, shape, nbytes)])]
-        over every checkpoint name, or None where some tensor lies outside them (ZeRO-0/3, GPU)."""
-        flats = getattr(getattr(self.engine, "optimizer", None), "bit16_groups_flat", None)
-        if not flats or self.config.zero_stage not in (1, 2) or self.device.type != "cpu":
-            return None
-        spans = [(f.data_ptr(), f.data_ptr() + f.numel() * f.element_size()) for f in flats]
-        entries: list[list] = [[] for _ in flats]
-        for name, tensor in self.engine.module.state_dict(keep_vars=True).items():
-            ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
-            hit = [i for i, (a, b) in enumerate(spans) if a <= ptr and ptr + nbytes <= b]
-            if not hit or not tensor.is_contiguous():
-                return None
-            entries[hit[0]].append((ptr - spans[hit[0]][0], name,
-                                    str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), nbytes))
-        return [(f.detach().view(-1).view(self.torch.uint8).numpy(), e)
-                for f, e in zip(flats, entries) if e]
-
     def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int] | None:
         """Rank 0: (ObjectRefs of the weight buckets, largest bucket's bytes); None elsewhere.
         Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
-        import ray
-
-        from gdpo_ray.weights import bucket_bytes_of, pack_buckets, pack_flat_buckets
-
-        refs, peak = [], 0
-        flat = self._flat_parameters() if self.rank == 0 else None
-        buckets = ((b for data, entries in flat for b in pack_flat_buckets(data, entries, bucket_bytes))
-                   if flat is not None else pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes))
-        for bucket in buckets:
-            if self.rank == 0:
-                peak = max(peak, bucket_bytes_of(bucket))
-                refs.append(ray.put(bucket))
-        return (refs, peak) if self.rank == 0 else None
+        if self.rank != 0:
+            self.sender.take_part()
+            return None
+        return self.sender.put_buckets(bucket_bytes)
 
     def open_broadcast(self, host: str, port: int, world_size: int) -> str:
         """Rank 0 joins a weight broadcast group as its root (with the rollout actors),
         proposing NCCL on CUDA and gloo on CPU; returns the backend the group agreed on
-        (``gdpo_ray.weights.WeightBroadcast``)."""
-        from gdpo_ray.weights import WeightBroadcast
+        (``gdpo_ray.weights.channels``)."""
+        from gdpo_ray.weights.channels import open_channel
 
-        if getattr(self, "broadcast", None) is not None:
-            self.broadcast.close()
-        self.broadcast = WeightBroadcast(host, port, 0, world_size,
-                                         backend="nccl" if self.device.type == "cuda" else "gloo")
-        return self.broadcast.backend
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = open_channel(host, port, 0, world_size,
+                                    "nccl" if self.device.type == "cuda" else "gloo")
+        return self.channel.backend
 
     def broadcast_weights(self, bucket_bytes: int) -> int | None:
-        """Every rank gathers (ZeRO-3); rank 0 broadcasts: host buckets over gloo, device
-        buckets over NCCL, or one tensor at a time into vLLM's weight transfer. Returns the
-        largest bucket's (vllm: tensor's) bytes on rank 0, None elsewhere."""
-        from gdpo_ray.weights import pack_buckets
-
+        """Rank 0 sends the weights over its broadcast channel (every rank takes part in the
+        ZeRO-3 gathers); returns the largest bucket's (vllm: tensor's) bytes on rank 0."""
         if self.rank != 0:
-            if self.config.zero_stage == 3:  # the other ranks take part in the gathers only
-                for _ in self._device_params():
-                    pass
+            self.sender.take_part()
             return None
-        if self.broadcast.backend == "gloo":
-            return self.broadcast.send(pack_buckets(self._full_params(checkpoint_names=True), bucket_bytes))
-        if self.broadcast.backend == "nccl":
-            return self.broadcast.send(pack_buckets(self._device_params(), bucket_bytes, on_device=True))
-        return self.broadcast.send_tensors(self._device_params(), self._weight_metadata())
-
-    def _device_params(self):
-        """(name, full float32 tensor on this learner's device) of every state-dict entry, in
-        ``_full_params(checkpoint_names=True)``'s order, gathered one at a time under ZeRO-3 (a
-        collective: call on all ranks)."""
-        yield from self._gathered(self.engine.module.state_dict(keep_vars=True).items())
-
-    def _weight_metadata(self) -> dict:
-        """vLLM's ``update_info`` for ``_device_params`` (names, dtype names, full shapes; a
-        ZeRO-3 partition keeps its full shape in ``ds_shape``), read without gathering."""
-        names, shapes = [], []
-        for name, param in self.engine.module.state_dict(keep_vars=True).items():
-            names.append(name)
-            shapes.append(list(param.ds_shape if hasattr(param, "ds_shape") else param.shape))
-        return {"names": names, "dtype_names": ["float32"] * len(names), "shapes": shapes}
+        return self.channel.send(self.sender, bucket_bytes)
 
     def get_weights(self) -> dict[str, np.ndarray] | None:
         """Full weights on rank 0 (None elsewhere); every rank must call it."""
-        out = {name: t.numpy().copy() for name, t in self._full_params(checkpoint_names=True)}
+        out = {name: t.numpy().copy() for name, t in self.sender.host_tensors()}
         return out if self.rank == 0 else None
 
     def weights_digest(self) -> str:
         """sha256 of all parameters (float32), every rank; a collective under ZeRO-3."""
         h = hashlib.sha256()
-        for name, t in self._full_params():
+        for name, t in self.sender.host_tensors(every_name=False):
             h.update(name.encode())
             h.update(t.contiguous().numpy().tobytes())
         return h.hexdigest()
@@ -428,7 +355,7 @@ class DeepSpeedLearner:
 
     def export_hf(self, path: str) -> None:
         """The current policy as a HF model directory (rank 0 writes; all ranks must call)."""
-        weights = dict(self._full_params(checkpoint_names=True))
+        weights = dict(self.sender.host_tensors())
         if self.rank == 0:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -452,12 +379,6 @@ def _hash_nested(h, value) -> None:
             _hash_nested(h, v)
     else:
         h.update(repr(value).encode())
-
-
-class _BrokenBroadcast(Exception):
-    def __init__(self, actors: list, cause: Any) -> None:
-        super().__init__(str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__)
-        self.actors = actors
 
 
 class LearnerGroup:
@@ -508,77 +429,25 @@ class LearnerGroup:
             calls.append(learner.update.remote([groups[g] for g in share], rows))
         return calls
 
-    def push_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
-        """New weights to every rollout actor (``RolloutGroup.on_update``); returns the largest
+    # -- weights out (the transports of gdpo_ray.weights.transports drive these) --------------
+
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
+        """The weights as buckets in the object store: (their ObjectRefs, the largest bucket's
+        bytes), from rank 0 (the others take part in the ZeRO-3 gathers)."""
+        return self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
+
+    def broadcast_address(self) -> tuple[str, int]:
+        """Where learner rank 0 hosts a broadcast group: its node's address and a free port."""
+        return self._ray.get(self.learners[0].address.remote())
+
+    def open_broadcast_async(self, host: str, port: int, world_size: int) -> Any:
+        """Rank 0 opens a broadcast group as its root: the ObjectRef of the agreed backend."""
+        return self.learners[0].open_broadcast.remote(host, port, world_size)
+
+    def broadcast_weights_async(self, bucket_bytes: int) -> list[Any]:
+        """Every rank's part of one broadcast (rank 0 sends): ObjectRefs, rank 0's the largest
         bucket's bytes."""
-        refs, peak = self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
-        rollouts.on_update(version, refs)
-        return peak
-
-    def broadcast_weights(self, rollouts: Any, version: int, bucket_bytes: int = 256 << 20) -> int:
-        """New weights to every rollout actor over a broadcast from learner rank 0, bypassing
-        the object store: NCCL when learner and engines are all on CUDA (vLLM engines through
-        vLLM's weight transfer), else gloo; ``self.broadcast_backend`` says which. The group is
-        (re)built when the actors changed. Returns the largest bucket's bytes.
-
-        A rollout actor that dies before or during a push costs no more than that push: the
-        group is dropped (rebuilt at the next push), every actor whose part did not complete
-        (the dead one, and survivors left waiting inside a collective) is replaced with its work
-        re-issued (``RolloutGroup.restart``), and this version goes out through the object
-        store. A dead learner raises (the algorithm's learner recovery)."""
-        ray = self._ray
-        rollouts.pump(0)  # actors that died since the last push (their calls failed): replaced
-        actors = [s.handle for s in rollouts.slots]
-        parts: list[tuple[Any, Any]] = []  # (actor, ref of its part of this push)
-        try:
-            if getattr(self, "_broadcast_members", None) != actors:
-                self._broadcast_members = None
-                host, port = ray.get(self.learners[0].address.remote())
-                world = 1 + len(actors)
-                parts = [(a, a.join_broadcast.remote(host, port, i + 1, world)) for i, a in enumerate(actors)]
-                self.broadcast_backend = self._settle(
-                    [self.learners[0].open_broadcast.remote(host, port, world)], parts)[0]
-                self._broadcast_members = actors
-            parts = [(a, a.receive_weights.remote(version)) for a in actors]
-            peak = self._settle([learner.broadcast_weights.remote(bucket_bytes)
-                                 for learner in self.learners], parts)[0]
-        except _BrokenBroadcast as broken:
-            logger.warning("weight broadcast of version %d failed (%s); replacing %d rollout "
-                           "actor(s) and pushing through the object store", version, broken,
-                           len(broken.actors))
-            self._broadcast_members = None
-            rollouts.restart(broken.actors)
-            return self.push_weights(rollouts, version, bucket_bytes)
-        rollouts.on_update(version, None)
-        return peak
-
-    def _settle(self, learner_refs: list, parts: list[tuple[Any, Any]], grace_s: float = 10.0) -> list:
-        """The learners' results of a broadcast step whose other members are ``parts``. Raises
-        a learner's death as it is; any other failure as ``_BrokenBroadcast`` naming the actors
-        whose part did not complete (those still waiting ``grace_s`` after the learners gave up
-        are stuck in the collective)."""
-        ray = self._ray
-        try:
-            results = ray.get(learner_refs)
-            failed = None
-        except ray.exceptions.RayActorError:
-            raise  # a learner died: not the broadcast's to handle
-        except ray.exceptions.RayTaskError as err:  # e.g. gloo: "Connection closed by peer"
-            results, failed = None, err
-        refs = [ref for _, ref in parts]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=grace_s if failed else None)
-        broken = []
-        for actor, ref in parts:
-            if ref not in done:
-                broken.append(actor)
-                continue
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayError:
-                broken.append(actor)
-        if failed is not None or broken:
-            raise _BrokenBroadcast(broken or [a for a, _ in parts], failed or "a rollout actor died")
-        return results
+        return [learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners]
 
     def _on_all(self, call) -> list[Any]:
         """``call(learner)`` (an ObjectRef) on every learner, results in rank order

@@ -107,7 +107,7 @@ def _interpreter_paths() -> tuple[list[str], list[str]]:
     hide |= {os.path.realpath(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
     hide |= {os.path.realpath(site.getusersitepackages())}
     if base == "/usr" or base.startswith("/usr/"):  # a system Python: Debian's dist-packages too
-        hide |= {f"/usr/lib/python3/dist-packages", f"/usr/local/lib/python{sys.version_info[0]}."
+        hide |= {"/usr/lib/python3/dist-packages", f"/usr/local/lib/python{sys.version_info[0]}."
                  f"{sys.version_info[1]}/dist-packages"}
     return expose, sorted(hide)
 

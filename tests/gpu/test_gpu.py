@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from gdpo_ray.weights import MULTI_RANK_GPU_ENV
+from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
+from gdpo_ray.weights.transports import BroadcastTransport, push_weights
 # the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
 from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
 
@@ -111,13 +112,13 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
     actor = rollouts.slots[0].handle
     try:
         ray_cluster.get(rollouts.slots[0].starting)
-        pushes = []
+        transport, pushes = BroadcastTransport(learners, 128 << 10), []
         for version in (1, 2):  # the second push reuses the group
             learners.update(fixed_batch, ADV)
-            peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
+            peak = push_weights(transport, rollouts, version).peak_bytes
             pushes.append((ray_cluster.get(actor.weights_digest.remote()),
                            ray_cluster.get(actor.policy_version.remote()), learners.weights_digests()[0]))
-        backend = learners.broadcast_backend
+        backend = transport.backend
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -147,11 +148,12 @@ def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray
         greedy_before = ray_cluster.get(actor.greedy.remote(prompts, 8))
         for _ in range(3):  # a large step, so that the random tiny model's greedy choice moves
             learners.update(fixed_batch, ADV)
-        learners.broadcast_weights(rollouts, 1)
+        transport = BroadcastTransport(learners, 256 << 20)
+        push_weights(transport, rollouts, 1)
         greedy_after = ray_cluster.get(actor.greedy.remote(prompts, 8))
         version = ray_cluster.get(actor.policy_version.remote())
         weights = learners.get_weights()
-        backend = learners.broadcast_backend
+        backend = transport.backend
     finally:
         learners.shutdown()
         rollouts.shutdown()

@@ -6,6 +6,7 @@ import pytest
 from gdpo_ray.groups import GroupRef
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
+from gdpo_ray.weights.transports import BroadcastTransport, ObjectStoreTransport, push_weights
 from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
 
 ADV = np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32)
@@ -149,7 +150,7 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
     rollouts = two_rollout_actors(tiny_model_dir)
     try:
         learners.update(fixed_batch, ADV)
-        peak = learners.push_weights(rollouts, version=1, bucket_bytes=bucket)
+        peak = push_weights(ObjectStoreTransport(learners, bucket), rollouts, version=1).peak_bytes
         after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
         versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
         learner_digest = learners.weights_digests()[0]
@@ -164,7 +165,7 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
 def test_pack_and_unpack_buckets():
     import torch
 
-    from gdpo_ray.weights import pack_buckets, unpack_bucket
+    from gdpo_ray.weights.buckets import pack_buckets, unpack_bucket
 
     tensors = [("a", torch.arange(6, dtype=torch.float32).view(2, 3)), ("b", torch.ones(300)),
                ("c", torch.tensor([1.5, -2.0], dtype=torch.bfloat16))]
@@ -198,10 +199,12 @@ def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
     rollouts = two_rollout_actors(tiny_model_dir)
     try:
         ray_cluster.get([s.starting for s in rollouts.slots])
-        digests = []
+        transport, digests = BroadcastTransport(learners, 128 << 10), []
         for version in (1, 2):  # the second push reuses the group
             learners.update(fixed_batch, ADV)
-            peak = learners.broadcast_weights(rollouts, version, bucket_bytes=128 << 10)
+            pushed = push_weights(transport, rollouts, version)
+            peak = pushed.peak_bytes
+            assert pushed.buckets is None and transport.backend == "gloo"
             after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
             versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
             digests.append((after, versions, learners.weights_digests()[0]))

@@ -104,7 +104,7 @@ def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
     """The object-store push: buckets of raw bytes, loaded one at a time into the running engine."""
     from transformers import AutoModelForCausalLM
 
-    from gdpo_ray.weights import pack_buckets, unpack_bucket
+    from gdpo_ray.weights.buckets import pack_buckets, unpack_bucket
 
     model = perturbed(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32"), 1, 0.3)
     # every checkpoint name, the tied lm_head.weight included: vLLM's reload needs them all

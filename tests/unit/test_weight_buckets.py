@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from gdpo_ray.weights import bucket_bytes_of, pack_flat_buckets, unpack_bucket
+from gdpo_ray.weights.buckets import bucket_bytes_of, pack_flat_buckets, unpack_bucket
 
 
 def flat_model():

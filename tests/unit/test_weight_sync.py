@@ -1,6 +1,6 @@
 """The backend agreement of a weight broadcast group (pure): NCCL only when every member can."""
 
-from gdpo_ray.weights import agreed_backend
+from gdpo_ray.weights.channels import agreed_backend
 
 CPU = {"backend": "gloo", "gpu": None, "share": False}
 

@@ -1,0 +1,125 @@
+"""The weight wire format: a model's parameters in buckets of bounded size.
+
+A bucket is ``{"names", "dtypes", "shapes", "arrays"}`` with one uint8 array of raw bytes per
+tensor (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
+byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_buckets``:
+DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
+speed). A single tensor larger than the bucket size travels alone. Peak extra memory on the
+sender is one bucket; no whole model is ever gathered into one tensor. Every transport
+(``gdpo_ray.weights.transports``) carries these buckets, or tensors in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+
+def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
+                 on_device: bool = False) -> Iterator[dict]:
+    """Buckets of at most ``bucket_bytes`` (one oversized tensor makes a bucket of its own).
+
+    A bucket holds byte views of the tensors, not a copy: ``ray.put`` writes them once into the
+    object store. (A ZeRO-3 parameter arrives as a gathered copy that the bucket keeps.) The
+    views are numpy arrays on the host, or with ``on_device`` uint8 torch tensors left on the
+    tensors' device (CUDA buckets for an NCCL broadcast)."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
+    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "arrays": []}
+    size = 0
+    for name, tensor in named_tensors:
+        flat = tensor.detach() if on_device else tensor.detach().cpu()
+        raw = flat.contiguous().view(-1).view(_uint8())
+        raw = raw if on_device else raw.numpy()
+        if bucket["names"] and size + raw.nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = {"names": [], "dtypes": [], "shapes": [], "arrays": []}, 0
+        bucket["names"].append(name)
+        bucket["dtypes"].append(str(tensor.dtype).removeprefix("torch."))
+        bucket["shapes"].append(tuple(tensor.shape))
+        bucket["arrays"].append(raw)
+        size += raw.nbytes
+    if bucket["names"]:
+        yield bucket
+
+
+def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, tuple, int]],
+                      bucket_bytes: int) -> Iterator[dict]:
+    """Buckets over one contiguous byte buffer in which the tensors already live (DeepSpeed's
+    flat parameter buffers under ZeRO-1/2): each bucket is ONE view of a byte range, ``offsets``
+    locate its tensors. ``entries``: (byte offset, name, dtype, shape, nbytes); tied names share
+    an offset. One large array per bucket is written into the object store at memory-copy speed,
+    where hundreds of small views are not."""
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
+    bucket, start, end = None, 0, 0
+    for offset, name, dtype, shape, nbytes in sorted(entries, key=lambda e: (e[0], e[1])):
+        grows = offset + nbytes > end  # a tied name inside the current range costs nothing
+        if bucket is not None and bucket["names"] and grows and offset + nbytes - start > bucket_bytes:
+            bucket["arrays"] = [flat[start:end]]
+            yield bucket
+            bucket = None
+        if bucket is None:
+            bucket = {"names": [], "dtypes": [], "shapes": [], "offsets": []}
+            start = end = offset
+        bucket["names"].append(name)
+        bucket["dtypes"].append(dtype)
+        bucket["shapes"].append(tuple(shape))
+        bucket["offsets"].append(offset - start)
+        end = max(end, offset + nbytes)
+    if bucket is not None and bucket["names"]:
+        bucket["arrays"] = [flat[start:end]]
+        yield bucket
+
+
+def bucket_bytes_of(bucket: dict) -> int:
+    return sum(a.nbytes for a in bucket["arrays"])
+
+
+def bucket_offsets(bucket: dict) -> list[int]:
+    """The byte offset of every tensor of a bucket within its bytes laid end to end (a flat
+    bucket's own ``offsets``; tied names share one)."""
+    if "offsets" in bucket:
+        return [int(o) for o in bucket["offsets"]]
+    return np.cumsum([0] + [a.nbytes for a in bucket["arrays"][:-1]], dtype=np.int64).tolist()
+
+
+def tensor_views(data: Any, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[tuple],
+                 offsets: Sequence[int]) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) views into ``data``, a uint8 torch tensor on any device, at byte
+    ``offsets``."""
+    import torch
+
+    for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
+        kind = getattr(torch, dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=kind).element_size()
+        yield name, data[offset:offset + size].view(kind).view(tuple(shape))
+
+
+def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
+    """(name, tensor) views of a bucket's bytes (read-only views when it came from the store)."""
+    import warnings
+
+    with warnings.catch_warnings():  # tensors over read-only object-store memory: only read
+        warnings.simplefilter("ignore", UserWarning)
+        if "offsets" in bucket:  # one byte range (pack_flat_buckets)
+            return list(tensor_views(_bytes(bucket["arrays"][0]), bucket["names"], bucket["dtypes"],
+                                     bucket["shapes"], bucket["offsets"]))
+        return [view for name, dtype, shape, raw in zip(bucket["names"], bucket["dtypes"],
+                                                         bucket["shapes"], bucket["arrays"])
+                for view in tensor_views(_bytes(raw), [name], [dtype], [shape], [0])]
+
+
+def _bytes(array: np.ndarray) -> Any:
+    import torch
+
+    if not array.nbytes:
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.frombuffer(memoryview(array), dtype=torch.uint8)
+
+
+def _uint8():
+    import torch
+
+    return torch.uint8

@@ -1,0 +1,161 @@
+"""Weight transports (driver side): how a new policy version gets from the learners to the rollout
+actors. One class per transport, chosen once from ``training.weight_sync`` (``TRANSPORTS``,
+``make_transport``), each with one interface:
+
+    send(version, receivers) -> Pushed    # connects the receivers if they changed, sends
+    close()                               # forgets the connection (rebuilt at the next send)
+
+and ``push_weights(transport, rollouts, version)`` is the one way a version goes out (after an
+update, a learner recovery, a restore): dead actors replaced first, the version sent, actors a
+failed broadcast left behind replaced, the rollout group told (``RolloutGroup.on_update``).
+
+``ObjectStoreTransport``: learner rank 0 writes buckets (``gdpo_ray.weights.buckets``) once into
+Ray's object store; each actor reads them zero-copy, and an actor started later loads the same
+refs. ``BroadcastTransport``: learner rank 0 and the actors form a group of their own
+(``gdpo_ray.weights.channels``: gloo, NCCL, or vLLM's weight transfer, as the members agree),
+rebuilt when the actors change. A receiver that dies before or during a broadcast costs no more
+than that version: the group is dropped, every actor whose part did not complete (the dead one,
+and survivors left waiting inside the collective) is named for replacement, and the version goes
+out through the object store instead. A dead learner raises (the algorithm's learner recovery).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Protocol, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pushed:
+    """One version sent. ``buckets``: ObjectRefs each receiver loads (and an actor started
+    later), or None when every receiver has loaded the version already; ``replace``: actors to
+    be replaced (their part of a broadcast failed); ``peak_bytes``: the largest bucket's."""
+
+    version: int
+    peak_bytes: int
+    buckets: list | None = None
+    replace: tuple = ()
+
+
+class WeightTransport(Protocol):
+    name: str
+
+    def send(self, version: int, receivers: Sequence[Any]) -> Pushed: ...
+
+    def close(self) -> None: ...
+
+
+class ObjectStoreTransport:
+    """Buckets in Ray's object store: any cluster, any device; nothing to connect."""
+
+    name = "object_store"
+
+    def __init__(self, learners: Any, bucket_bytes: int) -> None:
+        self.learners, self.bucket_bytes = learners, bucket_bytes
+
+    def send(self, version: int, receivers: Sequence[Any]) -> Pushed:
+        refs, peak = self.learners.weight_buckets(self.bucket_bytes)
+        return Pushed(version, peak, buckets=refs)
+
+    def close(self) -> None:
+        """Nothing is held between sends."""
+
+
+class _Broken(Exception):
+    def __init__(self, actors: list, cause: Any) -> None:
+        super().__init__(str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__)
+        self.actors = actors
+
+
+class BroadcastTransport:
+    """A broadcast from learner rank 0 over a group of its own with the receivers, bypassing
+    the object store: NCCL when learner and engines are all on CUDA (vLLM engines through
+    vLLM's weight transfer), else gloo; ``backend`` says which once connected."""
+
+    name = "broadcast"
+
+    def __init__(self, learners: Any, bucket_bytes: int, grace_s: float = 10.0) -> None:
+        self.learners, self.bucket_bytes, self.grace_s = learners, bucket_bytes, grace_s
+        self.members: list | None = None
+        self.backend: str | None = None
+        self._fallback = ObjectStoreTransport(learners, bucket_bytes)
+
+    def connect(self, receivers: Sequence[Any]) -> None:
+        """Builds the group with ``receivers`` (ranks 1..n) unless it has them already."""
+        if self.members == list(receivers):
+            return
+        self.members = None
+        host, port = self.learners.broadcast_address()
+        world = 1 + len(receivers)
+        parts = [(a, a.join_broadcast.remote(host, port, i + 1, world)) for i, a in enumerate(receivers)]
+        self.backend = self._settle([self.learners.open_broadcast_async(host, port, world)], parts)[0]
+        self.members = list(receivers)
+
+    def send(self, version: int, receivers: Sequence[Any]) -> Pushed:
+        try:
+            self.connect(receivers)
+            parts = [(a, a.receive_weights.remote(version)) for a in receivers]
+            peak = self._settle(self.learners.broadcast_weights_async(self.bucket_bytes), parts)[0]
+        except _Broken as broken:
+            logger.warning("weight broadcast of version %d failed (%s); replacing %d rollout "
+                           "actor(s) and pushing through the object store", version, broken,
+                           len(broken.actors))
+            self.close()
+            pushed = self._fallback.send(version, receivers)
+            return dataclasses.replace(pushed, replace=tuple(broken.actors))
+        return Pushed(version, peak)
+
+    def close(self) -> None:
+        self.members = None
+
+    def _settle(self, learner_refs: list, parts: list[tuple[Any, Any]]) -> list:
+        """The learners' results of a broadcast step whose other members are ``parts``. Raises
+        a learner's death as it is; any other failure as ``_Broken`` naming the actors whose
+        part did not complete (those still waiting ``grace_s`` after the learners gave up are
+        stuck in the collective)."""
+        import ray
+
+        try:
+            results, failed = ray.get(learner_refs), None
+        except ray.exceptions.RayActorError:
+            raise  # a learner died: not the broadcast's to handle
+        except ray.exceptions.RayTaskError as err:  # e.g. gloo: "Connection closed by peer"
+            results, failed = None, err
+        refs = [ref for _, ref in parts]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.grace_s if failed else None)
+        broken = []
+        for actor, ref in parts:
+            if ref not in done:
+                broken.append(actor)
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                broken.append(actor)
+        if failed is not None or broken:
+            raise _Broken(broken or [a for a, _ in parts], failed or "a rollout actor died")
+        return results
+
+
+TRANSPORTS: dict[str, type] = {"object_store": ObjectStoreTransport, "broadcast": BroadcastTransport}
+
+
+def make_transport(name: str, learners: Any, bucket_bytes: int) -> WeightTransport:
+    """The transport ``training.weight_sync`` names, sending from ``learners``."""
+    if name not in TRANSPORTS:
+        raise ValueError(f"weight_sync must be one of {sorted(TRANSPORTS)}; got {name!r}")
+    return TRANSPORTS[name](learners, bucket_bytes)
+
+
+def push_weights(transport: WeightTransport, rollouts: Any, version: int) -> Pushed:
+    """``version`` to every rollout actor of ``rollouts`` (a ``RolloutGroup``) through
+    ``transport``; too-stale buffered groups are re-issued (``on_update``)."""
+    rollouts.pump(0)  # actors that died since the last push (their calls failed): replaced
+    pushed = transport.send(version, rollouts.receivers())
+    if pushed.replace:
+        rollouts.restart(pushed.replace)
+    rollouts.on_update(version, pushed.buckets)
+    return pushed
