@@ -17,22 +17,23 @@ import dataclasses
 import importlib
 from typing import Any, Iterable, Protocol, runtime_checkable
 
+from gdpo_ray.config import check_value, default
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # > 0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_tokens: int = 256  # new tokens per response
+    """Sampling settings; defaults and rules are those of the generation fields of the same
+    names (``gdpo_ray.config``)."""
+
+    temperature: float = default("temperature")
+    top_p: float = default("top_p")
+    top_k: int = default("top_k")  # 0 = off
+    max_tokens: int = default("max_tokens")  # new tokens per response
     stop: tuple[str, ...] = ()  # extra stop strings (the EOS token always stops)
 
     def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (sampling); got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
-        if self.top_k < 0 or self.max_tokens < 1:
-            raise ValueError(f"top_k ({self.top_k}) must be >= 0 and max_tokens ({self.max_tokens}) >= 1")
+        for name in ("temperature", "top_p", "top_k", "max_tokens"):
+            check_value(name, getattr(self, name), f"sampling {name}")
 
     def metadata(self) -> dict:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}

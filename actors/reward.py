@@ -41,6 +41,7 @@ from typing import Any, Mapping, Sequence
 import cloudpickle
 import numpy as np
 
+from gdpo_ray.config import default
 from gdpo_ray.rewards import (RewardInfraError, RewardSpec, TrainerState, apply_conditions,
                               call_reward, check_specs, to_floats)
 
@@ -180,7 +181,8 @@ class RewardPool:
             benefit from it); a failing call is re-issued row by row.
     """
 
-    def __init__(self, rewards: Sequence[RewardSpec | Mapping[str, Any]], num_workers: int = 2,
+    def __init__(self, rewards: Sequence[RewardSpec | Mapping[str, Any]],
+                 num_workers: int = default("reward_workers"),
                  rows_per_task: int = 1) -> None:
         if num_workers < 1 or rows_per_task < 1:
             raise ValueError(f"num_workers ({num_workers}) and rows_per_task ({rows_per_task}) must be >= 1")

@@ -29,6 +29,7 @@ from actors.buffer import ArrowBuffer
 from actors.engines import SamplingParams, make_engine
 from actors.prompts import Prompt, PromptSource
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups, group_bounds
+from gdpo_ray.config import default
 from gdpo_ray.groups import GroupRef
 from gdpo_ray.rewards import TrainerState
 
@@ -56,9 +57,10 @@ class RolloutActor:
     """
 
     def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]], group_size: int,
-                 engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
-                 sampling: Mapping[str, Any] | None = None, chat_template: bool = True,
-                 max_prompt_tokens: int = 1024, reward_workers: int = 1, num_threads: int = 1,
+                 engine: str = default("engine"), engine_kwargs: Mapping[str, Any] | None = None,
+                 sampling: Mapping[str, Any] | None = None, chat_template: bool = default("chat_template"),
+                 max_prompt_tokens: int = default("max_prompt_tokens"),
+                 reward_workers: int = default("reward_workers"), num_threads: int = default("num_threads"),
                  seed: int = 0, model_files: Any = None) -> None:
         import torch
 

@@ -75,14 +75,8 @@ class GDPOConfig(AlgorithmConfig):
 
     def __init__(self, algo_class: type | None = None) -> None:
         super().__init__(algo_class=algo_class or GDPO)
-        for name, f in fields.FIELDS.items():
-            setattr(self, name, f.default.copy() if isinstance(f.default, (list, dict)) else f.default)
-        self.lr = 1e-6
-        self.grad_clip = 1.0
-        self.num_epochs = 1
-        self.num_env_runners = 1
-        self.num_learners = 1
-        self.num_cpus_per_learner = 1
+        for name in (*fields.FIELDS, *fields.RLLIB_FIELDS):  # RLlib's get GDPO's defaults
+            setattr(self, name, fields.default(name))
         self.min_time_s_per_iteration = None
         self.min_sample_timesteps_per_iteration = 0
         self.min_train_timesteps_per_iteration = 0
@@ -111,7 +105,9 @@ class GDPOConfig(AlgorithmConfig):
         return _section(self, "data", kwargs)
 
     def validate(self) -> None:
-        fields.check(self)  # ours first: their messages name the fix
+        """GDPO's rules first (their messages name the fix), then RLlib's own."""
+        fields.check(self)
+        super().validate()
 
     @property
     def rollout_resources(self) -> dict:

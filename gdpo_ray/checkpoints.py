@@ -28,26 +28,23 @@ def check_checkpoint(checkpoint: str) -> None:
                          + (f" beside it: {siblings}" if siblings else ""))
 
 
-#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
-RESUME_FIXED = ("prompts", "num_prompts", "columns", "prompt_column", "id_column", "seed")
-
-
 def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
     """(field, saved value, this config's value) of every GDPO field that differs from the
-    checkpoint's config. Raises ValueError, before anything starts, if one of ``RESUME_FIXED``
-    differs: the saved prompt state would then point into other data."""
+    checkpoint's config. Raises ValueError, before anything starts, if a field marked
+    ``fixed_on_resume`` (``gdpo_ray.config.RESUME_FIXED``) differs: the saved prompt state
+    would then point into other data."""
     import pickle
 
     check_checkpoint(checkpoint)
     path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
     with open(path, "rb") as f:
         saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
-    names = [*fields.FIELDS, "seed", "lr", "grad_clip", "num_epochs", "num_env_runners", "num_learners"]
+    names = [*fields.FIELDS, *fields.RLLIB_FIELDS]
     changes = [(name, saved.get(name), getattr(config, name)) for name in names
                if saved.get(name) != getattr(config, name)]
     for name, old, new in changes:
-        if name in RESUME_FIXED:
-            section = fields.FIELDS[name].section if name in fields.FIELDS else "debugging"
+        if name in fields.RESUME_FIXED:
+            section = (fields.FIELDS | fields.RLLIB_FIELDS)[name].section
             raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
                              f"and is {new!r} now; a run resumes on the data it started with (set it "
                              f"back, or start a new run)")

@@ -80,8 +80,8 @@ def _check(args: argparse.Namespace) -> int:
         c = run.config
         resolved = {section: {name: getattr(c, name) for name, f in FIELDS.items()
                               if f.section == section} for section in SECTIONS}
-        for name, (section, _, _) in RLLIB_FIELDS.items():
-            resolved.setdefault(section, {})[name] = getattr(c, name)
+        for name, f in RLLIB_FIELDS.items():
+            resolved.setdefault(f.section, {})[name] = getattr(c, name)
         resolved["run"] = dict(run.run_settings)
         print(yaml.safe_dump(_plain(resolved), sort_keys=False, default_flow_style=None), end="")
         report = run.check()

@@ -25,78 +25,103 @@ from typing import Any, Mapping, Sequence
 
 @dataclasses.dataclass(frozen=True)
 class Field:
+    """One setting: its section, default and one-line doc, its kind (int, number, bool, str,
+    list, mapping or any; "?" after it: None allowed; default: the default's kind), the bounds
+    a number must keep (``at_least``, ``above``, ``at_most``; ``why`` explains them in the
+    error), and whether a resumed run must keep it (``fixed_on_resume``)."""
+
     section: str
     default: Any
     doc: str
-    kind: str = ""  # int, number, bool, str, list, mapping or any; "?" after it: None allowed.
-    # Default: the default's kind.
+    kind: str = ""
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    why: str = ""
+    fixed_on_resume: bool = False
 
 
 FIELDS: dict[str, Field] = {
     # training: the method
     "estimator": Field("training", "gdpo", "advantage estimator: gdpo, gdpo_no_std, grpo, grpo_no_std"),
-    "group_size": Field("training", 8, "G, completions per prompt (>= 2)"),
-    "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)"),
+    "group_size": Field("training", 8, "G, completions per prompt (>= 2)", at_least=2, why="every prompt needs a group of >= 2 completions to normalize"),
+    "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)", at_least=1, why="a step trains on >= 1 prompt group"),
     "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s}, ...]"),
-    "reward_failure_limit": Field("training", 1.0, "stop the run when a reward fails (NaN) on at least this fraction of a step's rollouts ..."),
-    "reward_failure_steps": Field("training", 2, "... for this many steps in a row (the error is shown; limit > 1 turns the stop off)"),
-    "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)"),
-    "clip_eps_low": Field("training", 0.2, "lower clip range of the importance ratio"),
-    "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)"),
-    "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)", "number?"),
+    "reward_failure_limit": Field("training", 1.0, "stop the run when a reward fails (NaN) on at least this fraction of a step's rollouts ...", above=0, why="a fraction of a step's rollouts; > 1 turns the stop off"),
+    "reward_failure_steps": Field("training", 2, "... for this many steps in a row (the error is shown; limit > 1 turns the stop off)", at_least=1, why="steps in a row at the failure limit before the run stops"),
+    "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)", at_least=0),
+    "clip_eps_low": Field("training", 0.2, "lower clip range of the importance ratio", at_least=0),
+    "clip_eps_high": Field("training", 0.28, "upper clip range (> low: DAPO's clip-higher)", at_least=0),
+    "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)", "number?", above=1),
     "loss_agg": Field("training", "token_mean", "token_mean, seq_mean_token_mean or seq_mean_token_sum"),
     "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio; with clip_eps ~3e-4/4e-4 and loss_agg seq_mean_token_mean)"),
-    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)", "number?"),
-    "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)"),
+    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)", "number?", at_least=1),
+    "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)", at_least=0),
     "kl_estimator": Field("training", "k3", "KL estimator: k1, k2 or k3"),
-    "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous"),
+    "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous", at_least=0, why="0 is the synchronous mode"),
     "dynamic_sampling": Field("training", False, "drop groups that would get no advantage (no weighted reward varies) and refill the batch (DAPO)"),
-    "max_refills": Field("training", 8, "refill rounds per step under dynamic sampling before training on fewer groups"),
-    "mini_batches": Field("training", 1, "optimizer steps per epoch over a batch"),
-    "micro_batch_tokens": Field("training", 8192, "padded tokens per micro-batch (gradient accumulation beyond)"),
-    "zero_stage": Field("training", 2, "DeepSpeed ZeRO stage 0-3"),
+    "max_refills": Field("training", 8, "refill rounds per step under dynamic sampling before training on fewer groups", at_least=0),
+    "mini_batches": Field("training", 1, "optimizer steps per epoch over a batch", at_least=1),
+    "micro_batch_tokens": Field("training", 8192, "padded tokens per micro-batch (gradient accumulation beyond)", at_least=1),
+    "zero_stage": Field("training", 2, "DeepSpeed ZeRO stage 0-3", at_least=0, at_most=3),
     "precision": Field("training", "fp32", "learner precision: fp32 or bf16"),
     "weight_decay": Field("training", 0.0, "AdamW weight decay"),
     "weight_sync": Field("training", "object_store", "weights to the rollout actors: object_store or broadcast"),
-    "weight_bucket_mb": Field("training", 256, "bucket size of a weight push (MiB)"),
-    "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)"),
+    "weight_bucket_mb": Field("training", 256, "bucket size of a weight push (MiB)", at_least=1),
+    "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
-    "num_threads": Field("training", 1, "torch threads in every actor"),
+    "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
     # llm: the policy
     "model_path": Field("llm", None, "a HF model directory, or demo | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
-    "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason"),
+    "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     # generation: the rollout engine
     "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.Engine"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
-    "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)"),
-    "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)"),
-    "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)"),
-    "max_tokens": Field("generation", 1024, "most tokens per response"),
+    "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)", above=0, why="logits / temperature"),
+    "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)", above=0, at_most=1),
+    "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)", at_least=0),
+    "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
-    "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor"),
-    "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor"),
-    "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor"),
+    "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
+    "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor", at_least=1),
+    "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor", at_least=1),
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
-    "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any"),
-    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?"),
-    "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages"),
-    "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?"),
-    "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})"),
+    "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any", fixed_on_resume=True),
+    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, fixed_on_resume=True),
+    "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
+    "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
+    "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 
 SECTIONS = ("training", "llm", "generation", "data")
 
 
-#: RLlib's own fields that GDPO reads, with their section and kind
-RLLIB_FIELDS: dict[str, tuple[str, str, Any]] = {
-    "lr": ("training", "number", 1e-5), "grad_clip": ("training", "number?", 1.0),
-    "num_epochs": ("training", "int", 1), "seed": ("debugging", "int?", 0),
-    "num_learners": ("learners", "int", 1), "num_gpus_per_learner": ("learners", "number", 1),
-    "num_cpus_per_env_runner": ("env_runners", "number", 1),
-    "num_gpus_per_env_runner": ("env_runners", "number", 1),
+#: RLlib's own fields that GDPO reads, with GDPO's defaults (``GDPOConfig`` sets them)
+RLLIB_FIELDS: dict[str, Field] = {
+    "lr": Field("training", 1e-6, "learning rate (AdamW)", "number", above=0),
+    "grad_clip": Field("training", 1.0, "gradient clipping by global norm (None: off)", "number?", above=0),
+    "num_epochs": Field("training", 1, "epochs over each batch", "int", at_least=1),
+    "seed": Field("debugging", None, "the run's seed (prompt order, sampling, learner; None: 0)", "int?", fixed_on_resume=True),
+    "num_env_runners": Field("env_runners", 1, "rollout actors: a number, or a range [min, max] (elastic)", "any"),
+    "num_cpus_per_env_runner": Field("env_runners", 1, "CPUs per rollout actor", "number", at_least=0),
+    "num_gpus_per_env_runner": Field("env_runners", 0, "GPUs per rollout actor", "number", at_least=0),
+    "num_learners": Field("learners", 1, "DeepSpeed learners (0 counts as 1)", "int", at_least=0),
+    "num_cpus_per_learner": Field("learners", 1, "CPUs per learner", "number", at_least=0),
+    "num_gpus_per_learner": Field("learners", 0, "GPUs per learner", "number", at_least=0),
 }
+
+
+def default(name: str) -> Any:
+    """A field's default (GDPO's or RLlib's field): the one place defaults are written, which
+    ``LearnerConfig``, ``SamplingParams``, ``PolicyLossConfig`` and the actors' arguments use."""
+    f = FIELDS.get(name) or RLLIB_FIELDS[name]
+    return f.default.copy() if isinstance(f.default, (list, dict)) else f.default
+
+
+#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
+RESUME_FIXED = tuple(name for name, f in (FIELDS | RLLIB_FIELDS).items() if f.fixed_on_resume)
 
 
 def section_fields(section: str) -> list[str]:
@@ -128,19 +153,34 @@ _NAMES = {"int": "an integer", "number": "a number", "bool": "true or false", "s
           "list": "a list", "mapping": "a mapping {key: value}"}
 
 
-def check_types(config: Any) -> None:
-    """Every GDPO field (and the RLlib fields GDPO reads) holds a value of its kind."""
-    table = {name: (f.section, _kind(f), f.default) for name, f in FIELDS.items()}
-    table |= RLLIB_FIELDS
-    for name, (section, kind, default) in table.items():
-        value = getattr(config, name, None)
-        base, optional = kind.rstrip("?"), kind.endswith("?")
-        if (value is None and optional) or _IS[base](value):
-            continue
+def check_value(name: str, value: Any, where: str = "") -> None:
+    """``value`` is of field ``name``'s kind and within its bounds; else a ValueError naming
+    the field (``where``: its section by default), the value, the rule and an example."""
+    f = FIELDS.get(name) or RLLIB_FIELDS[name]
+    where = where or f"{f.section}.{name}"
+    kind = _kind(f)
+    base, optional = kind.rstrip("?"), kind.endswith("?")
+    if value is None and optional:
+        return
+    example = f"; e.g. {f.section}.{name}={f.default}" if f.default not in (None, [], {}) else ""
+    if not _IS[base](value):
         wanted = _NAMES[base] + (" or null" if optional else "")
-        example = f"; e.g. {section}.{name}={default}" if default not in (None, [], {}) else ""
-        raise ValueError(f"{section}.{name} must be {wanted}; got {value!r} "
-                         f"({type(value).__name__}){example}")
+        raise ValueError(f"{where} must be {wanted}; got {value!r} ({type(value).__name__}){example}")
+    bounds = [(f.at_least, ">=", value >= f.at_least if f.at_least is not None else True),
+              (f.above, ">", value > f.above if f.above is not None else True),
+              (f.at_most, "<=", value <= f.at_most if f.at_most is not None else True)]
+    broken = [f"{op} {limit:g}" for limit, op, ok in bounds if limit is not None and not ok]
+    if broken:
+        rule = " and ".join(f"{op} {limit:g}" for limit, op, _ in bounds if limit is not None)
+        why = f" ({f.why})" if f.why else ""
+        raise ValueError(f"{where} must be {_NAMES[base]} {rule}; got {value!r}{why}{example}")
+
+
+def check_fields(config: Any) -> None:
+    """Every GDPO field (and the RLlib fields GDPO reads) by its kind and bounds."""
+    for name in (*FIELDS, *RLLIB_FIELDS):
+        if name != "num_env_runners":  # a number or a range: env_runner_range
+            check_value(name, getattr(config, name, None))
 
 
 def check(config: Any) -> None:
@@ -148,30 +188,16 @@ def check(config: Any) -> None:
     from actors.engines import SamplingParams, engine_class
     from gdpo_ray.advantages import ESTIMATORS
     from gdpo_ray.rewards import RewardSpec, check_specs
+    from gdpo_ray.weights.transports import TRANSPORTS
 
     c = config
-    check_types(c)
-    if not (isinstance(c.lr, (int, float)) and c.lr > 0):
-        raise ValueError(f"training.lr must be > 0; got {c.lr!r}")
-    if c.reward_failure_limit <= 0:
-        raise ValueError(f"reward_failure_limit must be > 0 (a fraction of a step's rollouts; > 1 "
-                         f"turns the stop off); got {c.reward_failure_limit!r}")
-    _int_at_least(c, "reward_failure_steps", 1, "steps in a row at the failure limit before the run stops")
+    check_fields(c)
     if c.estimator not in ESTIMATORS:
         raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
                          "use .training(estimator='gdpo')")
-    _int_at_least(c, "group_size", 2, "every prompt needs a group of >= 2 completions to normalize")
-    _int_at_least(c, "prompts_per_step", 1, "a step trains on >= 1 prompt group")
-    _int_at_least(c, "max_staleness", 0, "0 is the synchronous mode")
-    _int_at_least(c, "mini_batches", 1, "")
-    _int_at_least(c, "micro_batch_tokens", 1, "")
-    _int_at_least(c, "checkpoint_every", 0, "0 turns automatic checkpoints off")
-    _int_at_least(c, "max_refills", 0, "")
     if c.mini_batches > c.prompts_per_step:
         raise ValueError(f"mini_batches ({c.mini_batches}) must be <= prompts_per_step "
                          f"({c.prompts_per_step}): a mini-batch holds whole groups")
-    if not (isinstance(c.eps, (int, float)) and c.eps >= 0):
-        raise ValueError(f"eps must be a number >= 0; got {c.eps!r}")
     if not c.rewards:
         raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
                          "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
@@ -179,8 +205,10 @@ def check(config: Any) -> None:
     check_specs(specs)
     for spec in specs:
         spec.resolve()  # unknown functions or params fail here, before any actor starts
-    if c.weight_sync not in ("object_store", "broadcast"):
-        raise ValueError(f"weight_sync must be 'object_store' or 'broadcast'; got {c.weight_sync!r}")
+    if c.weight_sync not in TRANSPORTS:
+        raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
+    if c.precision not in ("fp32", "bf16"):
+        raise ValueError(f"training.precision must be 'fp32' or 'bf16'; got {c.precision!r}")
     if c.model_path is None:
         raise ValueError("no policy model: use .llm(model_path='path/to/hf_model') (or 'demo', "
                          "'tiny', 'smollm2')")
@@ -249,12 +277,6 @@ def env_runner_range(c: Any) -> tuple[int, int]:
         raise ValueError(f"num_env_runners must be an integer >= 1 or a range [min, max] with "
                          f"1 <= min <= max; got {value!r}; use .env_runners(num_env_runners=1)")
     return low, high
-
-
-def _int_at_least(config: Any, name: str, low: int, why: str) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}; got {value!r}" + (f" ({why})" if why else ""))
 
 
 def sampling_params(c: Any) -> dict:

@@ -32,20 +32,24 @@ import dataclasses
 
 import torch
 
+from gdpo_ray.config import default
+
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28  # > clip_eps_low: DAPO's clip-higher
-    dual_clip: float | None = None  # c > 1 bounds the loss of negative advantages
-    loss_agg: str = "token_mean"
-    ratio_level: str = "token"  # "sequence": GSPO
-    is_cap: float | None = 2.0  # truncation of the off-policy weight (None: no correction)
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
+    """The loss settings; defaults are the training fields of the same names (``gdpo_ray.config``)."""
+
+    clip_eps_low: float = default("clip_eps_low")
+    clip_eps_high: float = default("clip_eps_high")  # > clip_eps_low: DAPO's clip-higher
+    dual_clip: float | None = default("dual_clip")  # c > 1 bounds the loss of negative advantages
+    loss_agg: str = default("loss_agg")
+    ratio_level: str = default("ratio_level")  # "sequence": GSPO
+    is_cap: float | None = default("is_cap")  # truncation of the off-policy weight (None: none)
+    kl_coef: float = default("kl_coef")
+    kl_estimator: str = default("kl_estimator")
 
     def __post_init__(self) -> None:
         if not (self.clip_eps_low >= 0 and self.clip_eps_high >= 0):

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdpo_ray.config import merge_resources
+from gdpo_ray.config import check_value, default, merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from learners.weight_sender import WeightSender
 
@@ -32,30 +32,31 @@ from learners.weight_sender import WeightSender
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
+    """A learner's settings; defaults and rules are those of the config fields of the same names
+    (``gdpo_ray.config``; ``epochs`` is RLlib's ``num_epochs``)."""
+
     model_path: str  # a HF model directory
     model_files: Any = None  # the directory shipped through the object store (gdpo_ray.model_files)
-    zero_stage: int = 2
-    precision: str = "fp32"  # or "bf16"
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192  # padded tokens per micro-batch
-    mini_batches: int = 1  # optimizer steps per epoch over a batch
-    epochs: int = 1
-    temperature: float = 1.0  # logits / T, as in the rollouts
+    zero_stage: int = default("zero_stage")
+    precision: str = default("precision")  # fp32 or bf16
+    lr: float = default("lr")
+    weight_decay: float = default("weight_decay")
+    grad_clip: float | None = default("grad_clip")
+    micro_batch_tokens: int = default("micro_batch_tokens")  # padded tokens per micro-batch
+    mini_batches: int = default("mini_batches")  # optimizer steps per epoch over a batch
+    epochs: int = default("num_epochs")
+    temperature: float = default("temperature")  # logits / T, as in the rollouts
     loss: PolicyLossConfig = PolicyLossConfig()
     seed: int = 0
-    num_threads: int = 1
+    num_threads: int = default("num_threads")
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3; got {self.zero_stage}")
+        for name in ("zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",
+                     "temperature", "num_threads"):
+            check_value(name, getattr(self, name), f"LearnerConfig.{name}")
+        check_value("num_epochs", self.epochs, "LearnerConfig.epochs")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16'; got {self.precision!r}")
-        if self.micro_batch_tokens < 1 or self.mini_batches < 1 or self.epochs < 1:
-            raise ValueError("micro_batch_tokens, mini_batches and epochs must be >= 1")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0; got {self.temperature}")
 
 
 @dataclasses.dataclass

@@ -97,6 +97,7 @@ def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
 
     return RolloutGroup(dict(model_path=model_dir, group_size=2,
                              rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+                             sampling={"max_tokens": 8},
                              **actor_kwargs),
                         1, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1),
                         num_gpus=num_gpus)

@@ -39,6 +39,8 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         start = learner_digest(algo)
         results = [algo.train() for _ in range(3)]
         assert seen == [1.0, 2.0, 3.0]  # RLlib callbacks still run
+        with pytest.raises(AttributeError, match="frozen"):  # as RLlib freezes its configs
+            algo.config.lr = 1.0
         for r in results:
             for name in ("format", "correct", "length"):
                 assert 0 <= r[f"rewards/{name}/mean"] <= 1 and f"adv/{name}/std" in r

@@ -35,7 +35,8 @@ def two_rollout_actors(model_dir):
     from actors.rollout import RolloutGroup
 
     return RolloutGroup(dict(model_path=model_dir, group_size=2,
-                             rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}]),
+                             rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+                             sampling={"max_tokens": 8}),
                         2, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1))
 
 

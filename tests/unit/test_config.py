@@ -142,3 +142,55 @@ def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
         resume_changes(good().training(lr=2e-4).debugging(seed=1), str(tmp_path))
     with pytest.raises(ValueError, match="not a gdpo-ray checkpoint"):
         resume_changes(good(), str(tmp_path / "nothing"))
+
+
+def test_defaults_and_rules_have_one_source():
+    import inspect
+
+    from actors.engines import SamplingParams
+    from actors.reward import RewardPool
+    from actors.rollout import RolloutActor
+    from gdpo_ray.config import RLLIB_FIELDS, default
+    from gdpo_ray.losses import PolicyLossConfig
+    from learners.deepspeed_learner import LearnerConfig
+
+    sampling, loss, learner = SamplingParams(), PolicyLossConfig(), LearnerConfig(model_path="m")
+    for name in ("temperature", "top_p", "top_k", "max_tokens"):
+        assert getattr(sampling, name) == FIELDS[name].default, name
+    for name in ("clip_eps_low", "clip_eps_high", "dual_clip", "loss_agg", "ratio_level", "is_cap",
+                 "kl_coef", "kl_estimator"):
+        assert getattr(loss, name) == FIELDS[name].default, name
+    for name in ("zero_stage", "precision", "weight_decay", "micro_batch_tokens", "mini_batches",
+                 "temperature", "num_threads", "lr", "grad_clip"):
+        assert getattr(learner, name) == default(name), name
+    assert learner.epochs == RLLIB_FIELDS["num_epochs"].default
+    actor = inspect.signature(RolloutActor).parameters
+    for name in ("engine", "chat_template", "max_prompt_tokens", "reward_workers", "num_threads"):
+        assert actor[name].default == FIELDS[name].default, name
+    assert inspect.signature(RewardPool).parameters["num_workers"].default == FIELDS["reward_workers"].default
+    config = GDPOConfig()
+    for name, f in RLLIB_FIELDS.items():  # GDPO's defaults of RLlib's fields
+        assert getattr(config, name) == f.default, name
+    # the same bound rule wherever the setting is given
+    with pytest.raises(ValueError, match=r"generation.top_p must be a number > 0 and <= 1; got 1.5"):
+        good().generation(top_p=1.5).validate()
+    with pytest.raises(ValueError, match=r"sampling top_p must be a number > 0 and <= 1; got 1.5"):
+        SamplingParams(top_p=1.5)
+    with pytest.raises(ValueError, match=r"training.zero_stage must be an integer >= 0 and <= 3; got 4"):
+        good().training(zero_stage=4).validate()
+    with pytest.raises(ValueError, match=r"LearnerConfig.zero_stage must be an integer >= 0 and <= 3; got 4"):
+        LearnerConfig(model_path="m", zero_stage=4)
+    with pytest.raises(ValueError, match=r"training.reward_failure_limit must be a number > 0; got 0"):
+        good().training(reward_failure_limit=0).validate()
+
+
+def test_validate_runs_rllib_validation_after_ours(monkeypatch):
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    calls = []
+    monkeypatch.setattr(AlgorithmConfig, "validate", lambda self: calls.append("rllib"))
+    good().validate()
+    assert calls == ["rllib"]
+    with pytest.raises(ValueError, match="group_size"):  # ours first: RLlib's never ran
+        good().training(group_size=1).validate()
+    assert calls == ["rllib"]

@@ -104,7 +104,7 @@ def test_missing_dataset_and_huge_rows(folder, capsys):
 
 def test_wrong_types_and_unknown_keys(folder, capsys):
     fails(capsys, folder, "train", "config.yaml", "training.lr=fast",
-          match="training.lr must be a number; got 'fast' (str); e.g. training.lr=1e-05")
+          match="training.lr must be a number; got 'fast' (str); e.g. training.lr=1e-06")
     fails(capsys, folder, "train", "config.yaml", "training.group_sise=4",
           match="unknown setting 'group_sise' of section 'training'; did you mean 'group_size'?")
     fails(capsys, folder, "train", "config.yaml", "generation.max_tokens=many",
