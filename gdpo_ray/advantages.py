@@ -65,11 +65,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gdpo_ray.group_layout import layout
 from gdpo_ray.registry import Registry
 
 __all__ = [
     "ESTIMATORS",
     "AdvantageDetails",
+    "EstimatorOutput",
+    "GroupNormalized",
+    "cancel_residue",
+    "normalize_batch",
+    "normalize_in_groups",
     "compute_advantages",
     "compute_advantage_details",
     "informative_groups",
@@ -103,143 +109,11 @@ class AdvantageDetails:
 
 
 # --------------------------------------------------------------------------------------------
-# Group layouts: the few reductions the estimators need, for contiguous groups.
-
-
-class _UniformGroups:
-    """B contiguous groups of G rows each: reductions are small matrix products (BLAS)."""
-
-    def __init__(self, num_groups: int, group_size: int) -> None:
-        self.num_groups, self.group_size = num_groups, group_size
-        self.sizes = np.full(num_groups, group_size)
-
-    def _fold(self, cols: int, dtype: np.dtype) -> np.ndarray:
-        # [G*C, C]: row g*C + c has a 1 in column c, so Y.reshape(B, G*C) @ fold sums over g.
-        return np.tile(np.eye(cols, dtype=dtype), (self.group_size, 1))
-
-    def sum(self, y: np.ndarray) -> np.ndarray:  # [N, C] -> [B, C]
-        b, c = self.num_groups, y.shape[1]
-        return y.reshape(b, self.group_size * c) @ self._fold(c, y.dtype)
-
-    def sum_squares(self, y: np.ndarray) -> np.ndarray:  # [N, C] -> [B, C], no temporary
-        y3 = y.reshape(self.num_groups, self.group_size, -1)
-        return np.einsum("bgc,bgc->bc", y3, y3)
-
-    def expand(self, z: np.ndarray) -> np.ndarray:  # [B, C] -> [N, C]
-        c = z.shape[1]
-        return (z @ self._fold(c, z.dtype).T).reshape(-1, c)
-
-    def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:  # v[n] -= z[g(n)]
-        v.reshape(self.num_groups, self.group_size)[...] -= z[:, None]
-
-    def row_dot(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:  # sum_c y[n, c] z[g(n), c]
-        b, g, c = self.num_groups, self.group_size, y.shape[1]
-        return np.matmul(y.reshape(b, g, c), z[:, :, None]).reshape(-1)
-
-    def first(self, y: np.ndarray) -> np.ndarray:
-        return y[:: self.group_size]
-
-    def nanmin(self, y: np.ndarray) -> np.ndarray:
-        return self._reduce(np.fmin, y)
-
-    def nanmax(self, y: np.ndarray) -> np.ndarray:
-        return self._reduce(np.fmax, y)
-
-    def _reduce(self, op: np.ufunc, y: np.ndarray) -> np.ndarray:  # [N, C] -> [B, C]
-        b, g = self.num_groups, self.group_size
-        if y.shape[1] == 1:  # along the last axis: numpy's fast path
-            return op.reduce(y.reshape(b, g), axis=1)[:, None]
-        y3 = y.reshape(b, g, -1)  # a reduction over the middle axis is slow: G elementwise steps
-        out = y3[:, 0].copy()
-        for j in range(1, g):
-            op(out, y3[:, j], out=out)
-        return out
-
-    def zero(self, v: np.ndarray, mask: np.ndarray) -> None:  # v[n] = 0 in the masked groups
-        rows = v.reshape(self.num_groups, self.group_size)
-        rows[mask] = np.where(np.isnan(rows[mask]), np.nan, 0.0)
-
-
-class _RaggedGroups:
-    """Contiguous groups of unequal sizes: rows starts[b] .. starts[b] + sizes[b] - 1."""
-
-    def __init__(self, starts: np.ndarray, sizes: np.ndarray) -> None:
-        self.starts, self.sizes = starts, sizes
-        self.num_groups = len(starts)
-
-    def sum(self, y: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(y, self.starts, axis=0)
-
-    def sum_squares(self, y: np.ndarray) -> np.ndarray:
-        return np.add.reduceat(y * y, self.starts, axis=0)
-
-    def expand(self, z: np.ndarray) -> np.ndarray:
-        return np.repeat(z, self.sizes, axis=0)
-
-    def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:
-        v -= np.repeat(z, self.sizes)
-
-    def row_dot(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
-        return np.einsum("nc,nc->n", y, self.expand(z))
-
-    def first(self, y: np.ndarray) -> np.ndarray:
-        return y[self.starts]
-
-    def nanmin(self, y: np.ndarray) -> np.ndarray:
-        return np.fmin.reduceat(y, self.starts, axis=0)
-
-    def nanmax(self, y: np.ndarray) -> np.ndarray:
-        return np.fmax.reduceat(y, self.starts, axis=0)
-
-    def zero(self, v: np.ndarray, mask: np.ndarray) -> None:
-        rows = np.repeat(mask, self.sizes) & ~np.isnan(v)
-        v[rows] = 0.0
-
-
-def _layout(group_index: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, Any]:
-    """Returns (order, labels, groups): rows ``order`` (None = as given) form contiguous groups."""
-    n = len(group_index)
-    if group_index.dtype.kind not in "iub":
-        labels, codes = np.unique(group_index, return_inverse=True)
-        order = np.argsort(codes, kind="stable")
-        return order, labels, _contiguous(codes[order], labels)
-    starts = np.flatnonzero(group_index[1:] != group_index[:-1]) + 1
-    starts = np.concatenate(([0], starts)) if n else starts
-    run_labels = group_index[starts]
-    if np.all(run_labels[1:] > run_labels[:-1]) or len(np.unique(run_labels)) == len(run_labels):
-        return None, run_labels, _contiguous(group_index, run_labels, starts)
-    order = np.argsort(group_index, kind="stable")
-    return order, *_sorted_layout(group_index[order])
-
-
-def _sorted_layout(sorted_index: np.ndarray) -> tuple[np.ndarray, Any]:
-    starts = np.concatenate(([0], np.flatnonzero(sorted_index[1:] != sorted_index[:-1]) + 1))
-    labels = sorted_index[starts]
-    return labels, _contiguous(sorted_index, labels, starts)
-
-
-def _contiguous(index: np.ndarray, labels: np.ndarray, starts: np.ndarray | None = None) -> Any:
-    n = len(index)
-    if starts is None:
-        starts = np.concatenate(([0], np.flatnonzero(index[1:] != index[:-1]) + 1))
-    sizes = np.diff(np.append(starts, n))
-    if len(sizes) and sizes.min() < 2:
-        b = int(np.argmin(sizes))
-        raise ValueError(
-            f"group_index: group {labels[b].tolist()!r} has {sizes[b]} rollout; every prompt group needs "
-            "at least 2 rollouts to be normalized (use group_size >= 2)"
-        )
-    if len(sizes) and sizes[0] * len(sizes) == n and np.all(sizes == sizes[0]):
-        return _UniformGroups(len(sizes), int(sizes[0]))
-    return _RaggedGroups(starts, sizes)
-
-
-# --------------------------------------------------------------------------------------------
 # Normalization within groups, and across the batch.
 
 
 @dataclasses.dataclass
-class _GroupNormalized:
+class GroupNormalized:
     """Column c of row n contributes valid[n, c] * (d[n, c] - mean_d[g, c]) * inv_std[g, c]."""
 
     d: np.ndarray  # [N, C] value minus a member of its group (its first, or its min); 0 where NaN
@@ -277,7 +151,7 @@ class _GroupNormalized:
         return out
 
 
-def _normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -> _GroupNormalized:
+def normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -> GroupNormalized:
     """Normalizes each column of x [N, C] (NaN = missing) within its group."""
     if np.isfinite(x).all():
         valid = None
@@ -306,14 +180,14 @@ def _normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) 
             inv_std = np.where(degenerate, 0.0, 1.0 / (std + eps)).astype(x.dtype)
     else:
         inv_std = np.where(degenerate, 0.0, 1.0).astype(x.dtype)
-    return _GroupNormalized(d, valid, ref, count, mean_d, std, degenerate, inv_std)
+    return GroupNormalized(d, valid, ref, count, mean_d, std, degenerate, inv_std)
 
 
 #: c of the rounding-residue tolerance tol_g = c ulp M_g (module docstring)
 RESIDUE_ULPS = 16.0
 
 
-def _cancel_residue(values: np.ndarray, groups: Any, magnitude: np.ndarray, ulp: float) -> np.ndarray:
+def cancel_residue(values: np.ndarray, groups: Any, magnitude: np.ndarray, ulp: float) -> np.ndarray:
     """Sets to exactly 0 every group of ``values`` [N] (NaN = not scored, kept) whose spread is
     at most tol_g = RESIDUE_ULPS ulp magnitude_g (S of such a group may also be a constant of a
     few ulps: S sums to 0 in exact arithmetic); returns [B] bool: the groups so set."""
@@ -325,7 +199,7 @@ def _cancel_residue(values: np.ndarray, groups: Any, magnitude: np.ndarray, ulp:
     return flat
 
 
-def _normalize_batch(s: np.ndarray, scored: np.ndarray | None, eps: float):
+def normalize_batch(s: np.ndarray, scored: np.ndarray | None, eps: float):
     """S / (std + eps) over the scored rollouts; 0 elsewhere and when std is 0.
 
     The batch mean of S is exactly 0 (S sums to 0 in every group, unscored rows are 0), so it is
@@ -342,16 +216,22 @@ def _normalize_batch(s: np.ndarray, scored: np.ndarray | None, eps: float):
 
 
 # --------------------------------------------------------------------------------------------
-# Estimators. Each takes the rewards [N, K] in contiguous group layout and returns
-# (summed [N], advantages [N], details) with details in _EstimatorOutput.
+# Estimators. An estimator is a function (rewards [N, K] float64 in contiguous group layout,
+# groups (gdpo_ray.group_layout), weights [K], eps, ulp of the input dtype) -> EstimatorOutput,
+# registered under a name (@ESTIMATORS.register("name"); the config's training.estimator picks
+# it). normalize_in_groups, cancel_residue and normalize_batch are its building blocks; _gdpo
+# and _grpo below are written in them.
 
 
 @dataclasses.dataclass
-class _EstimatorOutput:
-    advantages: np.ndarray
-    summed: np.ndarray
-    scored: np.ndarray | None
-    normalized: _GroupNormalized
+class EstimatorOutput:
+    """What an estimator returns (in group layout; ``compute_advantage_details`` turns it into
+    ``AdvantageDetails`` in the caller's row order)."""
+
+    advantages: np.ndarray  # [N] final advantages
+    summed: np.ndarray  # [N] before batch normalization
+    scored: np.ndarray | None  # [N] bool: entered the statistics (None: every rollout)
+    normalized: GroupNormalized  # the group statistics of the normalized columns
     batch_mean: float
     batch_std: float
     cancelled: np.ndarray  # [B] bool
@@ -360,19 +240,19 @@ class _EstimatorOutput:
 
 
 #: (rewards [N, K] float64 in contiguous groups, groups, weights [K], eps, ulp of the input dtype)
-Estimator = Callable[[np.ndarray, Any, np.ndarray, float, float], _EstimatorOutput]
+Estimator = Callable[[np.ndarray, Any, np.ndarray, float, float], EstimatorOutput]
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def _gdpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp: float,
           use_std: bool):
-    norm = _normalize_in_groups(rewards, groups, use_std, eps)
+    norm = normalize_in_groups(rewards, groups, use_std, eps)
     summed = norm.contributions(groups, np.broadcast_to(weights, norm.mean_d.shape))
-    flat = _cancel_residue(summed, groups, norm.magnitude() @ np.abs(weights), ulp)
+    flat = cancel_residue(summed, groups, norm.magnitude() @ np.abs(weights), ulp)
     cancelled = flat & ~norm.degenerate[:, weights != 0].all(axis=1)
     scored = None if norm.valid is None else norm.valid.any(axis=1)
-    advantages, mean, std = _normalize_batch(summed, scored, eps)
-    return _EstimatorOutput(advantages, summed, scored, norm, mean, std, cancelled,
+    advantages, mean, std = normalize_batch(summed, scored, eps)
+    return EstimatorOutput(advantages, summed, scored, norm, mean, std, cancelled,
                             np.zeros_like(norm.ref), lambda: norm.per_column(groups) * weights)
 
 
@@ -385,16 +265,16 @@ def _grpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp
         x = rewards.copy()
         x[unscorable] = np.nan
     # each reward shifted by a member of its group (0 where unscorable), with its statistics
-    per_reward = _normalize_in_groups(x, groups, use_std=False, eps=eps)
+    per_reward = normalize_in_groups(x, groups, use_std=False, eps=eps)
     d = per_reward.d
     total = d[:, 0] * weights[0]
     for k in range(1, len(weights)):  # one reward at a time: equal rows give bitwise equal totals
         total += d[:, k] * weights[k]
     if unscorable is not None:
         total[unscorable] = np.nan
-    flat = _cancel_residue(total, groups, per_reward.magnitude() @ np.abs(weights), ulp)
+    flat = cancel_residue(total, groups, per_reward.magnitude() @ np.abs(weights), ulp)
     cancelled = flat & ~per_reward.degenerate[:, weights != 0].all(axis=1)
-    norm = _normalize_in_groups(total[:, None], groups, use_std, eps)
+    norm = normalize_in_groups(total[:, None], groups, use_std, eps)
     advantages = norm.contributions(groups, np.ones_like(norm.mean_d))
     scored = None if norm.valid is None else norm.valid[:, 0]
 
@@ -405,7 +285,7 @@ def _grpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp
         return out
 
     offset = (per_reward.ref @ weights)[:, None]  # t = sum_k w_k (ref_k + d_k)
-    return _EstimatorOutput(advantages, advantages, scored, norm, float("nan"), float("nan"),
+    return EstimatorOutput(advantages, advantages, scored, norm, float("nan"), float("nan"),
                             cancelled, offset, contributions)
 
 
@@ -548,7 +428,7 @@ class _Run:
             raise ValueError(f"eps must be a finite number >= 0; got {eps!r}")
         if x.shape[0] == 0:
             raise ValueError("rewards is empty: there must be at least one group of rollouts")
-        self.order, self.labels, self.groups = _layout(index)
+        self.order, self.labels, self.groups = layout(index)
         ulp = float(np.finfo(self.dtype).eps)  # the resolution of the values as they came in
         self.out = fn(x if self.order is None else x[self.order], self.groups, w, float(eps), ulp)
 

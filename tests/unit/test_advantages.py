@@ -529,3 +529,25 @@ def test_bad_input_names_the_argument(kwargs, match):
 def test_grpo_rejects_infinite_rewards_too():
     with pytest.raises(ValueError, match=r"rewards\[1, 0\] is -inf"):
         adv([[0.0, 1.0], [-np.inf, 0.0]], [0, 0], "grpo")
+
+
+def test_a_new_estimator_is_one_registered_function(monkeypatch):
+    """An estimator written in the public building blocks: only the first reward, normalized in
+    its group, no batch normalization."""
+    from gdpo_ray.advantages import ESTIMATORS, EstimatorOutput, normalize_in_groups
+
+    def first_only(rewards, groups, weights, eps, ulp):
+        norm = normalize_in_groups(rewards[:, :1], groups, use_std=True, eps=eps)
+        summed = norm.contributions(groups, np.ones_like(norm.mean_d))
+        rest = np.zeros((len(summed), rewards.shape[1] - 1))
+        return EstimatorOutput(summed, summed, None, norm, float("nan"), float("nan"),
+                               np.zeros(len(groups.sizes), bool), np.zeros_like(norm.ref),
+                               lambda: np.concatenate([norm.per_column(groups), rest], axis=1))
+
+    monkeypatch.setitem(ESTIMATORS._entries, "first_only", first_only)
+    rewards = np.array([[0.0, 5.0], [1.0, 5.0], [1.0, 1.0], [1.0, 7.0]])
+    # group 0: (0, 1) -> -+1/sqrt(2) (unbiased std 0.7071); group 1: (1, 1) has zero spread -> 0
+    out = compute_advantages(rewards, np.array([0, 0, 1, 1]), estimator="first_only", eps=0.0)
+    np.testing.assert_array_equal(out, [-1 / np.sqrt(2), 1 / np.sqrt(2), 0.0, 0.0])
+    details = compute_advantage_details(rewards, np.array([0, 0, 1, 1]), estimator="first_only", eps=0.0)
+    np.testing.assert_array_equal(details.contributions[:, 1], 0.0)
