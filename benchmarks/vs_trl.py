@@ -1,0 +1,330 @@
+"""gdpo-ray against TRL's GRPOTrainer (its GDPO: ``multi_objective_aggregation=
+"normalize_then_sum"``), the same job side by side on this machine.
+
+The job is the demo (``configs/demo.yaml``): the same warm-started tiny model and tokenizer, the
+demo's prompts in the same order (TRL's dataset is our prompt source's order, unshuffled), the
+same three rewards through gdpo-ray's own functions (format, correct, length paid only when
+correct), G 8, 16 prompts per step, 40 new tokens, temperature 1, top_p 1, top_k 0, lr 2e-4
+constant, AdamW, grad clip 1, token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, no KL, one
+update per batch, fp32. Each side runs in a process of its own, alternating, per seed: gdpo-ray
+``train`` at max_staleness 1, at max_staleness 0, then TRL (gradient checkpointing off, its
+fastest thread count: both 1 and 2 are run on the first seed and the faster is kept; the
+script prints what it chose). Neither side saves a checkpoint or the policy at the end.
+
+Measured per run: the whole run's wall time (process start to exit, as a user waits for it),
+seconds per step in steady state (steps 4 to the end, from each step's end time), the peak
+summed PSS of the process tree (Ray's daemons and workers included, sampled every 0.2 s), and
+every reward's mean over the last 5 steps. Printed (``--json``: one object): medians over seeds
+and ``async_speedup_vs_trl`` (TRL s/step over ours, max_staleness 1), ``sync_speedup_vs_trl``
+(max_staleness 0), ``wall_ratio_vs_trl`` (our whole run over TRL's), ``pss_ratio_vs_trl`` (our
+peak PSS over TRL's), ``reward_gap_vs_trl`` (the largest |ours - TRL| of the last-5-step reward
+means, at max_staleness 1). Aims (issue 16): async >= 1.2, sync >= 0.9, wall <= 1.5, PSS <= 2.0,
+reward gap <= 0.05.
+
+Needs the ``bench`` extra (TRL): ``pip install -c constraints/cpu.txt -e '.[bench]'``.
+
+    python benchmarks/vs_trl.py [--json] [--seeds 3] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+REWARDS = ("format", "correct", "length")
+STEADY_FROM = 4  # steady state: from the end of step 3 on
+
+
+# -- the parent: runs both sides, alternating, and measures them ----------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
+    parser.add_argument("--staleness", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side == "ours":
+        return run_ours(args)
+    if args.side == "trl":
+        return run_trl(args)
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise SystemExit("TRL is not installed: pip install -c constraints/cpu.txt -e '.[bench]'")
+    from gdpo_ray.algorithm import resolve_model_path
+
+    resolve_model_path("demo")  # the warm start, built once and cached, outside the timings
+    runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "trl": []}
+    trl_threads = None
+    for seed in range(args.seeds):
+        runs["ours_async"].append(child(args, "ours", seed, staleness=1))
+        runs["ours_sync"].append(child(args, "ours", seed, staleness=0))
+        if trl_threads is None:  # TRL at its best here: the faster of 1 and 2 threads
+            tried = {n: child(args, "trl", seed, threads=n) for n in (1, 2)}
+            trl_threads = min(tried, key=lambda n: tried[n]["s_per_step"])
+            runs["trl"].append(tried[trl_threads])
+            runs["trl_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
+        else:
+            runs["trl"].append(child(args, "trl", seed, threads=trl_threads))
+    report = summarize(runs, trl_threads)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_table(report)
+
+
+def child(args, side: str, seed: int, staleness: int = 1, threads: int = 1) -> dict:
+    """One run in a process of its own: its measurements, with the parent's wall time and the
+    peak summed PSS of its process tree."""
+    with tempfile.TemporaryDirectory(prefix=f"vs-trl-{side}-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--steps", str(args.steps),
+               "--staleness", str(staleness), "--threads", str(threads), "--out", str(out)]
+        env = dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false",
+                   OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        peak = PeakPss(proc.pid)
+        log = proc.communicate()[0].decode(errors="replace")
+        wall = time.perf_counter() - start
+        peak.stop()
+        if proc.returncode != 0 or not out.exists():
+            raise SystemExit(f"{side} (seed {seed}) failed with exit code {proc.returncode}:\n{log[-4000:]}")
+        result = json.loads(out.read_text())
+    ends = np.array(result["step_ends"])
+    result.update(wall_s=wall, pss_gib=peak.peak / 2**30, side=side, seed=seed,
+                  staleness=staleness, threads=threads,
+                  s_per_step=float(np.mean(np.diff(ends[STEADY_FROM - 1:]))),
+                  last5={name: float(np.mean([r[name] for r in result["rewards"][-5:]])) for name in REWARDS})
+    print(f"  {side:4s} seed {seed} staleness {staleness} threads {threads}: {wall:.1f} s, "
+          f"{result['s_per_step']:.3f} s/step, {result['pss_gib']:.2f} GiB, last 5: "
+          + " / ".join(f"{result['last5'][n]:.2f}" for n in REWARDS), file=sys.stderr, flush=True)
+    return result
+
+
+class PeakPss:
+    """The peak of the summed PSS (proportional set size: shared pages split among their
+    users) over a process and all its descendants, sampled every 0.2 s in a thread."""
+
+    def __init__(self, pid: int, every_s: float = 0.2) -> None:
+        self.pid, self.every_s, self.peak = pid, every_s, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_full_info().pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            self.peak = max(self.peak, total)
+            self._done.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def summarize(runs: dict, trl_threads: int | None) -> dict:
+    def med(side: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[side]]))
+
+    report: dict = {"seeds": len(runs["trl"]), "trl_threads": trl_threads,
+                    "trl_thread_trial": runs.get("trl_threads", [])}
+    for side in ("ours_async", "ours_sync", "trl"):
+        for key in ("wall_s", "s_per_step", "pss_gib"):
+            report[f"{side}_{key}"] = med(side, key)
+        for name in REWARDS:
+            report[f"{side}_{name}_last5"] = float(np.mean([r["last5"][name] for r in runs[side]]))
+        report[f"{side}_startup_s"] = med(side, "startup_s")
+    report["async_speedup_vs_trl"] = report["trl_s_per_step"] / report["ours_async_s_per_step"]
+    report["sync_speedup_vs_trl"] = report["trl_s_per_step"] / report["ours_sync_s_per_step"]
+    report["wall_ratio_vs_trl"] = report["ours_async_wall_s"] / report["trl_wall_s"]
+    report["pss_ratio_vs_trl"] = report["ours_async_pss_gib"] / report["trl_pss_gib"]
+    report["reward_gap_vs_trl"] = max(abs(report[f"ours_async_{n}_last5"] - report[f"trl_{n}_last5"])
+                                      for n in REWARDS)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in report.items()}
+
+
+def print_table(r: dict) -> None:
+    rows = [("wall time, whole run (s)", "wall_s", "{:.1f}"), ("s/step, steady state", "s_per_step", "{:.3f}"),
+            ("start-up to first step (s)", "startup_s", "{:.1f}"),
+            ("peak PSS, process tree (GiB)", "pss_gib", "{:.2f}")]
+    print(f"gdpo-ray vs TRL {_trl_version()} GRPOTrainer (normalize_then_sum), demo job, "
+          f"median of {r['seeds']} seeds; TRL on {r['trl_threads']} thread(s) (the faster of "
+          + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["trl_thread_trial"]) + ")")
+    print(f"| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | TRL |\n|---|---|---|---|")
+    for label, key, fmt in rows:
+        print(f"| {label} | " + " | ".join(fmt.format(r[f"{s}_{key}"]) for s in ("ours_async", "ours_sync", "trl")) + " |")
+    print("| rewards, last 5 steps (" + " / ".join(REWARDS) + ") | " + " | ".join(
+        " / ".join(f"{r[f'{s}_{n}_last5']:.2f}" for n in REWARDS) for s in ("ours_async", "ours_sync", "trl")) + " |")
+    print(f"async_speedup_vs_trl {r['async_speedup_vs_trl']:.2f} (aim >= 1.2), sync_speedup_vs_trl "
+          f"{r['sync_speedup_vs_trl']:.2f} (aim >= 0.9), wall_ratio_vs_trl {r['wall_ratio_vs_trl']:.2f} "
+          f"(aim <= 1.5), pss_ratio_vs_trl {r['pss_ratio_vs_trl']:.2f} (aim <= 2.0), reward_gap_vs_trl "
+          f"{r['reward_gap_vs_trl']:.3f} (aim <= 0.05)")
+
+
+def _trl_version() -> str:
+    import trl
+
+    return trl.__version__
+
+
+# -- the demo job, as both sides see it ----------------------------------------------------------
+
+
+def demo_config(seed: int, staleness: int, steps: int):
+    from gdpo_ray.algorithm import GDPOConfig
+    from gdpo_ray.config import apply_sections, load_preset
+
+    return apply_sections(GDPOConfig(), load_preset("demo", [
+        f"debugging.seed={seed}", f"training.max_staleness={staleness}", f"run.steps={steps}"]))
+
+
+def write(args, result: dict) -> None:
+    Path(args.out).write_text(json.dumps(result))
+
+
+def run_ours(args) -> None:
+    """``gdpo-ray train`` as the command runs it (local Ray, progress bar, metrics, plot),
+    without the final checkpoint and policy export (TRL saves neither)."""
+    born = _process_start()
+    from gdpo_ray.cli import main as cli
+
+    code = cli(["train", "demo", f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
+                f"debugging.seed={args.seed}", "run.output_dir=runs", "run.checkpoint_at_end=false",
+                "run.export_policy=false"])
+    if code:
+        raise SystemExit(code)
+    (metrics,) = Path("runs").glob("*/metrics.jsonl")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    write(args, {"step_ends": [r["time"] for r in rows],
+                 "startup_s": rows[0]["time"] - rows[0]["timing/step_s"] - born,
+                 "rewards": [{n: r[f"rewards/{n}/mean"] for n in REWARDS} for r in rows]})
+
+
+def run_trl(args) -> None:
+    """TRL's GRPOTrainer on the same job: our prompt order, our reward functions."""
+    born = _process_start()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from actors.prompts import PromptSource
+    from gdpo_ray.algorithm import load_prompts, resolve_model_path
+
+    config = demo_config(args.seed, 0, args.steps)
+    g, b = config.group_size, config.prompts_per_step
+    source = PromptSource(load_prompts(config), prompt_column=config.prompt_column, seed=args.seed)
+    rows = [dict(p.columns, prompt=[{"role": "user", "content": p.prompt}])
+            for _ in range(args.steps) for p in source.take(b)]
+    model_dir = str(resolve_model_path(config.model_path))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+    class Record(TrainerCallback):
+        def __init__(self) -> None:
+            self.ends, self.rewards, self.started = [], [], None
+
+        def on_train_begin(self, *a, **k):
+            self.started = time.time()
+
+        def on_step_end(self, *a, **k):
+            self.ends.append(time.time())
+
+        def on_log(self, _args, state, control, logs=None, **k):
+            if logs and f"rewards/{REWARDS[0]}/mean" in logs:
+                self.rewards.append({n: logs[f"rewards/{n}/mean"] for n in REWARDS})
+
+    record = Record()
+    trainer = GRPOTrainer(
+        model=model, processing_class=tokenizer, reward_funcs=trl_rewards(config),
+        train_dataset=Dataset.from_list(rows), callbacks=[record],
+        args=GRPOConfig(
+            output_dir="trl-out", seed=args.seed, max_steps=args.steps, use_cpu=True, bf16=False,
+            per_device_train_batch_size=b * g, num_generations=g, gradient_accumulation_steps=1,
+            max_completion_length=config.max_tokens, temperature=config.temperature, top_p=1.0,
+            top_k=0, learning_rate=config.lr, lr_scheduler_type="constant", warmup_steps=0,
+            weight_decay=0.0, max_grad_norm=config.grad_clip, optim="adamw_torch",
+            loss_type="dapo", epsilon=config.clip_eps_low, epsilon_high=config.clip_eps_high,
+            beta=0.0, num_iterations=1, multi_objective_aggregation="normalize_then_sum",
+            shuffle_dataset=False, gradient_checkpointing=False, logging_steps=1, report_to="none",
+            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0))
+    trainer.train()
+    write(args, {"step_ends": record.ends, "startup_s": record.started - born, "rewards": record.rewards})
+
+
+def trl_rewards(config) -> list:
+    """The demo's rewards as TRL reward functions, through gdpo-ray's own: all K scored once per
+    batch (the length reward's gate is the correct reward), as gdpo-ray's reward pool does."""
+    from gdpo_ray.rewards import RewardSpec, apply_conditions, call_reward
+
+    specs = [RewardSpec.from_dict(r) for r in config.rewards]
+    fns = [s.resolve() for s in specs]
+    cache: dict = {}
+
+    def scored(prompts, completions, completion_ids, kwargs) -> np.ndarray:
+        key = id(completions)
+        if key not in cache:
+            cache.clear()
+            columns = {k: v for k, v in kwargs.items() if k not in ("trainer_state", "log_extra", "log_metric")}
+            columns["response_length"] = [len(ids) for ids in completion_ids]
+            values = np.array([[np.nan if v is None else float(v) for v in call_reward(
+                fn, prompts=prompts, completions=completions, completion_ids=completion_ids,
+                trainer_state=kwargs.get("trainer_state"), **columns)] for fn in fns], np.float64).T
+            cache[key] = (completions, apply_conditions(values, specs))  # keeps the key's object alive
+        return cache[key][1]
+
+    def one(k: int):
+        def reward(prompts, completions, completion_ids, **kwargs) -> list[float]:
+            return scored(prompts, completions, completion_ids, kwargs)[:, k].tolist()
+
+        reward.__name__ = specs[k].name
+        return reward
+
+    return [one(k) for k in range(len(specs))]
+
+
+def _process_start() -> float:
+    """This process's start (wall clock), so that imports count in its start-up."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
+if __name__ == "__main__":
+    main()
