@@ -25,16 +25,6 @@ class HFEngine:
     def wake_up(self) -> None:
         pass
 
-    def weights_digest(self) -> str:
-        """sha256 of the parameters (float32), as ``DeepSpeedLearner.weights_digest``."""
-        import hashlib
-
-        h = hashlib.sha256()
-        for name, param in self.model.named_parameters():
-            h.update(name.encode())
-            h.update(param.detach().float().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
-
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
                  seed: int = 0) -> None:
         import torch

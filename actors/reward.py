@@ -145,7 +145,7 @@ class _Worker:
     def send(self, task: _Task, kwargs: dict, timeout_s: float) -> None:
         self.task, self.parked = task, False
         self.started = time.monotonic()
-        self.deadline = self.started + len(task.rows) * timeout_s
+        self.deadline = self.started + timeout_s  # one sample's, for a call of several rows too
         stat = _proc_stat(self.process.pid)
         self.cpu_at_start = stat[1] if stat else None
         self.conn.send((task.rewards[0], kwargs))
@@ -177,21 +177,27 @@ class RewardPool:
             condition, timeout_s}``), validated and resolved here, before any worker starts.
         num_workers: worker processes computing at once (scoring is CPU-bound: about the
             cores you can spare); parked workers (see the module docstring) come on top.
-        rows_per_task: rows scored per call of a reward function (batching for functions that
-            benefit from it); a failing call is re-issued row by row.
+        rows_per_call: rows scored per call of a reward function. None (the default): a plain
+            reward gets a score call's rows in one call per worker (as TRL calls it: once per
+            batch), a sandboxed (code) reward one row per call. A call of several rows has one
+            sample's timeout; a call that fails or runs over is re-issued row by row (each
+            with its own timeout), and a reward whose batched call ran over is scored row by
+            row from then on.
     """
 
     def __init__(self, rewards: Sequence[RewardSpec | Mapping[str, Any]],
                  num_workers: int = default("reward_workers"),
-                 rows_per_task: int = 1) -> None:
-        if num_workers < 1 or rows_per_task < 1:
-            raise ValueError(f"num_workers ({num_workers}) and rows_per_task ({rows_per_task}) must be >= 1")
+                 rows_per_call: int | None = None) -> None:
+        if num_workers < 1 or (rows_per_call is not None and rows_per_call < 1):
+            raise ValueError(f"num_workers ({num_workers}) and rows_per_call ({rows_per_call}) must be >= 1")
         self.specs = [RewardSpec.from_dict(r) for r in rewards]
         fns = check_specs(self.specs)
         self.timeouts = [spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
-        self.num_workers, self.rows_per_task = num_workers, rows_per_task
+        self.num_workers, self.rows_per_call = num_workers, rows_per_call
+        # rewards scored one row per call: sandboxed ones, and any whose batched call ran over
+        self._row_by_row = {j for j, fn in enumerate(fns) if hasattr(fn, "min_timeout_s")}
         self._cwd = os.getcwd()
         self._payload = cloudpickle.dumps((self.specs, list(sys.path), self._cwd))
         self._ctx = _context(self.specs)
@@ -218,8 +224,7 @@ class RewardPool:
             raise ValueError(f"score: every column needs {n} rows (one per completion); got {lengths}")
         state = trainer_state or TrainerState()
         run = _Scoring(n, k)
-        pending = deque(_Task(list(range(i, min(i + self.rows_per_task, n))), list(range(k)))
-                        for i in range(0, n, self.rows_per_task))
+        pending = self._tasks(n, k)
 
         def start(w: _Worker, task: _Task) -> None:
             rows = task.rows
@@ -255,6 +260,16 @@ class RewardPool:
                 logger.warning("reward %r timed out on %d of %d rows (timeout_s %g, process "
                                "trees killed)", spec.name, run.timeouts[j], n, self.timeouts[j])
         return run.result(self.specs)
+
+    def _tasks(self, n: int, k: int) -> deque:
+        """The calls of one score: rewards scored row by row get a task per row, the others
+        share tasks of ``rows_per_call`` rows (default: the rows split among the workers)."""
+        single = [j for j in range(k) if j in self._row_by_row]
+        batched = [j for j in range(k) if j not in self._row_by_row]
+        size = self.rows_per_call or max(1, math.ceil(n / self.num_workers))
+        tasks = deque(_Task(list(range(i, min(i + size, n))), batched) for i in range(0, n, size) if batched)
+        tasks.extend(_Task([i], single) for i in range(n) if single)
+        return tasks
 
     def _grow(self, pending: deque) -> None:
         """Starts workers while fewer than ``num_workers`` are computing or free."""
@@ -318,7 +333,11 @@ class RewardPool:
     def _timed_out(self, worker: _Worker, pending: deque, run: "_Scoring") -> None:
         task = worker.task
         self._remove(worker)
-        seconds = len(task.rows) * self.timeouts[task.rewards[0]]
+        j, seconds = task.rewards[0], self.timeouts[task.rewards[0]]
+        if len(task.rows) > 1 and j not in self._row_by_row:
+            self._row_by_row.add(j)
+            logger.info("reward %r: a call of %d rows ran over its timeout (%g s); it is scored "
+                        "row by row from now on", self.specs[j].name, len(task.rows), seconds)
         self._failed(_Task(task.rows, task.rewards[:1], task.attempt), "timeout",
                      f"no answer after {seconds:g} s (process tree killed)", pending, run)
         if task.rewards[1:]:  # the rewards after it never started

@@ -133,10 +133,6 @@ class RolloutActor:
         """Greedy completions of prompts (chat template applied as for generation)."""
         return self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
 
-    def weights_digest(self) -> str:
-        """sha256 of the engine's parameters (an engine that offers ``weights_digest``)."""
-        return self.engine.weights_digest()
-
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]

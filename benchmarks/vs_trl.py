@@ -65,9 +65,9 @@ def main() -> None:
         return run_ours(args)
     if args.side == "trl":
         return run_trl(args)
-    try:
-        import trl  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
         raise SystemExit("TRL is not installed: pip install -c constraints/cpu.txt -e '.[bench]'")
     from gdpo_ray.algorithm import resolve_model_path
 
@@ -184,7 +184,7 @@ def print_table(r: dict) -> None:
     print(f"gdpo-ray vs TRL {_trl_version()} GRPOTrainer (normalize_then_sum), demo job, "
           f"median of {r['seeds']} seeds; TRL on {r['trl_threads']} thread(s) (the faster of "
           + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["trl_thread_trial"]) + ")")
-    print(f"| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | TRL |\n|---|---|---|---|")
+    print("| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | TRL |\n|---|---|---|---|")
     for label, key, fmt in rows:
         print(f"| {label} | " + " | ".join(fmt.format(r[f"{s}_{key}"]) for s in ("ours_async", "ours_sync", "trl")) + " |")
     print("| rewards, last 5 steps (" + " / ".join(REWARDS) + ") | " + " | ".join(

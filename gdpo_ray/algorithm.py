@@ -202,8 +202,16 @@ class GDPO(Algorithm):
         self._groups_during_update = 0  # groups that finished while the learners updated
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
-        self._start_learners()
-        self.rollouts = self._build_rollouts()
+        if c.colocate:  # the rollout actors go into the learners' placement group
+            self._start_learners()
+            self.rollouts = self._build_rollouts()
+        else:  # the rollout actors start while the learners set up (both take seconds)
+            self.rollouts = self._build_rollouts()
+            try:
+                self._start_learners()
+            except BaseException:
+                self.rollouts.shutdown()
+                raise
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
 

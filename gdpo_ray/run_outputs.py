@@ -6,7 +6,7 @@ storage (a URI that ``pyarrow.fs`` opens: ``s3://``, ``gs://``, ``hdfs://``, ``f
 which case the run writes a local staging copy and uploads it when it ends. An existing run
 directory is never written into: a named run refuses it, an unnamed one gets a fresh name.
 
-    <run_dir>/metrics.jsonl      one JSON object per step: {"step": s, "rewards/format/mean": ...}
+    <run_dir>/metrics.jsonl      one JSON object per step: {"step": s, "time": t, "rewards/format/mean": ...}
     <run_dir>/tensorboard/       the same scalars (``tensorboard --logdir <run_dir>``)
     <run_dir>/rewards.png        rewards/<name>/mean against the step, one panel per reward
 """
@@ -107,7 +107,9 @@ class RunLog:
         self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        row = {"step": step} | {k: v for k, v in scalars.items() if k != "step"}
+        # "time": the wall clock (Unix seconds) when the step ended
+        row = {"step": step, "time": round(time.time(), 3)} | {k: v for k, v in scalars.items()
+                                                              if k not in ("step", "time")}
         self._file.write(json.dumps(row, allow_nan=True) + "\n")
         self._file.flush()
         for key, value in scalars.items():

@@ -17,7 +17,6 @@ the driver over the whole batch, and for each epoch and mini-batch:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 from typing import Any, Sequence
@@ -162,32 +161,34 @@ class DeepSpeedLearner:
     # -- the update -------------------------------------------------------------------------
 
     def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
-        """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum."""
+        """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum.
+
+        One gather of the response positions' logits and one log_softmax over all rows: a
+        per-row slice would make backward write a zero-filled gradient of the whole [B, W, V]
+        logits once per row."""
         torch = self.torch
         lengths = [len(r.prompt) + len(r.response) for r in rows]
         width, rlen = max(lengths), max(max(len(r.response) for r in rows), 1)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            seq = np.concatenate([r.prompt, r.response])
-            ids[i, :len(seq)] = torch.from_numpy(seq)
-            attn[i, :len(seq)] = 1
-        logits = model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits
-        logits = logits.float() / self.config.temperature
-        out = torch.zeros((len(rows), rlen), dtype=torch.float32, device=self.device)
-        mask = torch.zeros((len(rows), rlen), dtype=torch.bool, device=self.device)
-        entropy = torch.zeros((), device=self.device)
+        ids = np.zeros((len(rows), width), np.int64)
+        attn = np.zeros((len(rows), width), np.int64)
+        pos = np.zeros((len(rows), rlen), np.int64)  # the position whose logits predict each token
+        mask = np.zeros((len(rows), rlen), bool)
         for i, r in enumerate(rows):
             p, n = len(r.prompt), len(r.response)
-            if n == 0:
-                continue
-            step_logits = logits[i, p - 1:p - 1 + n]
-            logp = torch.log_softmax(step_logits, -1)
-            out[i, :n] = logp.gather(1, ids[i, p:p + n, None].to(self.device))[:, 0]
-            mask[i, :n] = True
-            if want_entropy:
-                entropy = entropy + entropy_from_logits(step_logits.detach()).sum()
-        return out, mask, entropy
+            ids[i, :p], ids[i, p:p + n], attn[i, :p + n] = r.prompt, r.response, 1
+            pos[i, :n], mask[i, :n] = np.arange(p - 1, p - 1 + n), True
+        ids_t, pos_t = torch.from_numpy(ids).to(self.device), torch.from_numpy(pos).to(self.device)
+        mask_t = torch.from_numpy(mask).to(self.device)
+        logits = model(input_ids=ids_t, attention_mask=torch.from_numpy(attn).to(self.device)).logits
+        vocab = logits.shape[-1]
+        picked = logits.gather(1, pos_t[:, :, None].expand(-1, -1, vocab)).float() / self.config.temperature
+        targets = ids_t.gather(1, torch.where(mask_t, pos_t + 1, 0))
+        out = torch.log_softmax(picked, -1).gather(2, targets[:, :, None])[:, :, 0]
+        out = torch.where(mask_t, out, torch.zeros((), device=self.device))
+        entropy = torch.zeros((), device=self.device)
+        if want_entropy:
+            entropy = entropy_from_logits(picked.detach())[mask_t].sum()
+        return out, mask_t, entropy
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         torch = self.torch
@@ -239,10 +240,10 @@ class DeepSpeedLearner:
         return out
 
     def _padded(self, values: Sequence[np.ndarray], width: int):
-        t = self.torch.zeros((len(values), width), dtype=self.torch.float32, device=self.device)
-        for i, v in enumerate(values):  # torch.tensor copies: v may be a read-only Arrow view
-            t[i, :len(v)] = self.torch.tensor(v, dtype=self.torch.float32)
-        return t
+        out = np.zeros((len(values), width), np.float32)  # a copy: v may be a read-only Arrow view
+        for i, v in enumerate(values):
+            out[i, :len(v)] = v
+        return self.torch.from_numpy(out).to(self.device)
 
     def _mini_batch(self, rows: list[_Row], old: list[np.ndarray] | None) -> dict[str, float]:
         torch, cfg = self.torch, self.config
@@ -323,14 +324,6 @@ class DeepSpeedLearner:
         out = {name: t.numpy().copy() for name, t in self.sender.host_tensors()}
         return out if self.rank == 0 else None
 
-    def weights_digest(self) -> str:
-        """sha256 of all parameters (float32), every rank; a collective under ZeRO-3."""
-        h = hashlib.sha256()
-        for name, t in self.sender.host_tensors(every_name=False):
-            h.update(name.encode())
-            h.update(t.contiguous().numpy().tobytes())
-        return h.hexdigest()
-
     def save_checkpoint(self, path: str) -> None:
         torch = self.torch
         state = {"step": self.step, "torch_rng": torch.get_rng_state().tolist()}
@@ -345,15 +338,6 @@ class DeepSpeedLearner:
             group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
         return self.step
 
-    def optimizer_digest(self) -> str:
-        """sha256 of this rank's optimizer state tensors (for checkpoint tests)."""
-        h = hashlib.sha256()
-        opt = self.engine.optimizer
-        sd = opt.state_dict()
-        for key in sorted(sd, key=str):
-            _hash_nested(h, sd[key])
-        return h.hexdigest()
-
     def export_hf(self, path: str) -> None:
         """The current policy as a HF model directory (rank 0 writes; all ranks must call)."""
         weights = dict(self.sender.host_tensors())
@@ -364,22 +348,6 @@ class DeepSpeedLearner:
             model.load_state_dict(weights, strict=False)
             model.save_pretrained(path)
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
-
-
-def _hash_nested(h, value) -> None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        h.update(value.detach().float().cpu().contiguous().numpy().tobytes())
-    elif isinstance(value, dict):
-        for k in sorted(value, key=str):
-            h.update(str(k).encode())
-            _hash_nested(h, value[k])
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _hash_nested(h, v)
-    else:
-        h.update(repr(value).encode())
 
 
 class LearnerGroup:
@@ -470,13 +438,6 @@ class LearnerGroup:
     def get_weights(self) -> dict[str, np.ndarray]:
         """The full weights (rank 0's, gathered under ZeRO-3)."""
         return self._on_all(lambda learner: learner.get_weights.remote())[0]
-
-    def weights_digests(self) -> list[str]:
-        """sha256 of every rank's parameters (equal on all ranks)."""
-        return self._on_all(lambda learner: learner.weights_digest.remote())
-
-    def optimizer_digests(self) -> list[str]:
-        return self._on_all(lambda learner: learner.optimizer_digest.remote())
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group

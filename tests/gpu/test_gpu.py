@@ -12,6 +12,7 @@ import torch
 
 from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
 from gdpo_ray.weights.transports import BroadcastTransport, push_weights
+from tests.digests import actor_digest, learner_digests
 # the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
 from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
 
@@ -117,8 +118,8 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
         for version in (1, 2):  # the second push reuses the group
             learners.update(fixed_batch, ADV)
             peak = push_weights(transport, rollouts, version).peak_bytes
-            pushes.append((ray_cluster.get(actor.weights_digest.remote()),
-                           ray_cluster.get(actor.policy_version.remote()), learners.weights_digests()[0]))
+            pushes.append((actor_digest(actor),
+                           ray_cluster.get(actor.policy_version.remote()), learner_digests(learners)[0]))
         backend = transport.backend
     finally:
         learners.shutdown()

@@ -6,6 +6,7 @@ import pytest
 
 from gdpo_ray.algorithm import GDPO, GDPOConfig
 from gdpo_ray.config import apply_sections, load_preset
+from tests.digests import actor_digest, actor_digests, learner_digests, optimizer_digests
 
 
 def demo_config(*overrides: str) -> GDPOConfig:
@@ -22,7 +23,7 @@ def assert_every_prompt_accounted_for(algo, trained: int) -> None:
 
 
 def learner_digest(algo) -> str:
-    return algo.learners.weights_digests()[0]
+    return learner_digests(algo.learners)[0]
 
 
 def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
@@ -56,7 +57,7 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
         assert learner_digest(algo) != start
         actor = algo.rollouts.slots[0].handle
         assert ray_cluster.get(actor.policy_version.remote()) == 3
-        assert ray_cluster.get(actor.weights_digest.remote()) == learner_digest(algo)
+        assert actor_digest(actor) == learner_digest(algo)
         # overlap (max_staleness = 1): some groups were generated while a step was being learned
         assert any(r["rollout/groups_during_update"] > 0 for r in results)
         assert_every_prompt_accounted_for(algo, trained=12)
@@ -136,7 +137,7 @@ def test_weight_sync_survives_a_dead_rollout_actor(ray_cluster, sync, when, monk
         assert [r["step"] for r in results] == [2, 3]
         assert results[-1]["rollout/actor_restarts"] >= 1
         # every rollout actor (the replacement too) holds the learner's weights
-        digests = ray_cluster.get([s.handle.weights_digest.remote() for s in algo.rollouts.slots])
+        digests = actor_digests(algo.rollouts.receivers())
         assert set(digests) == {learner_digest(algo)}
         assert_every_prompt_accounted_for(algo, trained=12)
     finally:
@@ -166,7 +167,7 @@ def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
         assert algo.learners.pg.bundle_specs == [{"CPU": 2.0}]
         assert algo.rollouts._placement_group is algo.learners.pg
         actor = algo.rollouts.slots[0].handle
-        assert ray_cluster.get(actor.weights_digest.remote()) == learner_digest(algo)
+        assert actor_digest(actor) == learner_digest(algo)
     finally:
         algo.stop()
     assert [r["step"] for r in results] == [1.0, 2.0] and results[-1]["staleness/max"] == 0
@@ -194,7 +195,7 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
         algo.train()
         algo.train()
         path = algo.save_to_path(str(tmp_path / "ckpt"))
-        saved = {"digest": learner_digest(algo), "opt": algo.learners.optimizer_digests()[0],
+        saved = {"digest": learner_digest(algo), "opt": optimizer_digests(algo.learners)[0],
                  "prompts": algo.prompts.state_dict(algo.buffer.group_ids()),
                  "buffered": algo.buffer.group_ids()}
         algo.train()  # the original run goes on; the restored one starts from step 2
@@ -204,11 +205,11 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
     try:
         assert restored.policy_version == 2 and restored.iteration == 2
         assert learner_digest(restored) == saved["digest"]
-        assert restored.learners.optimizer_digests()[0] == saved["opt"]
+        assert optimizer_digests(restored.learners)[0] == saved["opt"]
         assert restored.buffer.group_ids() == saved["buffered"]
         assert restored.prompts.state_dict(saved["buffered"]) == saved["prompts"]
         actor = restored.rollouts.slots[0].handle
-        assert ray_cluster.get(actor.weights_digest.remote()) == saved["digest"]
+        assert actor_digest(actor) == saved["digest"]
         result = restored.train()
         assert result["step"] == 3
         p = restored.prompts

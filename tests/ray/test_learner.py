@@ -8,6 +8,7 @@ from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.weights.transports import BroadcastTransport, ObjectStoreTransport, push_weights
 from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
+from tests.digests import actor_digests, learner_digests, optimizer_digests
 
 ADV = np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32)
 
@@ -52,7 +53,7 @@ def test_update_lowers_the_loss_and_replicas_agree(ray_cluster, tiny_model_dir, 
     group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, precision=precision), num_learners=learners)
     try:
         m = group.update(fixed_batch, ADV)
-        digests = group.weights_digests()
+        digests = learner_digests(group)
     finally:
         group.shutdown()
     # four epochs over the same batch against the policy at its start: the surrogate goes down
@@ -88,11 +89,11 @@ def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_pat
     try:
         group.update(fixed_batch, ADV)
         group.save_checkpoint(str(tmp_path))
-        saved = group.weights_digests() + group.optimizer_digests()
+        saved = learner_digests(group) + optimizer_digests(group)
         group.update(fixed_batch, ADV)
-        assert group.weights_digests() != saved[:1]
+        assert learner_digests(group) != saved[:1]
         assert group.load_checkpoint(str(tmp_path)) == 1
-        assert group.weights_digests() + group.optimizer_digests() == saved
+        assert learner_digests(group) + optimizer_digests(group) == saved
     finally:
         group.shutdown()
 
@@ -103,15 +104,15 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
     rollouts = two_rollout_actors(tiny_model_dir)
     prompts = ["What is 1 + 1?", "Name a color.", "Count to three."]
     try:
-        before = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+        before = actor_digests(rollouts.receivers())
         greedy_before = ray_cluster.get(rollouts.slots[0].handle.greedy.remote(prompts, 8))
         for _ in range(3):
             learners.update(fixed_batch, ADV)
         weights = learners.get_weights()  # rank 0 gathers the ZeRO-3 shards
         rollouts.set_weights(1, ray_cluster.put(weights))
-        after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+        after = actor_digests(rollouts.receivers())
         greedy_after = ray_cluster.get([s.handle.greedy.remote(prompts, 8) for s in rollouts.slots])
-        learner_digest = learners.weights_digests()[0]
+        learner_digest = learner_digests(learners)[0]
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -135,6 +136,40 @@ def greedy_with(model_dir, weights, prompts, max_tokens):
     return engine.greedy(ids, max_tokens)
 
 
+def _learner_logprobs(learner, groups):
+    from gdpo_ray.groups import read_rows
+    from learners.deepspeed_learner import _rows
+
+    rows = _rows(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
+    logp, mask, _ = learner._logprobs(learner.engine, rows)
+    return [logp[i, :len(r.response)].detach().numpy() for i, r in enumerate(rows)], mask.sum().item()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_learner_logprobs_are_a_plain_forward_pass_per_row(ray_cluster, tiny_model_dir, fixed_batch, temperature):
+    """The batched logprobs (one gather, one log_softmax) equal each row's own forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=2, temperature=temperature), num_learners=1)
+    try:
+        got, tokens = ray_cluster.get(learners.learners[0].__ray_call__.remote(_learner_logprobs, fixed_batch))
+    finally:
+        learners.shutdown()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batches = [ray_cluster.get(g.ref).slice(g.start, g.stop - g.start) for g in fixed_batch]
+    expected = []
+    for b in batches:
+        for prompt, response in zip(b.column("prompt_token_ids").to_pylist(), b.column("response_token_ids").to_pylist()):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + response])).logits[0].float() / temperature
+            steps = torch.log_softmax(logits[len(prompt) - 1:-1], -1)
+            expected.append(steps.gather(1, torch.tensor(response)[:, None])[:, 0].numpy())
+    assert tokens == sum(len(e) for e in expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, atol=1e-5)
+
+
 def test_micro_batch_plan_and_group_split():
     # longest first; rows x longest <= budget
     assert plan_micro_batches([5, 10, 3, 8], budget=20) == [[1, 3], [0, 2]]
@@ -152,9 +187,9 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
     try:
         learners.update(fixed_batch, ADV)
         peak = push_weights(ObjectStoreTransport(learners, bucket), rollouts, version=1).peak_bytes
-        after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+        after = actor_digests(rollouts.receivers())
         versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
-        learner_digest = learners.weights_digests()[0]
+        learner_digest = learner_digests(learners)[0]
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -206,9 +241,9 @@ def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
             pushed = push_weights(transport, rollouts, version)
             peak = pushed.peak_bytes
             assert pushed.buckets is None and transport.backend == "gloo"
-            after = ray_cluster.get([s.handle.weights_digest.remote() for s in rollouts.slots])
+            after = actor_digests(rollouts.receivers())
             versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
-            digests.append((after, versions, learners.weights_digests()[0]))
+            digests.append((after, versions, learner_digests(learners)[0]))
     finally:
         learners.shutdown()
         rollouts.shutdown()
@@ -225,7 +260,7 @@ def test_uneven_shares_with_epochs_and_kl_under_zero3(ray_cluster, tiny_model_di
                                    loss=PolicyLossConfig(is_cap=2.0, kl_coef=0.1)), num_learners=2)
     try:
         m = learners.update(fixed_batch[:3], ADV[:12])
-        digests = learners.weights_digests()
+        digests = learner_digests(learners)
     finally:
         learners.shutdown()
     assert m["kl"] > 0 and np.isfinite(m["loss"]) and m["tokens"] > 0  # the policy moved off the reference

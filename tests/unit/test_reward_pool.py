@@ -24,7 +24,7 @@ def spec(name, fn, timeout_s=1.0, **kw):
 @pytest.fixture(scope="module")
 def pool():
     with RewardPool([spec("echo", "echo"), spec("hang", "hang_on_7"), spec("raise", "raise_on_3"),
-                     spec("die", "die_on_5")], num_workers=2, rows_per_task=4) as p:
+                     spec("die", "die_on_5")], num_workers=2, rows_per_call=4) as p:
         yield p
 
 
@@ -91,7 +91,7 @@ def test_trl_style_reward_functions_run_unchanged():
                trl("step_seen"), trl("only_some"), trl("no_kwargs"), trl("judged")]
     from gdpo_ray.rewards import TrainerState
 
-    with RewardPool(rewards, num_workers=1, rows_per_task=2) as p:
+    with RewardPool(rewards, num_workers=1, rows_per_call=2) as p:
         out = p.score(["say blue", "say red", "say green"],
                       ["\\boxed{4} blue", "skip red", "4"],
                       {"ground_truth": ["4", "5", "4"], "response_length": [3, 2, 1]},
@@ -151,3 +151,17 @@ def test_infrastructure_failures_are_retried(tmp_path):
     assert out.errors[0][1] == "infra: RewardInfraError: sandbox gone (3 attempts)"
     assert out.metrics["rewards/down/infra_failures"] == 1
     assert out.metrics["rewards/flaky/infra_failures"] == 0
+
+
+def test_plain_rewards_get_a_call_per_worker_sandboxed_ones_a_row_per_call(tmp_path):
+    sizes = {"name": "sizes", "fn": f"{MOD}:call_sizes", "params": {"folder": str(tmp_path)}}
+    with RewardPool([sizes], num_workers=2) as p:
+        out = p.score(["p"] * 10, ["c"] * 10)
+    assert out.values[:, 0].tolist() == [1.0] * 10
+    # as TRL calls a reward (once per batch), split among the pool's 2 workers
+    assert sorted(int(f.name.split("-")[0]) for f in tmp_path.iterdir()) == [5, 5]
+    pool = RewardPool([{"name": "code", "fn": "code_bug"}, sizes], num_workers=1)
+    try:
+        assert pool._row_by_row == {0}  # the sandboxed reward: one program per call
+    finally:
+        pool.close()

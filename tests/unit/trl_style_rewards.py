@@ -54,8 +54,8 @@ async def judged(completions, **kwargs):
 
 
 def sleep_on_odd(completions, **kwargs):
-    """Hangs on completions that are odd numbers (waiting, using no CPU)."""
-    if int(completions[0]) % 2:
+    """Hangs on a call that holds an odd number (waiting, using no CPU)."""
+    if any(int(c) % 2 for c in completions):
         time.sleep(600)
     return [1.0 for _ in completions]
 
