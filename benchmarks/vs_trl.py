@@ -7,9 +7,11 @@ same three rewards through gdpo-ray's own functions (format, correct, length pai
 correct), G 8, 16 prompts per step, 40 new tokens, temperature 1, top_p 1, top_k 0, lr 2e-4
 constant, AdamW, grad clip 1, token-mean loss (TRL's "dapo"), clip 0.2 / 0.28, no KL, one
 update per batch, fp32. Each side runs in a process of its own, alternating, per seed: gdpo-ray
-``train`` at max_staleness 1, at max_staleness 0, then TRL (gradient checkpointing off, its
-fastest thread count: both 1 and 2 are run on the first seed and the faster is kept; the
-script prints what it chose). Neither side saves a checkpoint or the policy at the end.
+``train`` at max_staleness 1 and at max_staleness 0 (one torch thread per actor: 2 per actor
+made the synchronous run slower here, 1.4-2.1 s/step against 1.1-1.25, idle OpenMP threads
+spinning beside the working ones), then TRL (gradient checkpointing off, its fastest thread count: both 1 and 2
+are run on the first seed and the faster is kept; the script prints what it chose). Neither
+side saves a checkpoint or the policy at the end.
 
 Measured per run: the whole run's wall time (process start to exit, as a user waits for it),
 seconds per step in steady state (steps 4 to the end, from each step's end time), the peak
@@ -182,7 +184,8 @@ def print_table(r: dict) -> None:
             ("start-up to first step (s)", "startup_s", "{:.1f}"),
             ("peak PSS, process tree (GiB)", "pss_gib", "{:.2f}")]
     print(f"gdpo-ray vs TRL {_trl_version()} GRPOTrainer (normalize_then_sum), demo job, "
-          f"median of {r['seeds']} seeds; TRL on {r['trl_threads']} thread(s) (the faster of "
+          f"median of {r['seeds']} seeds; gdpo-ray 1 thread per actor; TRL on "
+          f"{r['trl_threads']} thread(s) (the faster of "
           + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["trl_thread_trial"]) + ")")
     print("| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | TRL |\n|---|---|---|---|")
     for label, key, fmt in rows:
@@ -223,6 +226,7 @@ def run_ours(args) -> None:
     from gdpo_ray.cli import main as cli
 
     code = cli(["train", "demo", f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
+                f"training.num_threads={args.threads}",
                 f"debugging.seed={args.seed}", "run.output_dir=runs", "run.checkpoint_at_end=false",
                 "run.export_policy=false"])
     if code:
