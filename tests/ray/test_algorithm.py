@@ -10,7 +10,9 @@ from tests.digests import actor_digest, actor_digests, learner_digests, optimize
 
 
 def demo_config(*overrides: str) -> GDPOConfig:
-    base = ["training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32"]
+    # one generate call per step's prompts, as the tests were written for
+    base = ["training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32",
+            "generation.prompts_per_call=4"]
     return apply_sections(GDPOConfig(), load_preset("demo", base + list(overrides)))
 
 
