@@ -9,7 +9,8 @@ Every (row, reward) that cannot be scored is NaN with its error text, of one of 
 (the text starts with it; ``failure_kind`` reads it back):
   - ``error:``   the reward raised (a batched call that raises is re-scored row by row, so only
                  the rows that fail are lost);
-  - ``timeout:`` the call ran past its ``timeout_s`` per row: its worker's process tree is killed;
+  - ``timeout:`` the call ran past its ``timeout_s`` (one sample's; a call of several rows that
+                 runs over is re-scored row by row first): its worker's process tree is killed;
   - ``infra:``   the scoring infrastructure failed (the worker died, or the reward raised
                  ``RewardInfraError``, e.g. the code sandbox is unavailable): retried
                  ``INFRA_RETRIES`` times first.

@@ -301,6 +301,13 @@ class RolloutGroup:
 
     def pump(self, timeout: float = 0.0) -> None:
         """Collects finished calls (waiting up to ``timeout`` s for one), then starts new ones."""
+        self.collect(timeout)
+        self._submit()
+
+    def collect(self, timeout: float = 0.0) -> None:
+        """Takes in what has finished (waiting up to ``timeout`` s for something): started
+        actors, finished calls into the buffer, dead actors replaced with their calls re-issued;
+        starts no new call."""
         starting = [s.starting for s in self.slots if s.starting is not None]
         refs = [c.meta for s in self.slots for c in s.calls] + starting
         if refs:
@@ -314,7 +321,6 @@ class RolloutGroup:
                 for call in [c for c in slot.calls if c.meta in ready]:
                     if call in slot.calls:  # a restart may have re-issued it meanwhile
                         self._collect(slot, call)
-        self._submit()
 
     def wait_for(self, groups: int, timeout: float | None = None) -> None:
         """Pumps until the buffer holds ``groups`` groups."""

@@ -6,8 +6,9 @@ actors. One class per transport, chosen once from ``training.weight_sync`` (``TR
     close()                               # forgets the connection (rebuilt at the next send)
 
 and ``push_weights(transport, rollouts, version)`` is the one way a version goes out (after an
-update, a learner recovery, a restore): dead actors replaced first, the version sent, actors a
-failed broadcast left behind replaced, the rollout group told (``RolloutGroup.on_update``).
+update, a learner recovery, a restore): dead actors replaced first (no new work is started: a
+restored prompt state stays as saved), the version sent, actors a failed broadcast left behind
+replaced, the rollout group told (``RolloutGroup.on_update``).
 
 ``ObjectStoreTransport``: learner rank 0 writes buckets (``gdpo_ray.weights.buckets``) once into
 Ray's object store; each actor reads them zero-copy, and an actor started later loads the same
@@ -153,7 +154,7 @@ def make_transport(name: str, learners: Any, bucket_bytes: int) -> WeightTranspo
 def push_weights(transport: WeightTransport, rollouts: Any, version: int) -> Pushed:
     """``version`` to every rollout actor of ``rollouts`` (a ``RolloutGroup``) through
     ``transport``; too-stale buffered groups are re-issued (``on_update``)."""
-    rollouts.pump(0)  # actors that died since the last push (their calls failed): replaced
+    rollouts.collect()  # actors that died since the last push (their calls failed): replaced
     pushed = transport.send(version, rollouts.receivers())
     if pushed.replace:
         rollouts.restart(pushed.replace)
