@@ -21,7 +21,7 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from gdpo_ray.groups import GroupRef
+from gdpo_ray.groups import GroupRef, describe_groups
 
 
 class ArrowBuffer:
@@ -89,7 +89,9 @@ class ArrowBuffer:
         self.accepted -= n
 
     def state_dict(self) -> dict:
-        """Counters and the buffered groups themselves (their Arrow payload, IPC-serialized)."""
+        """Counters and the buffered groups themselves (their Arrow payload, IPC-serialized): a
+        checkpoint is the one time the driver reads payloads (so that a resumed run trains the
+        groups generated before the save instead of generating them again)."""
         import ray
 
         groups = []
@@ -111,6 +113,4 @@ class ArrowBuffer:
         self._entries = deque()
         for payload in state["groups"]:
             batch = pa.ipc.open_stream(payload).read_next_batch()
-            self._entries.append(GroupRef(ray.put(batch), 0, batch.num_rows,
-                                          batch.column("group_id")[0].as_py(),
-                                          batch.column("policy_version")[0].as_py()))
+            self._entries.extend(describe_groups(batch, ray.put(batch)))

@@ -6,7 +6,9 @@ rewards (``actors.reward.RewardPool``, worker processes), and return the groups 
 record batch (each group G contiguous rows) tagged with the policy version that generated them.
 The batch
 is the second return value of the call, so it is written once into Ray's object store by the
-actor and the driver only ever holds its reference; the first return value is small metadata.
+actor and the driver only ever holds its reference; the first return value is small metadata
+(``CallMeta``: per group its rewards, errors, lengths, finish reasons and version), all the
+driver reads.
 New weights arrive between generations through ``set_weights(version, weights)``.
 
 ``RolloutGroup`` (driver side) owns the actors: their number and resources (CPUs, GPUs, a
@@ -28,9 +30,9 @@ import pyarrow as pa
 from actors.buffer import ArrowBuffer
 from actors.engines import SamplingParams, make_engine
 from actors.prompts import Prompt, PromptSource
-from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups, group_bounds
+from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
-from gdpo_ray.groups import GroupRef
+from gdpo_ray.groups import describe_groups
 from gdpo_ray.rewards import TrainerState
 
 
@@ -183,7 +185,7 @@ class RolloutActor:
             ))
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
         timing = CallTiming(generate_s=t_generate - start, score_s=time.perf_counter() - t_generate)
-        meta = CallMeta(groups=[(gid, a, b, version) for gid, a, b in group_bounds(batch)],
+        meta = CallMeta(groups=describe_groups(batch),
                         filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
         return meta, batch
 
@@ -387,8 +389,7 @@ class RolloutGroup:
                 f"prompts in a row were filtered before generation; the last: "
                 f"{meta.filtered[-1][1]}); raise llm.max_prompt_tokens (within the model's "
                 f"context, minus generation.max_tokens) or shorten the prompts")
-        refs = [GroupRef(call.batch, start, stop, gid, version)
-                for gid, start, stop, version in meta.groups]
+        refs = [dataclasses.replace(g, ref=call.batch) for g in meta.groups]
         stale = self.buffer.add(refs)
         self.prompts.reissue(stale)
         self.stats["reissued"] += len(stale)

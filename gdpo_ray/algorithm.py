@@ -5,8 +5,8 @@
 1. take_groups: B complete groups from the ArrowBuffer (the rollout actors keep generating in the
    background, within the staleness bound; dynamic sampling drops groups that would get no
    advantage, ``informative_groups``, and refills);
-2. advantages: GDPO advantages over the step's B groups, on the driver (only the reward column
-   is read: the payload stays in the object store);
+2. advantages: GDPO advantages over the step's B groups, on the driver, from the groups'
+   metadata (rewards, errors, lengths travel beside each payload: the driver never reads one);
 3. update: the DeepSpeed learners' policy update (the rollout group is pumped meanwhile, so
    generation for the next step overlaps learning when max_staleness >= 1);
 4. push_weights: new weights (version + 1) to every rollout actor; too-stale groups re-issued;
@@ -35,9 +35,8 @@ from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files, preflight
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
-from gdpo_ray.batch import rewards_matrix
 from gdpo_ray.checkpoints import COMPLETE_MARKER
-from gdpo_ray.groups import read_groups
+from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix
 from gdpo_ray.rewards.spec import plain_declaration
 
 logger = logging.getLogger(__name__)
@@ -298,10 +297,10 @@ class GDPO(Algorithm):
         c, timers, step = self.config, {}, self.policy_version
         with _timed(timers, "take_groups"):
             self._scale_rollouts()
-            groups, batches, filtered = self._take_groups()
-        with _timed(timers, "advantages"):
-            rewards, index = rewards_matrix(batches)
-            errors = [e for b in batches for e in b.column("reward_errors").to_pylist()]
+            groups, filtered = self._take_groups()
+        with _timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
+            rewards, index = rewards_matrix(groups)
+            errors = reward_errors(groups)
             self._watch_failures(step, rewards, errors)  # stops a run whose reward always fails
             details = _advantage_details(rewards, index, c, self.reward_weights)
         try:
@@ -312,7 +311,7 @@ class GDPO(Algorithm):
             with _timed(timers, "metrics"):
                 self.prompts.mark_trained([g.group_id for g in groups])
                 self.counters["trained_groups"] += len(groups)
-                values = self._step_metrics(step, groups, batches, rewards, details, filtered)
+                values = self._step_metrics(step, groups, rewards, details, filtered)
                 values |= step_metrics.failure_metrics(errors, self.reward_names)
                 values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
                 if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
@@ -329,16 +328,16 @@ class GDPO(Algorithm):
         return None
 
     def _take_groups(self):
-        """B groups (fewer only if dynamic sampling ran out of refills) and their record batches."""
+        """B groups (fewer only if dynamic sampling ran out of refills), as references with
+        their metadata (the learners read the payloads)."""
         c = self.config
-        kept, batches, filtered = [], [], 0
+        kept, filtered = [], 0
         for _ in range(c.max_refills + 1):
             need = c.prompts_per_step - len(kept)
             self.rollouts.wait_for(need)
             taken = self.buffer.take(need)
-            got = read_groups(taken)
             if c.dynamic_sampling:
-                informative = informative_groups(*rewards_matrix(got), estimator=c.estimator,
+                informative = informative_groups(*rewards_matrix(taken), estimator=c.estimator,
                                                  weights=self.reward_weights, eps=c.eps)
                 for g, ok in zip(taken, informative):
                     if not ok:
@@ -347,9 +346,7 @@ class GDPO(Algorithm):
                 self.buffer.release(int((~informative).sum()))
                 filtered += int((~informative).sum())
                 taken = [g for g, ok in zip(taken, informative) if ok]
-                got = [b for b, ok in zip(got, informative) if ok]
             kept += taken
-            batches += got
             if len(kept) == c.prompts_per_step or not c.dynamic_sampling:
                 break
         self.counters["filtered_groups"] += filtered
@@ -357,7 +354,7 @@ class GDPO(Algorithm):
             raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
                                "rounds: no weighted reward varies within any group; raise max_refills, "
                                "group_size or temperature, or turn dynamic_sampling off")
-        return kept, batches, filtered
+        return kept, filtered
 
     def _update(self, groups, advantages: np.ndarray) -> dict:
         """The learner update; the rollout group is pumped while it runs (overlap)."""
@@ -383,9 +380,8 @@ class GDPO(Algorithm):
         push_weights(self.transport, self.rollouts, version)
         self.policy_version = version
 
-    def _step_metrics(self, step, groups, batches, rewards, details, filtered) -> dict:
-        lengths = np.concatenate([b.column("response_length").to_numpy() for b in batches])
-        reasons = [r for b in batches for r in b.column("finish_reason").to_pylist()]
+    def _step_metrics(self, step, groups, rewards, details, filtered) -> dict:
+        lengths, reasons = response_lengths(groups), finish_reasons(groups)
         values = {"step": float(self.policy_version), "groups": float(len(groups)),
                   "filtered_groups": float(filtered),
                   "tokens": float(lengths.sum()), "prompt_epoch": float(self.prompts.epoch)}

@@ -1,6 +1,6 @@
 """The Arrow record of one prompt group (DESIGN.md §3), what a rollout call reports beside it
-(``CallMeta``), and the batch's ``[N, K]`` rewards (``rewards_matrix``). Pure: no Ray
-(``gdpo_ray.groups`` holds the references into the object store and their readers).
+(``CallMeta``). Pure: no Ray (``gdpo_ray.groups`` holds the references into the object store,
+the metadata the driver reads in their place, and the payload's readers).
 
 One group of G rollouts = G contiguous rows; an object in Ray's store holds one RecordBatch with
 one or more whole groups (each a zero-copy slice). Columns (names are the contract):
@@ -213,17 +213,7 @@ class CallTiming:
 class CallMeta:
     """What a rollout call reports beside its record batch (the driver reads only this)."""
 
-    groups: list[tuple[str, int, int, int]]  # (group_id, first row, end row, policy version)
+    groups: list[Any]  # a gdpo_ray.groups.GroupRef per group (ref None), with its metadata
     filtered: list[tuple[str, str]]  # (group_id, reason) of prompts not generated
     tokens: int = 0  # response tokens generated
     timing: CallTiming | None = None  # None when nothing was generated
-
-
-def rewards_matrix(batches: Sequence[pa.RecordBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """[N, K] float32 rewards of the rollouts of ``batches`` (each one or more whole groups,
-    contiguous; NaN = not computed) and their [N] group index (one group per batch)."""
-    rewards = np.concatenate([
-        b.column("rewards").flatten().to_numpy(zero_copy_only=False).reshape(b.num_rows, -1)
-        for b in batches])
-    index = np.repeat(np.arange(len(batches)), [b.num_rows for b in batches])
-    return rewards, index

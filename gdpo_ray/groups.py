@@ -1,8 +1,13 @@
-"""References to complete groups in Ray's object store, and their zero-copy readers.
+"""References to complete groups in Ray's object store, what the driver knows of each, and the
+payload's zero-copy readers.
 
 A ``GroupRef`` names rows ``start:stop`` (one whole group) of a record batch in the object store
-(``gdpo_ray.batch`` is its schema); the buffer and the driver hold only these, the learners read
-the payload with ``read_rows``. The readers call ``ray.get``; ``gdpo_ray.batch`` stays pure.
+(``gdpo_ray.batch`` is its schema) and carries the group's small metadata beside it: its K
+rewards per rollout, their error texts, the response lengths and finish reasons. That is all the
+driver needs (advantages, dynamic sampling, metrics): the driver and the buffer hold only
+``GroupRef``s and never fetch a payload; the learners read it with ``read_rows``. A rollout
+actor describes its groups with ``describe_groups`` (``ref`` None: the object's reference is the
+call's second return value, known to the caller only) and the driver fills in ``ref``.
 """
 
 from __future__ import annotations
@@ -10,18 +15,72 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
+
+from gdpo_ray.batch import group_bounds
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupRef:
-    """One group: rows ``start:stop`` of the record batch ``ray.get(ref)``."""
+    """One group: rows ``start:stop`` of the record batch ``ray.get(ref)``, and its metadata
+    (None where a caller built a bare reference, e.g. a test of the buffer's arithmetic)."""
 
     ref: Any  # ray.ObjectRef of a pyarrow.RecordBatch holding whole groups
     start: int
     stop: int
     group_id: str
-    policy_version: int
+    policy_version: int  # the oldest policy version that sampled a token of the group
+    rewards: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # [G, K]
+    reward_errors: tuple | None = dataclasses.field(default=None, compare=False, repr=False)  # [G][K]
+    response_length: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # [G]
+    finish_reason: tuple | None = dataclasses.field(default=None, compare=False, repr=False)  # [G]
+
+
+def describe_groups(batch: pa.RecordBatch, ref: Any = None) -> list[GroupRef]:
+    """A ``GroupRef`` with its metadata for every group of ``batch`` (rows in order)."""
+    rewards = batch.column("rewards").flatten().to_numpy(zero_copy_only=False)
+    rewards = rewards.astype(np.float32).reshape(batch.num_rows, -1)
+    errors = batch.column("reward_errors").to_pylist()
+    lengths = batch.column("response_length").to_numpy().astype(np.int32)
+    reasons = batch.column("finish_reason").to_pylist()
+    versions = batch.column("policy_version").to_numpy()
+    return [GroupRef(ref, a, b, gid, int(versions[a:b].min()), rewards[a:b].copy(),
+                     tuple(tuple(e) for e in errors[a:b]), lengths[a:b].copy(), tuple(reasons[a:b]))
+            for gid, a, b in group_bounds(batch)]
+
+
+def _described(groups: Sequence[GroupRef]) -> Sequence[GroupRef]:
+    missing = [g.group_id for g in groups if g.rewards is None]
+    if missing:
+        raise ValueError(f"group(s) {missing[:3]} carry no metadata: build GroupRefs with "
+                         f"gdpo_ray.groups.describe_groups")
+    return groups
+
+
+def rewards_matrix(groups: Sequence[GroupRef]) -> tuple[np.ndarray, np.ndarray]:
+    """[N, K] float32 rewards of the rollouts of ``groups`` (NaN = not computed), from their
+    metadata, and the [N] group index of each rollout."""
+    _described(groups)
+    if not groups:
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+    rewards = np.concatenate([g.rewards for g in groups]).astype(np.float32, copy=False)
+    index = np.repeat(np.arange(len(groups)), [len(g.rewards) for g in groups])
+    return rewards, index
+
+
+def reward_errors(groups: Sequence[GroupRef]) -> list[tuple[str, ...]]:
+    """Per rollout, the K error texts ("" where the reward was computed)."""
+    return [e for g in _described(groups) for e in g.reward_errors]
+
+
+def response_lengths(groups: Sequence[GroupRef]) -> np.ndarray:
+    _described(groups)
+    return np.concatenate([g.response_length for g in groups]) if groups else np.zeros(0, np.int32)
+
+
+def finish_reasons(groups: Sequence[GroupRef]) -> list[str]:
+    return [r for g in _described(groups) for r in g.finish_reason]
 
 
 def _objects(refs: Sequence[GroupRef]) -> dict:

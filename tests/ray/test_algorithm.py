@@ -28,7 +28,24 @@ def learner_digest(algo) -> str:
     return learner_digests(algo.learners)[0]
 
 
-def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
+def payload_spy(ray_module, monkeypatch) -> list:
+    """Records every Arrow payload that ``ray.get`` hands to this (the driver) process."""
+    import pyarrow as pa
+
+    fetched, get = [], ray_module.get
+
+    def spying_get(refs, *args, **kwargs):
+        values = get(refs, *args, **kwargs)
+        for v in values if isinstance(values, list) else [values]:
+            if isinstance(v, (pa.RecordBatch, pa.Table)):
+                fetched.append(v.nbytes)
+        return values
+
+    monkeypatch.setattr(ray_module, "get", spying_get)
+    return fetched
+
+
+def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster, monkeypatch):
     from ray.rllib.callbacks.callbacks import RLlibCallback
 
     seen = []
@@ -40,7 +57,9 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster):
     algo = demo_config("training.max_staleness=1").callbacks(Record).build_algo()
     try:
         start = learner_digest(algo)
+        fetched = payload_spy(ray_cluster, monkeypatch)
         results = [algo.train() for _ in range(3)]
+        assert fetched == []  # the driver read metadata only: no payload came to its process
         assert seen == [1.0, 2.0, 3.0]  # RLlib callbacks still run
         with pytest.raises(AttributeError, match="frozen"):  # as RLlib freezes its configs
             algo.config.lr = 1.0

@@ -58,14 +58,24 @@ def test_check_group_names_the_broken_rule():
         check_group(wrong_type)
 
 
-def test_rewards_matrix_of_batches():
-    from gdpo_ray.batch import rewards_matrix
+def test_group_metadata_is_what_the_payload_holds():
+    from gdpo_ray.groups import (GroupRef, describe_groups, finish_reasons, response_lengths,
+                                 reward_errors, rewards_matrix)
 
     a, b = group("a/e0/a0", 1), group("b/e0/a0", 2)
-    rewards, index = rewards_matrix([a, b])
+    both = pa.concat_batches([a, b])
+    refs = describe_groups(both, ref="obj")
+    assert [(g.ref, g.start, g.stop, g.group_id, g.policy_version) for g in refs] == [
+        ("obj", 0, 2, "a/e0/a0", 1), ("obj", 2, 4, "b/e0/a0", 2)]
+    rewards, index = rewards_matrix(refs)
     assert rewards.shape == (4, 2) and rewards.dtype == np.float32
-    np.testing.assert_array_equal(rewards[:2], a.column("rewards").to_pylist())
+    np.testing.assert_array_equal(rewards, both.column("rewards").to_pylist())
     assert index.tolist() == [0, 0, 1, 1]
+    assert [list(e) for e in reward_errors(refs)] == both.column("reward_errors").to_pylist()
+    assert response_lengths(refs).tolist() == both.column("response_length").to_pylist()
+    assert finish_reasons(refs) == both.column("finish_reason").to_pylist()
+    with pytest.raises(ValueError, match="carry no metadata"):
+        rewards_matrix([GroupRef(None, 0, 2, "bare", 0)])
 
 
 def test_several_groups_in_one_batch_are_zero_copy_slices():
