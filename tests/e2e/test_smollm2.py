@@ -39,7 +39,7 @@ def test_smollm2_generates_with_its_chat_template(smollm2):
                         batch.column("response_logprobs").to_pylist()):
         assert actor.tokenizer.decode(ids, skip_special_tokens=True).strip()  # real text
         assert all(math.isfinite(x) and x <= 0 for x in lps)
-    assert meta.groups[0][0] == prompt[0].group_id
+    assert meta.groups[0].group_id == prompt[0].group_id
 
 
 def test_smollm2_math_preset_trains_a_step(ray_cluster):
