@@ -1,0 +1,170 @@
+"""The streaming vLLM engine: vLLM's ``AsyncLLM`` (continuous batching), one request per sample.
+
+Requests are added and finish one by one, so the engine stays full while prompts keep
+arriving (``actors.streaming.StreamingRolloutActor`` admits them). Weights change in flight:
+``push`` pauses the scheduler keeping every request (``pause_generation(mode="keep")``), loads
+the new weights, labels them with the new policy version (``update_weight_version``: vLLM then
+records, per request, which version sampled each output token: ``weight_versions`` spans of
+its final output), and resumes. With ``recompute_kv`` (the default) the running requests are
+preempted at the push (``reset_prefix_cache(reset_running_requests=True)``), so their KV cache
+is recomputed under the new weights and every token after the push is sampled from exactly the
+new policy: its logprob is that policy's log_softmax(logits / T), the importance ratio stays
+right token by token. ``recompute_kv=False`` keeps the old policy's KV cache (no recompute,
+PipelineRL's choice): tokens after the push then come from a mix of both policies, recorded as
+sampled.
+
+Weights reach the engine's worker process as one safetensors file in ``/dev/shm`` read by the
+worker extension ``actors.vllm_worker_ext.WeightsFromFile`` (see there why not in memory).
+Logprobs and sampling rules are those of ``actors.vllm_engine.VLLMEngine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import tempfile
+import time
+from typing import Any, Iterable
+
+from actors.engines import Sample, SamplingParams
+from actors.vllm_engine import VLLMEngine
+
+WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
+
+
+@dataclasses.dataclass
+class VersionedSample(Sample):
+    versions: list[int] = dataclasses.field(default_factory=list)  # per token: the policy that sampled it
+
+
+class AsyncVLLMEngine:
+    """``AsyncLLM`` behind the streaming rollout actor; every method that touches the engine is
+    a coroutine (run them on one event loop: the actor's)."""
+
+    weight_transfer = False  # weights arrive by push (the object store, through /dev/shm)
+    check_sampling = VLLMEngine.check_sampling
+
+    def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
+                 max_model_len: int = 4096, recompute_kv: bool = True, **engine_kwargs: Any) -> None:
+        import torch
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.recompute_kv = recompute_kv
+        engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        args = AsyncEngineArgs(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
+                               logprobs_mode="processed_logprobs", **engine_kwargs)
+        self.llm = AsyncLLM.from_engine_args(args)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
+        self.version = 0
+        self.active = 0  # requests added and not finished
+        self.pause_s: list[float] = []  # seconds the scheduler was paused, per push
+        self._ids = itertools.count()
+        self._shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+    def _params(self, sampling: SamplingParams, **overrides: Any) -> Any:
+        from vllm import SamplingParams as VLLMSampling
+
+        self.check_sampling(sampling)
+        fields = dict(temperature=sampling.temperature, max_tokens=sampling.max_tokens,
+                      stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0)
+        return VLLMSampling(**dict(fields, **overrides))
+
+    async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams) -> VersionedSample:
+        """One completion of one prompt (cancel the task to abort it)."""
+        params = self._params(sampling)
+        final = None
+        self.active += 1
+        try:
+            async for out in self.llm.generate({"prompt_token_ids": list(prompt_token_ids)}, params,
+                                               request_id=f"s{next(self._ids)}"):
+                final = out
+        finally:
+            self.active -= 1
+        o = final.outputs[0]
+        ids = list(o.token_ids)
+        logprobs = [float(step[token].logprob) for token, step in zip(ids, o.logprobs)]
+        versions = [self.version] * len(ids)
+        for span in o.weight_versions or []:
+            versions[span.start:span.end] = [_version(span.version)] * (span.end - span.start)
+        reason = o.finish_reason if o.finish_reason in ("stop", "length") else "abort"
+        return VersionedSample(ids, logprobs, reason, versions)
+
+    async def generate(self, prompt_token_ids: list[list[int]], n: int,
+                       sampling: SamplingParams) -> list[list[VersionedSample]]:
+        """The batch contract of ``actors.engines.Engine``, as concurrent requests."""
+        tasks = [[self.sample(p, sampling) for _ in range(n)] for p in prompt_token_ids]
+        flat = await asyncio.gather(*itertools.chain.from_iterable(tasks))
+        return [list(flat[i * n:(i + 1) * n]) for i in range(len(prompt_token_ids))]
+
+    async def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams as VLLMSampling
+
+        async def one(p: list[int]) -> list[int]:
+            final = None
+            async for out in self.llm.generate({"prompt_token_ids": list(p)},
+                                               VLLMSampling(temperature=0.0, max_tokens=max_tokens),
+                                               request_id=f"g{next(self._ids)}"):
+                final = out
+            return list(final.outputs[0].token_ids)
+
+        return list(await asyncio.gather(*(one(p) for p in prompt_token_ids)))
+
+    def write_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> str:
+        """The tensors as one safetensors file (in /dev/shm where there is one); its path."""
+        import torch
+        from safetensors.torch import save_file
+
+        tensors, seen = {}, set()
+        for name, t in named_tensors:
+            t = torch.as_tensor(t).contiguous()
+            if t.data_ptr() in seen:  # tied weights (embeddings = lm_head): safetensors wants copies
+                t = t.clone()
+            seen.add(t.data_ptr())
+            tensors[name] = t
+        fd, path = tempfile.mkstemp(suffix=".safetensors", prefix="gdpo-weights-", dir=self._shm)
+        os.close(fd)
+        save_file(tensors, path)
+        return path
+
+    async def push(self, path: str, version: int) -> float:
+        """Loads the weights file ``path`` as policy ``version`` while requests are in flight
+        (paused, kept, resumed); deletes the file; returns the seconds the engine was paused."""
+        start = time.perf_counter()
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.llm.collective_rpc("reload_from_file", args=(path,))
+            await self.llm.update_weight_version(str(int(version)))
+            if self.recompute_kv:
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+            else:
+                await self.llm.reset_prefix_cache()  # cached prefixes of finished requests
+            self.version = int(version)
+        finally:
+            await self.llm.resume_generation()
+            os.unlink(path)
+        self.pause_s.append(time.perf_counter() - start)
+        return self.pause_s[-1]
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        await self.push(self.write_weights(named_tensors), self.version)
+
+    async def sleep(self) -> None:
+        if self.device == "cuda":
+            await self.llm.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        if self.device == "cuda":
+            await self.llm.wake_up()
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+
+def _version(label: str) -> int:
+    """A policy version from vLLM's weight-version label ("default" before the first push)."""
+    return int(label) if label.isdigit() else 0

@@ -1,0 +1,25 @@
+"""A vLLM worker extension (``worker_extension_cls``): methods vLLM mixes into its GPU/CPU
+worker, called by name through ``collective_rpc``.
+
+The async engine's worker runs in a child process of the engine core, itself a child of the
+rollout actor, so tensors cannot be handed over in memory: ``collective_rpc`` re-pickles its
+arguments in the engine core, and tensors that arrived zero-copy cannot be pickled there
+("cannot pickle memoryview objects"). A push is therefore one safetensors file (in
+``/dev/shm``: memory, not disk) that the worker maps and loads through vLLM's own layer-wise
+``reload_weights``. This module imports nothing of gdpo-ray: the engine processes only need it
+on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+
+class WeightsFromFile:
+    """Mixed into vLLM's worker: ``self`` is the worker (``reload_weights`` is its method)."""
+
+    def reload_from_file(self, path: str) -> int:
+        """Loads every tensor of the safetensors file ``path``; returns how many."""
+        from safetensors.torch import load_file
+
+        weights = load_file(path)
+        self.reload_weights(weights_iterator=list(weights.items()))
+        return len(weights)
