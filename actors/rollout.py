@@ -4,12 +4,12 @@ A ``RolloutActor`` (a Ray actor) turns prompts into complete groups: apply the c
 generate G completions per prompt with its engine (``hf`` or ``vllm``), score them with the K
 rewards (``actors.reward.RewardPool``, worker processes), and return the groups as ONE Arrow
 record batch (each group G contiguous rows) tagged with the policy version that generated them.
-The batch
-is the second return value of the call, so it is written once into Ray's object store by the
-actor and the driver only ever holds its reference; the first return value is small metadata
-(``CallMeta``: per group its rewards, errors, lengths, finish reasons and version), all the
-driver reads.
-New weights arrive between generations through ``set_weights(version, weights)``.
+Every call is a Ray streaming generator (``stream``) whose items come in pairs: a record batch
+(written once into Ray's object store by the actor; the driver only ever holds its reference,
+and waits on it with ``fetch_local=False``), then small metadata (``CallMeta``: per group its
+rewards, errors, lengths, finish reasons and version), all the driver reads. Here a call yields
+one pair; the streaming actor (``actors.streaming``) one per group as it finishes. New weights
+arrive between generations through ``set_weights(version, weights)`` (in flight when streaming).
 
 ``RolloutGroup`` (driver side) owns the actors: their number and resources (CPUs, GPUs, a
 custom Ray resource that pins them to rollout nodes) are set apart from the learners. It keeps
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -143,10 +143,9 @@ class RolloutActor:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
-    def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
-        """-> (metadata, one record batch of the complete groups). Use with num_returns=2."""
-        start = time.perf_counter()
-        version, filtered, kept, ids = self.version, [], [], []
+    def split(self, prompts: Sequence[Prompt]) -> tuple[list[Prompt], list[list[int]], list[tuple[str, str]]]:
+        """-> (the prompts to generate, their token ids, (group_id, reason) of those filtered)."""
+        kept, ids, filtered = [], [], []
         for p in prompts:
             tokens = self.tokenize(p.prompt)
             if len(tokens) > self.max_prompt_tokens:
@@ -154,10 +153,32 @@ class RolloutActor:
             else:
                 kept.append(p)
                 ids.append(tokens)
+        return kept, ids, filtered
+
+    def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
+        """-> (metadata, one record batch of the complete groups)."""
+        start = time.perf_counter()
+        version = self.version
+        kept, ids, filtered = self.split(prompts)
         if not kept:
             return CallMeta(groups=[], filtered=filtered), None
         samples = self.engine.generate(ids, self.group_size, self.sampling)
-        t_generate = time.perf_counter()
+        return self.score(kept, ids, samples, version, filtered, start, time.perf_counter())
+
+    def stream(self, prompts: Sequence[Prompt]) -> Iterator[Any]:
+        """The call the driver makes (``num_returns="streaming"``): pairs of (record batch or
+        None, its metadata), the batch first, so that metadata that arrives vouches for its batch.
+        Here one pair for the whole call."""
+        meta, batch = self.generate(prompts)
+        yield batch
+        yield meta
+
+    def score(self, kept: Sequence[Prompt], ids: Sequence[list[int]], samples: Sequence[Sequence[Any]],
+              version: int, filtered: list[tuple[str, str]], start: float,
+              generated: float) -> tuple[CallMeta, pa.RecordBatch]:
+        """Scores the G samples of each prompt of ``kept`` and builds their groups: -> (metadata,
+        one record batch). A sample with ``versions`` (streaming) gives each token's policy
+        version; a group's ``policy_version`` is the oldest of its tokens."""
         flat = [s for group in samples for s in group]
         texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
         g = self.group_size
@@ -175,16 +196,19 @@ class RolloutActor:
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
+            versions = [getattr(s, "versions", None) or [version] * len(s.token_ids) for s in group]
             groups.append(GroupData(
                 prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i],
                 response_token_ids=[s.token_ids for s in group],
                 response_logprobs=[s.logprobs for s in group],
-                finish_reasons=[s.finish_reason for s in group], policy_version=version,
+                finish_reasons=[s.finish_reason for s in group],
+                policy_version=min((v for vs in versions for v in vs), default=version),
+                response_versions=versions,
                 rewards=scored.values[rows], reward_errors=scored.errors[rows],
                 task_columns=p.columns,
             ))
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
-        timing = CallTiming(generate_s=t_generate - start, score_s=time.perf_counter() - t_generate)
+        timing = CallTiming(generate_s=generated - start, score_s=time.perf_counter() - generated)
         meta = CallMeta(groups=describe_groups(batch),
                         filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
         return meta, batch
@@ -195,9 +219,16 @@ class RolloutActor:
 
 @dataclasses.dataclass
 class _Call:
-    meta: Any  # ObjectRef of the metadata dict
-    batch: Any  # ObjectRef of the Arrow record batch
+    """One ``stream`` call in flight: its items come in pairs (batch ref, metadata ref)."""
+
+    gen: Any  # ray.ObjectRefGenerator of the actor's stream(prompts)
     prompts: list[Prompt]
+    batch: Any = None  # the ref of the batch whose metadata comes next
+    has_batch: bool = False
+    reported: set = dataclasses.field(default_factory=set)  # group ids emitted, filtered or aborted
+
+    def unreported(self) -> list[Prompt]:
+        return [p for p in self.prompts if p.group_id not in self.reported]
 
 
 @dataclasses.dataclass
@@ -213,12 +244,14 @@ class RolloutGroup:
     """The rollout actors of a run, fed from a PromptSource into an ArrowBuffer.
 
     Args:
-        actor_kwargs: ``RolloutActor`` arguments.
+        actor_kwargs: ``RolloutActor`` arguments, plus ``mode``: "batched" (``RolloutActor``, one
+            batch per call) or "streaming" (``actors.streaming.StreamingRolloutActor``: groups
+            stream out of every call as they finish, weights change in flight).
         num_actors: how many actors to start.
         prompts, buffer: the run's prompt source and buffer (driver objects).
-        prompts_per_call: prompts per generate call (their groups travel in one object).
-        calls_per_actor: queued calls per actor, so that it keeps generating while the driver
-            does something else.
+        prompts_per_call: prompts per call (batched: their groups travel in one object).
+        calls_per_actor: queued calls per batched actor, so that it keeps generating while the
+            driver does something else (a streaming actor takes every call admission allows).
         num_cpus, num_gpus, resources: Ray resources of each actor (``resources={"rollout": 1}``
             places them on nodes that offer a custom ``rollout`` resource).
         placement_group: the colocated layout: actor i runs in bundle i of this placement group
@@ -233,24 +266,32 @@ class RolloutGroup:
 
         self._ray = ray
         self._placement_group = placement_group  # colocated: actor i in bundle i
-        self._remote = ray.remote(RolloutActor)
+        actor_kwargs = dict(actor_kwargs)
+        self.streaming = actor_kwargs.pop("mode", "batched") == "streaming"
+        if self.streaming:
+            from actors.streaming import StreamingRolloutActor
+
+            self._remote = ray.remote(StreamingRolloutActor)
+            actor_kwargs["max_staleness"] = buffer.max_staleness
+        else:
+            self._remote = ray.remote(RolloutActor)
         self._options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
                              max_restarts=0, runtime_env={"env_vars": {
                                  "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-        self.actor_kwargs = dict(actor_kwargs)
+        self.actor_kwargs = actor_kwargs
         self.prompts, self.buffer = prompts, buffer
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
         self.version, self._weights = 0, None
         self.slots: list[_Slot] = []
-        self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0,
+        self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0, "aborted": 0,
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
         self._filtered_in_a_row = 0  # prompts filtered since a group was last generated
         self.resize(num_actors)
 
     @property
     def in_flight(self) -> int:
-        """Groups being generated (handed out, not yet in the buffer)."""
-        return sum(len(c.prompts) for s in self.slots for c in s.calls)
+        """Groups being generated (handed out, not yet reported)."""
+        return sum(len(c.prompts) - len(c.reported) for s in self.slots for c in s.calls)
 
     def _start_actor(self, index: int) -> _Slot:
         options = dict(self._options)
@@ -311,18 +352,25 @@ class RolloutGroup:
         actors, finished calls into the buffer, dead actors replaced with their calls re-issued;
         starts no new call."""
         starting = [s.starting for s in self.slots if s.starting is not None]
-        refs = [c.meta for s in self.slots for c in s.calls] + starting
-        if refs:
-            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
-            if not ready and timeout > 0:
-                ready, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
+        waitables = [c.gen for s in self.slots for c in s.calls] + starting
+        wait = timeout
+        while waitables:  # every item that is ready now (a stream may hold several)
+            # fetch_local=False: a ready batch stays where its actor wrote it
+            ready, _ = self._ray.wait(waitables, num_returns=len(waitables), timeout=0, fetch_local=False)
+            if not ready and wait > 0:
+                ready, _ = self._ray.wait(waitables, num_returns=1, timeout=wait, fetch_local=False)
+            if not ready:
+                return
+            wait = 0
             ready = set(ready)
             for slot in list(self.slots):
                 if slot.starting in ready:
                     self._started(slot)
-                for call in [c for c in slot.calls if c.meta in ready]:
+                for call in [c for c in slot.calls if c.gen in ready]:
                     if call in slot.calls:  # a restart may have re-issued it meanwhile
-                        self._collect(slot, call)
+                        self._next_item(slot, call)
+            waitables = [c.gen for s in self.slots for c in s.calls] + [
+                s.starting for s in self.slots if s.starting is not None]
 
     def wait_for(self, groups: int, timeout: float | None = None) -> None:
         """Pumps until the buffer holds ``groups`` groups."""
@@ -356,34 +404,71 @@ class RolloutGroup:
         self.stats["actor_restarts"] += 1
 
     def _submit(self) -> None:
-        for slot in self.slots:
-            while slot.starting is None and len(slot.calls) < self.calls_per_actor:
-                n = min(self.prompts_per_call, self.buffer.room(self.in_flight))
-                if n <= 0:
-                    return
-                batch = self.prompts.take(n)
-                meta, groups = slot.handle.generate.options(num_returns=2).remote(batch)
-                slot.calls.append(_Call(meta, groups, batch))
+        """New calls while admission allows: batched, up to ``calls_per_actor`` per actor;
+        streaming, every admitted prompt at once, to the actor with the fewest in flight."""
+        limit = float("inf") if self.streaming else self.calls_per_actor
+        while True:
+            started = [s for s in self.slots if s.starting is None and len(s.calls) < limit]
+            n = min(self.prompts_per_call, self.buffer.room(self.in_flight))
+            if not started or n <= 0:
+                return
+            slot = min(started, key=lambda s: sum(len(c.prompts) - len(c.reported) for c in s.calls))
+            batch = self.prompts.take(n)
+            gen = slot.handle.stream.options(num_returns="streaming").remote(batch)
+            slot.calls.append(_Call(gen, batch))
 
-    def _collect(self, slot: _Slot, call: _Call) -> None:
-        slot.calls.remove(call)
+    def _next_item(self, slot: _Slot, call: _Call) -> None:
+        """Takes the next item of a ready stream: a batch ref (kept, never fetched), or the
+        metadata that follows it (read); the stream's end; or its actor's death."""
         try:
-            meta = self._ray.get(call.meta)
+            ref = next(call.gen)
+        except StopIteration:  # the call is over
+            slot.calls.remove(call)
+            if call.has_batch:  # it ended between a batch and its metadata: it failed
+                try:  # the failure (a batch is fetched only if the actor died right after it)
+                    self._ray.get(call.batch)
+                except self._ray.exceptions.RayActorError:
+                    self._reissue([call])
+                    self._actor_lost(slot)
+                    return
+            self._reissue_prompts(call.unreported())  # anything not reported goes out again
+            return
+        if not call.has_batch:
+            call.batch, call.has_batch = ref, True
+            return
+        call.has_batch = False
+        try:
+            meta = self._ray.get(ref)
         except self._ray.exceptions.RayActorError:  # the actor died: all its calls are lost
-            self._reissue([call])
-            if slot in self.slots:
-                self._reissue(slot.calls)
-                self._ray.kill(slot.handle)
-                self._replace(slot)
+            self._actor_lost(slot)
             return
         except self._ray.exceptions.ObjectLostError:
+            slot.calls.remove(call)
             self._reissue([call])
             return
+        self._take(call, meta)
+
+    def _actor_lost(self, slot: _Slot) -> None:
+        """A dead actor: its calls' unreported prompts re-issued, a fresh actor in its place."""
+        if slot in self.slots:
+            self._reissue(slot.calls)
+            self._ray.kill(slot.handle)
+            self._replace(slot)
+
+    def _take(self, call: _Call, meta: CallMeta) -> None:
         for group_id, reason in meta.filtered:
             self.prompts.mark_filtered(group_id, reason)
+        call.reported.update(g for g, _ in meta.filtered)
+        call.reported.update(meta.aborted)
+        call.reported.update(g.group_id for g in meta.groups)
+        self.prompts.reissue(list(meta.aborted))
+        self.stats["aborted"] += len(meta.aborted)
         self.stats["filtered"] += len(meta.filtered)
-        self._filtered_in_a_row = 0 if meta.groups else self._filtered_in_a_row + len(meta.filtered)
-        if self._filtered_in_a_row >= len(self.prompts):
+        if meta.groups:
+            self._filtered_in_a_row = 0
+        elif meta.filtered:
+            self._filtered_in_a_row += len(meta.filtered)
+        if meta.filtered and self._filtered_in_a_row >= len(self.prompts):
             raise PromptsExhausted(
                 f"no prompt could be generated for a whole epoch ({self._filtered_in_a_row} "
                 f"prompts in a row were filtered before generation; the last: "
@@ -401,8 +486,11 @@ class RolloutGroup:
 
     def _reissue(self, calls: list[_Call]) -> None:
         for call in calls:
-            self.prompts.reissue([p.group_id for p in call.prompts])
-            self.stats["reissued"] += len(call.prompts)
+            self._reissue_prompts(call.unreported())
+
+    def _reissue_prompts(self, prompts: list[Prompt]) -> None:
+        self.prompts.reissue([p.group_id for p in prompts])
+        self.stats["reissued"] += len(prompts)
 
     def discard_in_flight(self) -> None:
         """Forgets every call in flight (their results are ignored, their prompts NOT re-issued):

@@ -133,7 +133,7 @@ class GDPOConfig(AlgorithmConfig):
     @property
     def rollout_actor_kwargs(self) -> dict:
         return dict(model_path=self.model_path, rewards=list(self.rewards), group_size=self.group_size,
-                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs),
+                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=fields.generation_mode(self),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
                     num_threads=self.num_threads, seed=self.seed or 0)
@@ -403,6 +403,7 @@ class GDPO(Algorithm):
                    # generation that overlapped the learning
                    "rollout/groups_during_update": float(self._groups_during_update),
                    "rollout/reissued": float(stats["reissued"]),
+                   "rollout/aborted": float(stats["aborted"]),
                    "rollout/actor_restarts": float(stats["actor_restarts"]),
                    "rollout/prompts_filtered": float(stats["filtered"]),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}

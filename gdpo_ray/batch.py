@@ -13,7 +13,11 @@ one or more whole groups (each a zero-copy slice). Columns (names are the contra
     response_logprobs   large_list<float32>          log p of each sampled token, logits / T
     response_length     int32                        tokens in the response
     finish_reason       string                       "stop" | "length" | "abort"
-    policy_version      int64                        weights version that generated it
+    policy_version      int64                        the oldest policy version that sampled a
+                                                     token of the group (admission, staleness)
+    response_versions   large_list<int32>            per token: the policy version that sampled it
+                                                     (a streaming engine's weights change in flight;
+                                                     batch engines: all = policy_version)
     rewards             fixed_size_list<float32>[K]  NaN = could not be computed
     reward_errors       list<string>                 K strings, "" where computed
     ...task columns (e.g. ground_truth), one value per row
@@ -46,6 +50,7 @@ _CORE = [
     ("response_length", pa.int32()),
     ("finish_reason", pa.string()),
     ("policy_version", pa.int64()),
+    ("response_versions", pa.large_list(pa.int32())),
 ]
 CORE_COLUMNS = [name for name, _ in _CORE] + ["rewards", "reward_errors"]
 
@@ -93,6 +98,7 @@ class GroupData:
     rewards: np.ndarray  # [G, K]
     reward_errors: Sequence[Sequence[str]]  # [G][K]
     task_columns: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    response_versions: Sequence[Sequence[int]] | None = None  # [G][tokens]; None: all policy_version
 
 
 def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
@@ -114,6 +120,7 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
         pa.array(np.fromiter((len(r) for r in responses), np.int32, len(responses))),
         pa.array([f for g in groups for f in g.finish_reasons], pa.string()),
         pa.array(np.repeat([g.policy_version for g in groups], sizes).astype(np.int64)),
+        _ragged([v for g in groups for v in _versions(g)], np.int32, large=True),
         pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(
             [np.asarray(g.rewards, np.float32).reshape(n, k) for g, n in zip(groups, sizes)]
         ).reshape(-1)), k),
@@ -127,6 +134,12 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
     batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields))
     check_groups(batch)
     return batch
+
+
+def _versions(g: GroupData) -> Sequence[Sequence[int]]:
+    if g.response_versions is not None:
+        return g.response_versions
+    return [np.full(len(r), g.policy_version, np.int32) for r in g.response_token_ids]
 
 
 def build_group(*, reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
@@ -182,10 +195,14 @@ def check_groups(batch: pa.RecordBatch) -> None:
         if not pc.all(pc.equal(values, pc.take(values, pa.array(first_row)))).as_py():
             raise ValueError(f"all rows of a group share one {col}")
     lengths = batch.column("response_length").to_numpy()
-    ids, lps = batch.column("response_token_ids"), batch.column("response_logprobs")
-    if not (np.array_equal(np.diff(ids.offsets.to_numpy()), lengths)
-            and np.array_equal(np.diff(lps.offsets.to_numpy()), lengths)):
-        raise ValueError("response_token_ids, response_logprobs and response_length disagree")
+    ragged = [batch.column(c) for c in ("response_token_ids", "response_logprobs", "response_versions")]
+    if not all(np.array_equal(np.diff(c.offsets.to_numpy()), lengths) for c in ragged):
+        raise ValueError("response_token_ids, response_logprobs, response_versions and "
+                         "response_length disagree")
+    versions = ragged[2].flatten().to_numpy()
+    if len(versions) and versions.min() < batch.column("policy_version").to_numpy().min():
+        raise ValueError("a token's response_versions is older than its group's policy_version "
+                         "(which must be the oldest)")
     if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():
         bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {sorted(bad)}")
@@ -217,3 +234,4 @@ class CallMeta:
     filtered: list[tuple[str, str]]  # (group_id, reason) of prompts not generated
     tokens: int = 0  # response tokens generated
     timing: CallTiming | None = None  # None when nothing was generated
+    aborted: tuple[str, ...] = ()  # group ids aborted in flight (too stale to train): to re-issue

@@ -77,6 +77,7 @@ FIELDS: dict[str, Field] = {
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     # generation: the rollout engine
     "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.Engine"),
+    "mode": Field("generation", None, "streaming (continuous batching, groups out as they finish, weights in flight; vllm) or batched (one batch per call); default: streaming on vllm, batched otherwise", "str?"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
     "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)", above=0, why="logits / temperature"),
     "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)", above=0, at_most=1),
@@ -84,7 +85,7 @@ FIELDS: dict[str, Field] = {
     "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
-    "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor", at_least=1),
+    "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
     "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor", at_least=1),
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
@@ -219,6 +220,7 @@ def check(config: Any) -> None:
         raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
                          f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
     engine_class(c.engine).check_sampling(SamplingParams(**sampling_params(c)))
+    _check_mode(c)
     policy_loss_config(c)
     if c.ratio_level == "sequence":
         _check_gspo(c)
@@ -235,6 +237,27 @@ def check(config: Any) -> None:
             raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
                              f"num_env_runners == num_learners (got {c.num_env_runners} and "
                              f"{c.num_learners})")
+
+
+def generation_mode(c: Any) -> str:
+    """``generation.mode``, its default filled in: streaming on vllm, batched otherwise."""
+    return c.mode or ("streaming" if c.engine == "vllm" else "batched")
+
+
+def _check_mode(c: Any) -> None:
+    from actors.streaming import STREAM_ENGINES
+
+    mode = generation_mode(c)
+    if mode not in ("streaming", "batched"):
+        raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
+    if mode == "streaming" and c.engine not in STREAM_ENGINES:
+        raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
+                         f"({', '.join(STREAM_ENGINES)}); engine {c.engine!r} takes batch calls: use "
+                         f"generation.mode='batched' or generation.engine='vllm'")
+    if mode == "streaming" and c.weight_sync != "object_store":
+        raise ValueError(f"generation.mode='streaming' takes its weights in flight through the "
+                         f"object store; weight_sync={c.weight_sync!r} is for batched engines: use "
+                         f"training.weight_sync='object_store' or generation.mode='batched'")
 
 
 #: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,

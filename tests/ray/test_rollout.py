@@ -98,7 +98,7 @@ def test_epoch_accounting_with_an_actor_killed(ray_cluster, tiny_model_dir, tiny
     def kill_one(version):
         # kill an actor while it is generating (with the buffer full, none may be in flight yet)
         busy = [s for s in group.slots if s.starting is None and s.calls
-                and not ray_cluster.wait([c.meta for c in s.calls], timeout=0)[0]]
+                and not ray_cluster.wait([c.gen for c in s.calls], timeout=0, fetch_local=False)[0]]
         if not killed and busy:
             killed.append(ray_cluster.kill(busy[0].handle))
 

@@ -24,9 +24,13 @@ def group(gid="p/e0/a0", version=3, responses=([5, 6, 7], [8]), rewards=((1.0, n
 def test_schema_and_dtypes():
     b = group()
     s = b.schema
-    assert s.names[:11] == ["prompt_id", "group_id", "sample_index", "prompt_token_ids",
+    assert s.names[:12] == ["prompt_id", "group_id", "sample_index", "prompt_token_ids",
                             "response_token_ids", "response_logprobs", "response_length",
-                            "finish_reason", "policy_version", "rewards", "reward_errors"]
+                            "finish_reason", "policy_version", "response_versions", "rewards",
+                            "reward_errors"]
+    assert s.field("response_versions").type == pa.large_list(pa.int32())
+    assert b.column("response_versions").to_pylist() == [[group().column("policy_version")[0].as_py()] * 3,
+                                                         [group().column("policy_version")[0].as_py()]]
     assert s.field("response_token_ids").type == pa.large_list(pa.int32())
     assert s.field("response_logprobs").type == pa.large_list(pa.float32())
     assert s.field("rewards").type == pa.list_(pa.float32(), 2)
@@ -38,6 +42,20 @@ def test_schema_and_dtypes():
     assert b.column("ground_truth").to_pylist() == ["42", "42"]
     r = b.column("rewards").flatten().to_numpy().reshape(2, 2)
     assert np.isnan(r[0, 1]) and r[1, 1] == 0.5
+
+
+def test_response_versions_per_token_and_the_oldest_is_the_group_version():
+    from gdpo_ray.batch import GroupData, build_groups
+
+    fields = dict(prompt_id="p", group_id="g", prompt_token_ids=[1], response_token_ids=[[5, 6, 7], [8]],
+                  response_logprobs=[[-1.0] * 3, [-1.0]], finish_reasons=["stop", "stop"],
+                  rewards=np.zeros((2, 1)), reward_errors=[[""], [""]])
+    b = build_groups([GroupData(policy_version=3, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
+    assert b.column("response_versions").to_pylist() == [[3, 3, 4], [4]]
+    with pytest.raises(ValueError, match="older than its group's policy_version"):
+        build_groups([GroupData(policy_version=4, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
+    with pytest.raises(ValueError, match="response_versions and response_length disagree"):
+        build_groups([GroupData(policy_version=3, response_versions=[[3, 3], [4]], **fields)], ["r"])
 
 
 def test_check_group_names_the_broken_rule():

@@ -1,0 +1,145 @@
+"""The streaming rollout actor (``generation.mode: streaming``, the default on vllm).
+
+A Ray async actor over ``actors.vllm_stream_engine.AsyncVLLMEngine``: every ``stream(prompts)``
+call the driver makes runs concurrently with the others on the actor's event loop, each of its
+prompts as G engine requests, so the engine batches everything in flight continuously and a
+prompt the driver admits joins at once. A group is scored (in the reward worker processes, off
+the event loop) the moment its G samples end and emitted at once as one Arrow record batch:
+a group that finishes early never waits for a slower one started before it.
+
+``set_weights`` runs in flight: the weights are fetched and written while the engine keeps
+generating, then the engine pauses (requests kept), loads them, labels the new version and
+resumes; each token records the version that sampled it (``response_versions``). A group whose
+oldest token is older than ``max_staleness`` behind the new version can never be trained: it
+is aborted and reported (``CallMeta.aborted``) for the driver to re-issue (``rollout/aborted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import time
+from typing import Any, AsyncIterator, Mapping, Sequence
+
+from actors.prompts import Prompt
+from actors.rollout import RolloutActor
+from gdpo_ray.batch import CallMeta
+
+STREAM_ENGINES = {"vllm": "actors.vllm_stream_engine:AsyncVLLMEngine"}
+
+
+class StreamingRolloutActor(RolloutActor):
+    """``RolloutActor``'s arguments, plus ``max_staleness`` (the buffer's): groups that fall
+    further behind a push are aborted in flight."""
+
+    def __init__(self, *args: Any, engine: str = "vllm", max_staleness: int = 0, **kwargs: Any) -> None:
+        if engine not in STREAM_ENGINES:
+            raise ValueError(f"generation.mode='streaming' needs a streaming engine "
+                             f"({', '.join(STREAM_ENGINES)}); engine {engine!r} takes batch calls: "
+                             f"use generation.mode='batched'")
+        super().__init__(*args, engine=STREAM_ENGINES[engine], **kwargs)
+        self.max_staleness = max_staleness
+        self._open: dict[str, tuple[int, asyncio.Task]] = {}  # group_id -> (version at start, task)
+        self._push = asyncio.Lock()
+        self._scorer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
+        self.aborted = 0
+
+    async def stream(self, prompts: Sequence[Prompt]) -> AsyncIterator[Any]:
+        """Pairs (record batch or None, metadata), one per group as it is scored, one for the
+        prompts filtered before generation, one per group aborted in flight."""
+        kept, ids, filtered = self.split(prompts)
+        if filtered:
+            yield None
+            yield CallMeta(groups=[], filtered=filtered)
+        tasks = {}
+        for p, tokens in zip(kept, ids):
+            task = asyncio.ensure_future(self._group(p, tokens))
+            tasks[task] = p.group_id
+            self._open[p.group_id] = (self.version, task)
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self._open.pop(tasks[task], None)
+                    if task.cancelled():
+                        yield None
+                        yield CallMeta(groups=[], filtered=[], aborted=(tasks[task],))
+                    else:
+                        meta, batch = task.result()
+                        yield batch
+                        yield meta
+        finally:  # the call itself was cancelled (or the actor is going away)
+            for task in pending:
+                task.cancel()
+                self._open.pop(tasks[task], None)
+
+    async def _group(self, p: Prompt, tokens: list[int]) -> tuple[CallMeta, Any]:
+        start, version = time.perf_counter(), self.version
+        samples = await asyncio.gather(*(self.engine.sample(tokens, self.sampling)
+                                         for _ in range(self.group_size)))
+        generated = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._scorer, self.score, [p], [tokens], [samples],
+                                          version, [], start, generated)
+
+    async def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, Any]:
+        """All of ``prompts``' groups as one batch (the batch call, e.g. for a test)."""
+        metas, batches = [], []
+        async for item in self.stream(prompts):
+            (batches if len(batches) == len(metas) else metas).append(item)
+        import pyarrow as pa
+
+        real = [b for b in batches if b is not None]
+        if not real:
+            return CallMeta(groups=[], filtered=[f for m in metas for f in m.filtered]), None
+        batch = pa.Table.from_batches(real).combine_chunks().to_batches()[0]
+        from gdpo_ray.groups import describe_groups
+
+        return CallMeta(groups=describe_groups(batch), filtered=[f for m in metas for f in m.filtered],
+                        tokens=sum(m.tokens for m in metas),
+                        aborted=tuple(itertools.chain.from_iterable(m.aborted for m in metas))), batch
+
+    async def set_weights(self, version: int, weights: Any) -> int:
+        """Loads ``version`` in flight (see the module docstring); the weights as a name ->
+        tensor dict or a list of ObjectRefs of weight buckets."""
+        from gdpo_ray.weights.buckets import unpack_bucket
+
+        async with self._push:
+            if version <= self.version:
+                return self.version
+            loop = asyncio.get_running_loop()
+            if isinstance(weights, Mapping):
+                items = list(weights.items())
+            else:
+                buckets = await asyncio.gather(*weights)
+                items = [t for b in buckets for t in unpack_bucket(b)]
+            path = await loop.run_in_executor(None, self.engine.write_weights, items)
+            await self.engine.push(path, version)
+            self.version = int(version)
+            oldest = self.version - self.max_staleness
+            for group_id, (started, task) in list(self._open.items()):
+                if started < oldest:
+                    task.cancel()
+                    self.aborted += 1
+            return self.version
+
+    async def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
+        return await self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
+
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        await self.engine.wake_up()
+
+    def engine_stats(self) -> dict:
+        """Requests in the engine now, its sequence slots, and the pause of every push (s)."""
+        return {"active": self.engine.active, "slots": self.engine.max_num_seqs,
+                "push_pause_s": list(self.engine.pause_s)}
+
+    def shutdown(self) -> None:
+        self._scorer.shutdown(wait=False, cancel_futures=True)
+        super().shutdown()
+        self.engine.shutdown()
