@@ -68,10 +68,13 @@ class AsyncVLLMEngine:
 
     def _params(self, sampling: SamplingParams, **overrides: Any) -> Any:
         from vllm import SamplingParams as VLLMSampling
+        from vllm.sampling_params import RequestOutputKind
 
         self.check_sampling(sampling)
+        # FINAL_ONLY: one output per request, not one per step (the actor's event loop stays free)
         fields = dict(temperature=sampling.temperature, max_tokens=sampling.max_tokens,
-                      stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0)
+                      stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0,
+                      output_kind=RequestOutputKind.FINAL_ONLY)
         return VLLMSampling(**dict(fields, **overrides))
 
     async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams) -> VersionedSample:
@@ -103,11 +106,13 @@ class AsyncVLLMEngine:
 
     async def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams as VLLMSampling
+        from vllm.sampling_params import RequestOutputKind
 
         async def one(p: list[int]) -> list[int]:
             final = None
             async for out in self.llm.generate({"prompt_token_ids": list(p)},
-                                               VLLMSampling(temperature=0.0, max_tokens=max_tokens),
+                                               VLLMSampling(temperature=0.0, max_tokens=max_tokens,
+                                                            output_kind=RequestOutputKind.FINAL_ONLY),
                                                request_id=f"g{next(self._ids)}"):
                 final = out
             return list(final.outputs[0].token_ids)

@@ -254,6 +254,10 @@ def _check_mode(c: Any) -> None:
         raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
                          f"({', '.join(STREAM_ENGINES)}); engine {c.engine!r} takes batch calls: use "
                          f"generation.mode='batched' or generation.engine='vllm'")
+    if mode == "streaming" and c.colocate:
+        raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
+                         "and colocated engines sleep during updates: use generation.mode='batched' "
+                         "with colocate=True")
     if mode == "streaming" and c.weight_sync != "object_store":
         raise ValueError(f"generation.mode='streaming' takes its weights in flight through the "
                          f"object store; weight_sync={c.weight_sync!r} is for batched engines: use "

@@ -126,3 +126,123 @@ def test_vllm_greedy_follows_its_weights(engine, tiny_model_dir):
     perturbed(hf.model, 2, 0.5)
     engine.load_weights((k, v.detach().clone()) for k, v in hf.model.state_dict().items())
     assert engine.greedy(prompts, 8) == hf.greedy(prompts, 8)
+
+
+# --- streaming: vLLM's AsyncLLM, groups out as they finish, weights in flight ----------------
+
+def wait_until(condition, timeout: float = 120.0):
+    """An awaitable that polls ``condition`` every 10 ms (the engine keeps running meanwhile)."""
+    import asyncio
+    import time
+
+    async def poll():
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "condition not reached"
+            await asyncio.sleep(0.01)
+
+    return poll()
+
+
+def test_a_push_in_flight_records_each_tokens_policy_and_its_logprobs(tiny_model_dir):
+    """Requests sampling under policy 0 when policy 1 arrives: tokens before the push carry
+    version 0 and the old model's logprobs, tokens after it version 1 and the new model's (the
+    KV cache recomputed), token by token."""
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+
+    from actors.vllm_stream_engine import AsyncVLLMEngine
+
+    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")
+    new = perturbed(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32"), 3, 0.5)
+    sampling = SamplingParams(temperature=1.0, max_tokens=120)
+
+    async def run():
+        eng = AsyncVLLMEngine(tiny_model_dir, dtype="float32", max_model_len=512, enforce_eager=True,
+                              **gpu_share())
+        try:
+            prompt = eng.tokenizer("What is 2 + 2?")["input_ids"]
+            await eng.sample(prompt, SamplingParams(temperature=1.0, max_tokens=4))  # warm-up
+            tasks = [asyncio.ensure_future(eng.sample(prompt, sampling)) for _ in range(4)]
+            states = eng.llm.output_processor.request_states  # tokens so far, per request
+            await wait_until(lambda: all(t.done() for t in tasks) or (len(states) == 4 and min(
+                s.detokenizer.num_output_tokens() for s in states.values()) >= 8))
+            at_push = max(s.detokenizer.num_output_tokens() for s in states.values()) if states else 0
+            pause = await eng.push(eng.write_weights(new.state_dict().items()), 1)
+            samples = await asyncio.gather(*tasks)
+            after = await eng.sample(prompt, sampling)
+            return prompt, samples, after, pause, at_push, list(eng.pause_s)
+        finally:
+            eng.shutdown()
+
+    prompt, samples, after, pause, at_push, pauses = asyncio.run(run())
+    assert pauses == [pause] and 0 < pause < 30
+    assert after.versions == [1] * len(after.token_ids)
+    crossed = 0
+    for s in samples + [after]:
+        v = np.asarray(s.versions)
+        assert len(v) == len(s.token_ids) == len(s.logprobs) and set(v) <= {0, 1}
+        assert np.all(np.diff(v) >= 0)  # one push: version 0 then version 1
+        lp = np.asarray(s.logprobs)
+        by_old = forward_logprobs(old, prompt, s.token_ids, 1.0)
+        by_new = forward_logprobs(new, prompt, s.token_ids, 1.0)
+        np.testing.assert_allclose(lp[v == 0], by_old[v == 0], atol=2e-3)
+        np.testing.assert_allclose(lp[v == 1], by_new[v == 1], atol=2e-3)
+        if 0 < (v == 0).sum() < len(v):
+            crossed += 1
+            assert (v == 0).sum() >= 8  # the tokens sampled before the push stay version 0
+            # the two policies differ on these tokens: the check above would see a wrong one
+            assert np.abs(by_new[v == 1] - by_old[v == 1]).mean() > 0.1
+    assert crossed >= 1, f"no sequence was in flight across the push ({at_push} tokens at the push)"
+
+
+def streaming_actor(ray, model_dir, **kwargs):
+    from actors.streaming import StreamingRolloutActor
+
+    return ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
+        model_path=model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+        group_size=2, engine="vllm", sampling={"max_tokens": 200}, max_prompt_tokens=512,
+        engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()},
+        **kwargs)
+
+
+def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, tiny_model_dir):
+    import time
+
+    from transformers import AutoTokenizer
+
+    from actors.prompts import Prompt
+
+    ray = ray_cluster
+    actor = streaming_actor(ray, tiny_model_dir)
+    try:
+        ray.get(actor.ready.remote(), timeout=300)
+        # vLLM stops a request at max_model_len (512): a ~490-token prompt leaves room for
+        # ~20 tokens; a short prompt runs on to max_tokens (200) unless it samples its end
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        words = " ".join(["one two three four"] * 200)
+        long_prompt = tokenizer.decode(tokenizer(words)["input_ids"][:490], skip_special_tokens=True)
+        assert 480 <= len(tokenizer(long_prompt)["input_ids"]) <= 500
+        slow = Prompt("slow", 0, 0, 0, "What is 2 + 2?", {})
+        fast = Prompt("fast", 1, 0, 0, long_prompt, {})
+        slow_call = actor.stream.options(num_returns="streaming").remote([slow])
+        deadline = time.monotonic() + 60
+        while ray.get(actor.engine_stats.remote())["active"] < 2:  # the slow group is in the engine
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        fast_call = actor.stream.options(num_returns="streaming").remote([fast])
+        ready, _ = ray.wait([slow_call, fast_call], num_returns=1, timeout=120, fetch_local=False)
+        assert ready == [fast_call]  # out while the group started before it still generates
+        metas = {}
+        for call in (fast_call, slow_call):
+            batch_ref, meta = next(call), ray.get(next(call))
+            (group,) = meta.groups
+            metas[group.group_id] = group
+            check_groups(ray.get(batch_ref))
+            assert list(call) == []  # one group per call: the stream ends
+        assert max(metas["fast/e0/a0"].response_length) <= 32
+        assert max(metas["slow/e0/a0"].response_length) > 32
+    finally:
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
