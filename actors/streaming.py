@@ -42,6 +42,8 @@ class StreamingRolloutActor(RolloutActor):
         self.max_staleness = max_staleness
         self._open: dict[str, tuple[int, asyncio.Task]] = {}  # group_id -> (version at start, task)
         self._push = asyncio.Lock()
+        self._pending: set[int] = set()  # versions whose push has arrived and not finished
+        self._versions = asyncio.Condition()  # notified at the end of every push
         self._scorer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
         self.aborted = 0
 
@@ -49,6 +51,7 @@ class StreamingRolloutActor(RolloutActor):
         """Pairs (record batch or None, metadata), one per group as it is scored, one for the
         prompts filtered before generation, one per group aborted in flight."""
         kept, ids, filtered = self.split(prompts)
+        await self._admit()
         if filtered:
             yield None
             yield CallMeta(groups=[], filtered=filtered)
@@ -74,6 +77,13 @@ class StreamingRolloutActor(RolloutActor):
             for task in pending:
                 task.cancel()
                 self._open.pop(tasks[task], None)
+
+    async def _admit(self) -> None:
+        """New groups wait while a push on its way would make them too stale at once (a fresh
+        actor, whose first push brings it from version 0 to the run's)."""
+        async with self._versions:
+            await self._versions.wait_for(
+                lambda: max(self._pending, default=self.version) - self.version <= self.max_staleness)
 
     async def _group(self, p: Prompt, tokens: list[int]) -> tuple[CallMeta, Any]:
         start, version = time.perf_counter(), self.version
@@ -106,24 +116,30 @@ class StreamingRolloutActor(RolloutActor):
         tensor dict or a list of ObjectRefs of weight buckets."""
         from gdpo_ray.weights.buckets import unpack_bucket
 
-        async with self._push:
-            if version <= self.version:
+        self._pending.add(version)  # before any await: a stream call after this one sees it
+        try:
+            async with self._push:
+                if version <= self.version:
+                    return self.version
+                loop = asyncio.get_running_loop()
+                if isinstance(weights, Mapping):
+                    items = list(weights.items())
+                else:
+                    buckets = await asyncio.gather(*weights)
+                    items = [t for b in buckets for t in unpack_bucket(b)]
+                path = await loop.run_in_executor(None, self.engine.write_weights, items)
+                await self.engine.push(path, version)
+                self.version = int(version)
+                oldest = self.version - self.max_staleness
+                for group_id, (started, task) in list(self._open.items()):
+                    if started < oldest:
+                        task.cancel()
+                        self.aborted += 1
                 return self.version
-            loop = asyncio.get_running_loop()
-            if isinstance(weights, Mapping):
-                items = list(weights.items())
-            else:
-                buckets = await asyncio.gather(*weights)
-                items = [t for b in buckets for t in unpack_bucket(b)]
-            path = await loop.run_in_executor(None, self.engine.write_weights, items)
-            await self.engine.push(path, version)
-            self.version = int(version)
-            oldest = self.version - self.max_staleness
-            for group_id, (started, task) in list(self._open.items()):
-                if started < oldest:
-                    task.cancel()
-                    self.aborted += 1
-            return self.version
+        finally:
+            self._pending.discard(version)
+            async with self._versions:
+                self._versions.notify_all()
 
     async def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
         return await self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)

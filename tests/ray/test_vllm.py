@@ -202,12 +202,12 @@ def streaming_actor(ray, model_dir, **kwargs):
 
     return ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
         model_path=model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
-        group_size=2, engine="vllm", sampling={"max_tokens": 200}, max_prompt_tokens=512,
+        group_size=2, engine="vllm", sampling={"max_tokens": 450}, max_prompt_tokens=512,
         engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()},
         **kwargs)
 
 
-def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, tiny_model_dir):
+def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, tiny_model_dir, tiny_weights):
     import time
 
     from transformers import AutoTokenizer
@@ -219,7 +219,7 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
     try:
         ray.get(actor.ready.remote(), timeout=300)
         # vLLM stops a request at max_model_len (512): a ~490-token prompt leaves room for
-        # ~20 tokens; a short prompt runs on to max_tokens (200) unless it samples its end
+        # ~20 tokens; a short prompt runs on to max_tokens (450) unless it samples its end
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
         words = " ".join(["one two three four"] * 200)
         long_prompt = tokenizer.decode(tokenizer(words)["input_ids"][:490], skip_special_tokens=True)
@@ -243,6 +243,73 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
             assert list(call) == []  # one group per call: the stream ends
         assert max(metas["fast/e0/a0"].response_length) <= 32
         assert max(metas["slow/e0/a0"].response_length) > 32
+        # max_staleness 0: a push makes every group in flight untrainable: aborted, reported
+        again = Prompt("slow", 0, 0, 1, "What is 2 + 2?", {})
+        other = Prompt("other", 2, 0, 0, "Name a color.", {})
+        call = actor.stream.options(num_returns="streaming").remote([again, other])
+        while ray.get(actor.engine_stats.remote())["active"] < 4:
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.01)
+        assert ray.get(actor.set_weights.remote(1, tiny_weights)) == 1
+        items = [ray.get(ref) for ref in call]
+        assert items[0::2] == [None, None]  # no batch: both groups were aborted in flight
+        assert sorted(m.aborted for m in items[1::2]) == [("other/e0/a0",), ("slow/e0/a1",)]
+        assert all(m.groups == [] and m.filtered == [] for m in items[1::2])
+        assert ray.get(actor.engine_stats.remote())["active"] == 0  # their requests are gone
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
+
+
+def test_a_killed_streaming_actors_prompts_are_reissued_once_and_the_driver_reads_no_payload(
+        ray_cluster, tiny_model_dir, tiny_weights, monkeypatch):
+    """An epoch of streamed groups, weights pushed in flight every step, the actor killed while
+    it holds prompts: each of those comes back once (attempt 1, never 2), every prompt is
+    trained once, and no Arrow payload ever reaches the driver process."""
+    import time
+
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+    from tests.ray.test_algorithm import payload_spy
+    from tests.ray.test_rollout import G, REWARDS, ROWS
+
+    ray = ray_cluster
+    group = RolloutGroup(
+        dict(model_path=tiny_model_dir, rewards=REWARDS, group_size=G, engine="vllm", mode="streaming",
+             sampling={"max_tokens": 16},
+             engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()}),
+        # max_staleness 16: no group gets too stale (aborts are another test's)
+        1, PromptSource(ROWS), ArrowBuffer(groups_per_step=2, max_staleness=16), prompts_per_call=1,
+        num_gpus=0.3 if gpu_share() else 0)
+    assert group.streaming
+    fetched = payload_spy(ray, monkeypatch)
+    held, trained, version = set(), [], 0
+    deadline = time.monotonic() + 400
+    try:
+        while len(group.prompts.outcomes(0)) < len(ROWS):
+            group.wait_for(2, timeout=300)
+            taken = group.buffer.take(2)
+            trained += [g.group_id for g in taken]
+            group.prompts.mark_trained([g.group_id for g in taken])
+            version += 1
+            group.on_update(version, tiny_weights)
+            slot = group.slots[0]
+            if not held and slot.starting is None and any(c.unreported() for c in slot.calls):
+                held = {p.group_id for c in slot.calls for p in c.unreported()}
+                ray.kill(slot.handle)
+            assert time.monotonic() < deadline, group.stats
+        assert group.prompts.in_flight == len(group.buffer) + group.in_flight
+    finally:
+        group.shutdown()
+    assert fetched == []
+    assert held and group.stats["actor_restarts"] == 1
+    trained = [g for g in trained if "/e0/" in g]  # the last step may hold prompts of epoch 1
+    assert sorted(g.split("/")[0] for g in trained) == sorted(str(i) for i in range(len(ROWS)))
+    again = {g for g in trained if g.endswith("/a1")}
+    assert not any(g.endswith("/a2") for g in trained)
+    assert group.stats["aborted"] == 0
+    # a re-issued prompt is one the dead actor held (one it had reported, it delivered)
+    assert {g.replace("/a1", "/a0") for g in again} <= held
+    # ... every one it held (or was handed before its death was seen) went out again
+    assert group.stats["reissued"] >= len(held) and again
