@@ -215,6 +215,8 @@ class RolloutActor:
 
     def shutdown(self) -> None:
         self.rewards.close()
+        if callable(getattr(self.engine, "shutdown", None)):  # an engine with processes of its own
+            self.engine.shutdown()
 
 
 @dataclasses.dataclass
@@ -414,6 +416,8 @@ class RolloutGroup:
                 return
             slot = min(started, key=lambda s: sum(len(c.prompts) - len(c.reported) for c in s.calls))
             batch = self.prompts.take(n)
+            if not batch:  # a bounded source that has handed out everything
+                return
             gen = slot.handle.stream.options(num_returns="streaming").remote(batch)
             slot.calls.append(_Call(gen, batch))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import itertools
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
@@ -29,18 +30,36 @@ from gdpo_ray.batch import CallMeta
 STREAM_ENGINES = {"vllm": "actors.vllm_stream_engine:AsyncVLLMEngine"}
 
 
+def check_streaming_engine(engine: str) -> None:
+    """Raises unless ``engine`` streams: a name of ``STREAM_ENGINES``, or the import path of a
+    class whose ``sample(prompt_token_ids, sampling)`` is a coroutine (one completion, with
+    ``versions`` per token; see ``AsyncVLLMEngine``)."""
+    if engine in STREAM_ENGINES:
+        return
+    if ":" in engine:
+        from actors.engines import engine_class
+
+        if inspect.iscoroutinefunction(getattr(engine_class(engine), "sample", None)):
+            return
+    raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
+                     f"({', '.join(STREAM_ENGINES)}, or a class with an async sample()); engine "
+                     f"{engine!r} takes batch calls: use generation.mode='batched' or "
+                     f"generation.engine='vllm'")
+
+
 class StreamingRolloutActor(RolloutActor):
     """``RolloutActor``'s arguments, plus ``max_staleness`` (the buffer's): groups that fall
     further behind a push are aborted in flight."""
 
     def __init__(self, *args: Any, engine: str = "vllm", max_staleness: int = 0, **kwargs: Any) -> None:
-        if engine not in STREAM_ENGINES:
-            raise ValueError(f"generation.mode='streaming' needs a streaming engine "
-                             f"({', '.join(STREAM_ENGINES)}); engine {engine!r} takes batch calls: "
-                             f"use generation.mode='batched'")
-        super().__init__(*args, engine=STREAM_ENGINES[engine], **kwargs)
+        check_streaming_engine(engine)
+        super().__init__(*args, engine=STREAM_ENGINES.get(engine, engine), **kwargs)
         self.max_staleness = max_staleness
-        self._open: dict[str, tuple[int, asyncio.Task]] = {}  # group_id -> (version at start, task)
+        # group_id -> [version when its first request entered the engine (None: not yet), task]
+        self._open: dict[str, list] = {}
+        # requests in the engine: its sequence slots and one group more, so that a slot that frees
+        # is refilled at once while a group's version is still taken when it starts decoding
+        self._slots = asyncio.Semaphore(self.engine.max_num_seqs + self.group_size)
         self._push = asyncio.Lock()
         self._pending: set[int] = set()  # versions whose push has arrived and not finished
         self._versions = asyncio.Condition()  # notified at the end of every push
@@ -59,7 +78,7 @@ class StreamingRolloutActor(RolloutActor):
         for p, tokens in zip(kept, ids):
             task = asyncio.ensure_future(self._group(p, tokens))
             tasks[task] = p.group_id
-            self._open[p.group_id] = (self.version, task)
+            self._open[p.group_id] = [None, task]
         pending = set(tasks)
         try:
             while pending:
@@ -85,10 +104,16 @@ class StreamingRolloutActor(RolloutActor):
             await self._versions.wait_for(
                 lambda: max(self._pending, default=self.version) - self.version <= self.max_staleness)
 
+    async def _sample(self, group_id: str, tokens: list[int]) -> Any:
+        async with self._slots:
+            entry = self._open.get(group_id)
+            if entry is not None and entry[0] is None:
+                entry[0] = self.version
+            return await self.engine.sample(tokens, self.sampling)
+
     async def _group(self, p: Prompt, tokens: list[int]) -> tuple[CallMeta, Any]:
         start, version = time.perf_counter(), self.version
-        samples = await asyncio.gather(*(self.engine.sample(tokens, self.sampling)
-                                         for _ in range(self.group_size)))
+        samples = await asyncio.gather(*(self._sample(p.group_id, tokens) for _ in range(self.group_size)))
         generated = time.perf_counter()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._scorer, self.score, [p], [tokens], [samples],
@@ -132,7 +157,7 @@ class StreamingRolloutActor(RolloutActor):
                 self.version = int(version)
                 oldest = self.version - self.max_staleness
                 for group_id, (started, task) in list(self._open.items()):
-                    if started < oldest:
+                    if started is not None and started < oldest:
                         task.cancel()
                         self.aborted += 1
                 return self.version
@@ -158,4 +183,3 @@ class StreamingRolloutActor(RolloutActor):
     def shutdown(self) -> None:
         self._scorer.shutdown(wait=False, cancel_futures=True)
         super().shutdown()
-        self.engine.shutdown()

@@ -47,7 +47,8 @@ class AsyncVLLMEngine:
     check_sampling = VLLMEngine.check_sampling
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
-                 max_model_len: int = 4096, recompute_kv: bool = True, **engine_kwargs: Any) -> None:
+                 max_model_len: int = 4096, recompute_kv: bool = True, stat_loggers: list | None = None,
+                 **engine_kwargs: Any) -> None:
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -55,9 +56,11 @@ class AsyncVLLMEngine:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.recompute_kv = recompute_kv
         engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        engine_kwargs.setdefault("disable_log_stats", True)  # no throughput lines every 5 s
         args = AsyncEngineArgs(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                                logprobs_mode="processed_logprobs", **engine_kwargs)
-        self.llm = AsyncLLM.from_engine_args(args)
+        # stat_loggers: vLLM StatLoggerFactory's, called with every engine step's scheduler stats
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_num_seqs = self.llm.vllm_config.scheduler_config.max_num_seqs
         self.version = 0
@@ -77,9 +80,13 @@ class AsyncVLLMEngine:
                       output_kind=RequestOutputKind.FINAL_ONLY)
         return VLLMSampling(**dict(fields, **overrides))
 
+    def request_params(self, prompt_token_ids: list[int], sampling: SamplingParams) -> Any:
+        """vLLM's sampling parameters of one request (a subclass may vary them per request)."""
+        return self._params(sampling)
+
     async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams) -> VersionedSample:
         """One completion of one prompt (cancel the task to abort it)."""
-        params = self._params(sampling)
+        params = self.request_params(prompt_token_ids, sampling)
         final = None
         self.active += 1
         try:

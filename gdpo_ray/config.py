@@ -245,15 +245,13 @@ def generation_mode(c: Any) -> str:
 
 
 def _check_mode(c: Any) -> None:
-    from actors.streaming import STREAM_ENGINES
+    from actors.streaming import check_streaming_engine
 
     mode = generation_mode(c)
     if mode not in ("streaming", "batched"):
         raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
-    if mode == "streaming" and c.engine not in STREAM_ENGINES:
-        raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
-                         f"({', '.join(STREAM_ENGINES)}); engine {c.engine!r} takes batch calls: use "
-                         f"generation.mode='batched' or generation.engine='vllm'")
+    if mode == "streaming":
+        check_streaming_engine(c.engine)
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "
