@@ -498,9 +498,18 @@ class RolloutGroup:
 
     def discard_in_flight(self) -> None:
         """Forgets every call in flight (their results are ignored, their prompts NOT re-issued):
-        for a restore, whose prompt state re-issues what was in flight when it was saved."""
+        for a restore, whose prompt state re-issues what was in flight when it was saved. The
+        calls are cancelled (queued ones never run; a streaming one aborts its requests)."""
         for slot in self.slots:
+            self._cancel(slot.calls)
             slot.calls = []
+
+    def _cancel(self, calls: list[_Call]) -> None:
+        for call in calls:
+            try:
+                self._ray.cancel(call.gen)
+            except Exception:  # noqa: BLE001 - finished, or its actor is gone
+                pass
 
     def on_update(self, version: int, weights: Any) -> None:
         """After a learner update: new weights out (``None``: they were broadcast already; an
@@ -515,6 +524,7 @@ class RolloutGroup:
 
     def shutdown(self) -> None:
         for slot in self.slots:
+            self._cancel(slot.calls)  # queued calls would otherwise run before shutdown
             try:
                 self._ray.get(slot.handle.shutdown.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - the actor may be dead already

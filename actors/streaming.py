@@ -65,6 +65,7 @@ class StreamingRolloutActor(RolloutActor):
         self._versions = asyncio.Condition()  # notified at the end of every push
         self._scorer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
         self.aborted = 0
+        self._closed = False
 
     async def stream(self, prompts: Sequence[Prompt]) -> AsyncIterator[Any]:
         """Pairs (record batch or None, metadata), one per group as it is scored, one for the
@@ -144,7 +145,7 @@ class StreamingRolloutActor(RolloutActor):
         self._pending.add(version)  # before any await: a stream call after this one sees it
         try:
             async with self._push:
-                if version <= self.version:
+                if version <= self.version or self._closed:
                     return self.version
                 loop = asyncio.get_running_loop()
                 if isinstance(weights, Mapping):
@@ -180,6 +181,12 @@ class StreamingRolloutActor(RolloutActor):
         return {"active": self.engine.active, "slots": self.engine.max_num_seqs,
                 "push_pause_s": list(self.engine.pause_s)}
 
-    def shutdown(self) -> None:
-        self._scorer.shutdown(wait=False, cancel_futures=True)
-        super().shutdown()
+    async def shutdown(self) -> None:
+        """Cancels the groups in flight, lets a push in progress finish (no later one starts),
+        then stops the reward workers and the engine."""
+        self._closed = True
+        for _, task in list(self._open.values()):
+            task.cancel()
+        async with self._push:
+            self._scorer.shutdown(wait=False, cancel_futures=True)
+            super().shutdown()
