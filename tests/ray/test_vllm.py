@@ -172,6 +172,9 @@ def test_a_push_in_flight_records_each_tokens_policy_and_its_logprobs(tiny_model
             pause = await eng.push(eng.write_weights(new.state_dict().items()), 1)
             samples = await asyncio.gather(*tasks)
             after = await eng.sample(prompt, sampling)
+            # the batch contract too: G samples per prompt, all of the new policy
+            (batch,) = await eng.generate([prompt], 3, SamplingParams(temperature=1.0, max_tokens=6))
+            assert len(batch) == 3 and all(s.versions == [1] * len(s.token_ids) for s in batch)
             return prompt, samples, after, pause, at_push, list(eng.pause_s)
         finally:
             eng.shutdown()
@@ -256,6 +259,12 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
         assert sorted(m.aborted for m in items[1::2]) == [("other/e0/a0",), ("slow/e0/a1",)]
         assert all(m.groups == [] and m.filtered == [] for m in items[1::2])
         assert ray.get(actor.engine_stats.remote())["active"] == 0  # their requests are gone
+        # a whole call as one batch (the batch-call contract of RolloutActor.generate)
+        meta, batch = ray.get(actor.generate.remote([Prompt("fast", 1, 0, 1, long_prompt, {})]))
+        check_groups(batch)
+        assert [g.group_id for g in meta.groups] == ["fast/e0/a1"]
+        assert meta.tokens == batch.column("response_length").to_numpy().sum() > 0
+        assert set(batch.column("response_versions").flatten().to_pylist()) == {1}
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)
