@@ -381,3 +381,43 @@ def test_checkpoint_with_requests_in_flight_resumes_exactly_on_vllm(ray_cluster,
         assert p.in_flight == len(restored.buffer) + restored.rollouts.in_flight
     finally:
         restored.stop()
+
+
+def test_a_group_too_stale_to_finish_is_aborted_and_its_prompt_reissued(ray_cluster, tiny_model_dir, tiny_weights):
+    """max_staleness 1, one group per step: a slow group (450 tokens) is still decoding when
+    fast groups (~20 tokens) have moved the policy two versions on: it is aborted in flight,
+    counted, and its prompt goes out again (attempt 1); every prompt stays accounted for."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from actors.buffer import ArrowBuffer
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutGroup
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    words = " ".join(["one two three four"] * 200)
+    long_prompt = tokenizer.decode(tokenizer(words)["input_ids"][:490], skip_special_tokens=True)
+    rows = [{"prompt": "What is 2 + 2?"}] + [{"prompt": f"{i} {long_prompt}"} for i in range(30)]
+    group = RolloutGroup(
+        dict(model_path=tiny_model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+             group_size=2, engine="vllm", mode="streaming", sampling={"max_tokens": 450}, max_prompt_tokens=512,
+             engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()}),
+        1, PromptSource(rows), ArrowBuffer(groups_per_step=1, max_staleness=1), prompts_per_call=1,
+        num_gpus=0.3 if gpu_share() else 0)
+    deadline, version = time.monotonic() + 300, 0
+    try:
+        while group.stats["aborted"] == 0:
+            group.wait_for(1, timeout=120)
+            taken = group.buffer.take(1)
+            assert taken[0].group_id != "0/e0/a0"  # the slow group never arrives
+            group.prompts.mark_trained([g.group_id for g in taken])
+            version += 1
+            group.on_update(version, tiny_weights)
+            assert time.monotonic() < deadline, group.stats
+        # (a fast group may go too, when two pushes reach the actor before it started decoding)
+        assert version >= 2 and group.stats["reissued"] == 0
+        assert group.prompts.reissued == group.stats["aborted"] >= 1  # out again, as attempt 1
+        assert group.prompts.in_flight == len(group.buffer) + group.in_flight
+    finally:
+        group.shutdown()
