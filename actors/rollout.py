@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -279,7 +280,9 @@ class RolloutGroup:
             self._remote = ray.remote(RolloutActor)
         self._options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
                              max_restarts=0, runtime_env={"env_vars": {
-                                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+                                 "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                                 # vLLM logs every pause, reload and cache reset at INFO
+                                 "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}})
         self.actor_kwargs = actor_kwargs
         self.prompts, self.buffer = prompts, buffer
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor

@@ -99,13 +99,21 @@ class StreamingRolloutActor(RolloutActor):
                 self._open.pop(tasks[task], None)
 
     async def _admit(self) -> None:
-        """New groups wait while a push on its way would make them too stale at once (a fresh
-        actor, whose first push brings it from version 0 to the run's)."""
+        """A group starts decoding only at a version the pushes on their way leave it time to be
+        trained at: the driver pushed version P after its step P, so the group is trained at
+        step P + 1 or later, where it may be at most max_staleness behind P; started at
+        P - max_staleness it would have to make exactly that step, so it waits until the actor
+        is within max(max_staleness - 1, 0) of P (a push lands in a fraction of a step; a fresh
+        actor waits for its first push, from version 0 to the run's)."""
+        slack = max(self.max_staleness - 1, 0)
         async with self._versions:
             await self._versions.wait_for(
-                lambda: max(self._pending, default=self.version) - self.version <= self.max_staleness)
+                lambda: max(self._pending, default=self.version) - self.version <= slack)
 
     async def _sample(self, group_id: str, tokens: list[int]) -> Any:
+        entry = self._open.get(group_id)
+        if entry is not None and entry[0] is None:
+            await self._admit()  # it may have waited for a slot while pushes arrived
         async with self._slots:
             entry = self._open.get(group_id)
             if entry is not None and entry[0] is None:

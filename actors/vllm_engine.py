@@ -40,6 +40,10 @@ class VLLMEngine:
         self.weight_transfer = self.device == "cuda" and _with_weight_transfer(llm_kwargs)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        logprobs_mode="processed_logprobs", **llm_kwargs)
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":  # vLLM's worker is this process
+            from actors.vllm_worker_ext import quiet_rotary_reload_warning
+
+            quiet_rotary_reload_warning()
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_token_ids: list[list[int]], n: int,

@@ -13,6 +13,26 @@ on ``sys.path``.
 from __future__ import annotations
 
 
+import logging
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _RotaryIsComputed(logging.Filter):
+    """vLLM's layer-wise reload warns at every push that RotaryEmbedding "failed to load"
+    weights: its cos/sin cache is computed, no checkpoint holds it, and vLLM puts it back."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage() == "RotaryEmbedding: Failed to load weights")
+
+
+def quiet_rotary_reload_warning() -> None:
+    """Installs the filter above once in this process (the process of vLLM's worker)."""
+    logger = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, _RotaryIsComputed) for f in logger.filters):
+        logger.addFilter(_RotaryIsComputed())
+
+
 class WeightsFromFile:
     """Mixed into vLLM's worker: ``self`` is the worker (``reload_weights`` is its method)."""
 
@@ -20,6 +40,7 @@ class WeightsFromFile:
         """Loads every tensor of the safetensors file ``path``; returns how many."""
         from safetensors.torch import load_file
 
+        quiet_rotary_reload_warning()
         weights = load_file(path)
         self.reload_weights(weights_iterator=list(weights.items()))
         return len(weights)
