@@ -63,7 +63,8 @@ def test_emitted_groups_follow_the_schema(ray_cluster, tiny_model_dir):
 
 
 def test_stale_groups_are_dropped_and_their_prompts_reissued(ray_cluster, tiny_model_dir, tiny_weights):
-    group = make_group(tiny_model_dir, groups_per_step=2, max_staleness=0)
+    # one actor: its calls run in the order they were handed out (two actors race)
+    group = make_group(tiny_model_dir, num_actors=1, groups_per_step=2, max_staleness=0)
     try:
         group.wait_for(2, timeout=180)
         first = group.buffer.group_ids()
