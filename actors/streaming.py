@@ -64,7 +64,6 @@ class StreamingRolloutActor(RolloutActor):
         self._pending: set[int] = set()  # versions whose push has arrived and not finished
         self._versions = asyncio.Condition()  # notified at the end of every push
         self._scorer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
-        self.aborted = 0
         self._closed = False
 
     async def stream(self, prompts: Sequence[Prompt]) -> AsyncIterator[Any]:
@@ -168,7 +167,6 @@ class StreamingRolloutActor(RolloutActor):
                 for group_id, (started, task) in list(self._open.items()):
                     if started is not None and started < oldest:
                         task.cancel()
-                        self.aborted += 1
                 return self.version
         finally:
             self._pending.discard(version)

@@ -361,8 +361,7 @@ def main() -> None:
     a, c = fit_step_cost([b, s])
     # the model's prediction of this run: batch calls of one step's sequences vs continuous
     predicted_batched = sum(engine_time(step, args.slots, a, c) for step in b["per_step"])
-    predicted_streaming = sum(len(x) for x in s["per_step"]) and engine_time(
-        [n for step in s["per_step"] for n in step], args.slots, a, c)
+    predicted_streaming = engine_time([n for step in s["per_step"] for n in step], args.slots, a, c)
     paper = project(paper_lengths(args.paper_mean, args.paper_cv, args.paper_cap), prompts=512, group_size=16,
                     engines=args.paper_engines, slots=args.paper_slots, a=args.paper_a, c=args.paper_c,
                     update_s=args.paper_update_s, pause_s=args.paper_pause_s)
@@ -380,8 +379,7 @@ def main() -> None:
         "response_length": {m: {"mean": round(r["length_mean"], 1), "cv": round(r["length_cv"], 2)}
                             for m, r in runs.items()},
         "step_cost_fit": {"a_ms": round(a * 1e3, 3), "c_ms_per_seq": round(c * 1e3, 4)},
-        "model_predicts_streaming_over_batched": round(predicted_batched / predicted_streaming, 2)
-        if predicted_streaming else None,
+        "model_predicts_streaming_over_batched": round(predicted_batched / predicted_streaming, 2),
         "projection": paper,
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
     }

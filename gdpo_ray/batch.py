@@ -200,7 +200,8 @@ def check_groups(batch: pa.RecordBatch) -> None:
         raise ValueError("response_token_ids, response_logprobs, response_versions and "
                          "response_length disagree")
     versions = ragged[2].flatten().to_numpy()
-    if len(versions) and versions.min() < batch.column("policy_version").to_numpy().min():
+    row_version = np.repeat(batch.column("policy_version").to_numpy(), lengths)  # per token
+    if np.any(versions < row_version):
         raise ValueError("a token's response_versions is older than its group's policy_version "
                          "(which must be the oldest)")
     if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():

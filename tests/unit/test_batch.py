@@ -54,6 +54,11 @@ def test_response_versions_per_token_and_the_oldest_is_the_group_version():
     assert b.column("response_versions").to_pylist() == [[3, 3, 4], [4]]
     with pytest.raises(ValueError, match="older than its group's policy_version"):
         build_groups([GroupData(policy_version=4, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
+    # checked group by group: an older group beside it does not hide the error
+    older = dict(fields, group_id="h", prompt_id="q")
+    with pytest.raises(ValueError, match="older than its group's policy_version"):
+        build_groups([GroupData(policy_version=1, **older),
+                      GroupData(policy_version=4, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
     with pytest.raises(ValueError, match="response_versions and response_length disagree"):
         build_groups([GroupData(policy_version=3, response_versions=[[3, 3], [4]], **fields)], ["r"])
 
