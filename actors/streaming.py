@@ -7,9 +7,10 @@ prompt the driver admits joins at once. A group is scored (in the reward worker 
 the event loop) the moment its G samples end and emitted at once as one Arrow record batch:
 a group that finishes early never waits for a slower one started before it.
 
-``set_weights`` runs in flight: the weights are fetched and written while the engine keeps
-generating, then the engine pauses (requests kept), loads them, labels the new version and
-resumes; each token records the version that sampled it (``response_versions``). A group whose
+``set_weights`` (object store) and ``receive_weights`` (a broadcast: gloo, or vLLM's NCCL
+weight transfer on CUDA) run in flight: the weights are fetched and written while the engine
+keeps generating (NCCL: received into the paused engine), then the engine pauses (requests
+kept), loads them, labels the new version and resumes; each token records the version that sampled it (``response_versions``). A group whose
 oldest token is older than ``max_staleness`` behind the new version can never be trained: it
 is aborted and reported (``CallMeta.aborted``) for the driver to re-issue (``rollout/aborted``).
 """
@@ -149,19 +150,57 @@ class StreamingRolloutActor(RolloutActor):
         tensor dict or a list of ObjectRefs of weight buckets."""
         from gdpo_ray.weights.buckets import unpack_bucket
 
+        async def load() -> None:
+            if isinstance(weights, Mapping):
+                items = list(weights.items())
+            else:
+                buckets = await asyncio.gather(*weights)
+                items = [t for b in buckets for t in unpack_bucket(b)]
+            path = await asyncio.get_running_loop().run_in_executor(None, self.engine.write_weights, items)
+            await self.engine.push(path, version)
+
+        return await self._update(version, load, skip_older=True)
+
+    async def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
+        """``RolloutActor.join_broadcast`` off the event loop: generation goes on while the
+        group forms."""
+        from gdpo_ray.weights.channels import open_channel, receiver_backend
+
+        if self.channel is not None:
+            self.channel.close()
+        self.channel = await asyncio.get_running_loop().run_in_executor(
+            None, open_channel, host, port, rank, world_size, receiver_backend(self.engine))
+        joined = self.channel.attach(self.engine)
+        if inspect.isawaitable(joined):  # vLLM's weight transfer: the engine joins the group
+            await joined
+        return self.channel.backend
+
+    async def receive_weights(self, version: int) -> int:
+        """One broadcast version, in flight: through vLLM's NCCL weight transfer (the engine
+        paused for the transfer), or as host buckets received and written while the engine
+        generates (gloo, or NCCL into this GPU), then pushed."""
+        channel = self.channel
+
+        async def load() -> None:
+            if channel.backend == "vllm":
+                await self.engine.receive_broadcast(channel.update_info(), version)
+            else:
+                loop = asyncio.get_running_loop()
+                path = await loop.run_in_executor(None, self.engine.write_weights, channel.receive())
+                await self.engine.push(path, version)
+
+        # a broadcast is a collective: every member takes part, whatever this actor's version
+        return await self._update(version, load, skip_older=False)
+
+    async def _update(self, version: int, load: Any, skip_older: bool) -> int:
+        """Runs ``load()`` (which pushes ``version`` into the engine) as the one push in
+        progress, then aborts the groups it left too stale; returns the actor's version."""
         self._pending.add(version)  # before any await: a stream call after this one sees it
         try:
             async with self._push:
-                if version <= self.version or self._closed:
+                if self._closed or (skip_older and version <= self.version):
                     return self.version
-                loop = asyncio.get_running_loop()
-                if isinstance(weights, Mapping):
-                    items = list(weights.items())
-                else:
-                    buckets = await asyncio.gather(*weights)
-                    items = [t for b in buckets for t in unpack_bucket(b)]
-                path = await loop.run_in_executor(None, self.engine.write_weights, items)
-                await self.engine.push(path, version)
+                await load()
                 self.version = int(version)
                 oldest = self.version - self.max_staleness
                 for group_id, (started, task) in list(self._open.items()):

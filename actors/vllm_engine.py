@@ -37,7 +37,7 @@ class VLLMEngine:
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         # True: receive_broadcast works (the broadcast group then uses vLLM's NCCL transfer)
-        self.weight_transfer = self.device == "cuda" and _with_weight_transfer(llm_kwargs)
+        self.weight_transfer = self.device == "cuda" and with_weight_transfer(llm_kwargs)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        logprobs_mode="processed_logprobs", **llm_kwargs)
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":  # vLLM's worker is this process
@@ -118,7 +118,7 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
 
-def _with_weight_transfer(llm_kwargs: dict) -> bool:
+def with_weight_transfer(llm_kwargs: dict) -> bool:
     """Asks for vLLM's NCCL weight transfer in ``llm_kwargs`` (in place) unless the caller chose
     a config; True when the engine will have it. Needs one worker: its rank in the trainer's
     group is then the actor's."""

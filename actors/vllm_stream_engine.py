@@ -13,23 +13,30 @@ right token by token. ``recompute_kv=False`` keeps the old policy's KV cache (no
 PipelineRL's choice): tokens after the push then come from a mix of both policies, recorded as
 sampled.
 
-Weights reach the engine's worker process as one safetensors file in ``/dev/shm`` read by the
-worker extension ``actors.vllm_worker_ext.WeightsFromFile`` (see there why not in memory).
-Logprobs and sampling rules are those of ``actors.vllm_engine.VLLMEngine``.
+Weights reach the engine's worker process one of two ways: as one safetensors file in
+``/dev/shm`` read by the worker extension ``actors.vllm_worker_ext.WeightsFromFile`` (see there
+why not in memory), written while the engine keeps generating (``write_weights``, then ``push``:
+the object store, and a gloo broadcast received off the event loop); or, on CUDA, straight from
+learner rank 0 through vLLM's NCCL weight transfer (``join_weight_transfer``, then
+``receive_broadcast``: the engine is paused for the whole transfer, since between
+``start_weight_update`` and ``finish_weight_update`` the model is half loaded). Either way the
+push is labelled and the KV cache recomputed as above. Logprobs and sampling rules are those of
+``actors.vllm_engine.VLLMEngine``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import os
 import tempfile
 import time
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
 from actors.engines import Sample, SamplingParams
-from actors.vllm_engine import VLLMEngine
+from actors.vllm_engine import VLLMEngine, with_weight_transfer
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
 
@@ -43,7 +50,6 @@ class AsyncVLLMEngine:
     """``AsyncLLM`` behind the streaming rollout actor; every method that touches the engine is
     a coroutine (run them on one event loop: the actor's)."""
 
-    weight_transfer = False  # weights arrive by push (the object store, through /dev/shm)
     check_sampling = VLLMEngine.check_sampling
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
@@ -54,6 +60,8 @@ class AsyncVLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # True: receive_broadcast works (the broadcast group then uses vLLM's NCCL transfer)
+        self.weight_transfer = self.device == "cuda" and with_weight_transfer(engine_kwargs)
         self.recompute_kv = recompute_kv
         engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
         engine_kwargs.setdefault("disable_log_stats", True)  # no throughput lines every 5 s
@@ -143,13 +151,14 @@ class AsyncVLLMEngine:
         save_file(tensors, path)
         return path
 
-    async def push(self, path: str, version: int) -> float:
-        """Loads the weights file ``path`` as policy ``version`` while requests are in flight
-        (paused, kept, resumed); deletes the file; returns the seconds the engine was paused."""
+    @contextlib.asynccontextmanager
+    async def _paused(self, version: int) -> AsyncIterator[None]:
+        """The scheduler paused with every request kept while the body loads the weights of
+        ``version``; then the label, the KV cache reset and the resume (recorded in pause_s)."""
         start = time.perf_counter()
         await self.llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self.llm.collective_rpc("reload_from_file", args=(path,))
+            yield
             await self.llm.update_weight_version(str(int(version)))
             if self.recompute_kv:
                 await self.llm.reset_prefix_cache(reset_running_requests=True)
@@ -158,8 +167,41 @@ class AsyncVLLMEngine:
             self.version = int(version)
         finally:
             await self.llm.resume_generation()
-            os.unlink(path)
         self.pause_s.append(time.perf_counter() - start)
+
+    async def push(self, path: str, version: int) -> float:
+        """Loads the weights file ``path`` as policy ``version`` while requests are in flight
+        (paused, kept, resumed); deletes the file; returns the seconds the engine was paused."""
+        try:
+            async with self._paused(version):
+                await self.llm.collective_rpc("reload_from_file", args=(path,))
+        finally:
+            os.unlink(path)
+        return self.pause_s[-1]
+
+    async def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Joins a trainer's NCCL group (rank 0 at host:port) as rank ``rank`` of ``world_size``
+        (``VLLMEngine.join_weight_transfer``'s contract; one worker, so its rank is ``rank``)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        if not self.weight_transfer:
+            raise RuntimeError("this vllm engine has no NCCL weight transfer (it needs CUDA, one "
+                               "worker and a vLLM with vllm.config.WeightTransferConfig): take "
+                               "weights through write_weights and push instead")
+        await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={
+            "master_address": host, "master_port": port, "rank_offset": rank, "world_size": world_size}))
+
+    async def receive_broadcast(self, update_info: dict, version: int) -> float:
+        """One push through vLLM's weight transfer, in flight: paused (requests kept), then
+        start_weight_update, update_weights (while learner rank 0 broadcasts every tensor of
+        ``update_info``, in its order), finish_weight_update, labelled ``version``, resumed;
+        returns the seconds the engine was paused."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        async with self._paused(version):
+            await self.llm.start_weight_update()
+            await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+            await self.llm.finish_weight_update()
         return self.pause_s[-1]
 
     async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:

@@ -256,10 +256,6 @@ def _check_mode(c: Any) -> None:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "
                          "with colocate=True")
-    if mode == "streaming" and c.weight_sync != "object_store":
-        raise ValueError(f"generation.mode='streaming' takes its weights in flight through the "
-                         f"object store; weight_sync={c.weight_sync!r} is for batched engines: use "
-                         f"training.weight_sync='object_store' or generation.mode='batched'")
 
 
 #: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,

@@ -7,7 +7,8 @@ on one (``agreed_backend``, a pure function every rank computes alike) before an
 so that mismatched members fall back to gloo instead of hanging. It returns the channel of that
 backend, one class each, all with one interface:
 
-  - ``attach(engine)``: a receiver's engine joins what it must (vLLM's transfer group);
+  - ``attach(engine)``: a receiver's engine joins what it must (vLLM's transfer group); returns
+    what the engine's join returns (a coroutine for an async engine, which the caller awaits);
   - ``send(sender, bucket_bytes)``: rank 0 sends one version from a ``learners.weight_sender.
     WeightSender``; returns the largest bucket's (vllm: tensor's) bytes;
   - ``receive_into(engine)``: a receiver loads one version into its engine;
@@ -242,8 +243,8 @@ class VllmChannel:
         else:  # the engine joins with the port (attach)
             self.vllm_port, self.group = int(store.get("gdpo/vllm_port")), None
 
-    def attach(self, engine: Any) -> None:
-        engine.join_weight_transfer(self.host, self.vllm_port, self.rank, self.world_size)
+    def attach(self, engine: Any) -> Any:
+        return engine.join_weight_transfer(self.host, self.vllm_port, self.rank, self.world_size)
 
     def close(self) -> None:
         """vLLM's group goes with its last reference."""

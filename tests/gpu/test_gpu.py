@@ -2,7 +2,8 @@
 
 The same code as on CPU, on the device: the hf engine's logprobs, a DeepSpeed learner with NCCL,
 the vLLM engine of the official wheel, and weights broadcast from the learner over NCCL (into an
-hf engine, and into a vLLM engine through vLLM's weight transfer)."""
+hf engine, into a vLLM engine through vLLM's weight transfer, and into a streaming actor's
+``AsyncLLM`` in flight)."""
 
 import os
 
@@ -163,3 +164,18 @@ def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray
     # the engine decodes as the learner's weights do, not as before
     expected = greedy_with(tiny_model_dir, weights, prompts, 8)
     assert greedy_after == expected and expected != greedy_before
+
+
+def test_a_vllm_broadcast_lands_in_flight_on_a_streaming_actor_on_cuda(ray_cluster, tiny_model_dir, fixed_batch):
+    """weight_sync=broadcast with generation.mode=streaming on CUDA: learner rank 0 broadcasts
+    through vLLM's NCCL weight transfer into the AsyncLLM engine (paused, requests kept) while
+    a group decodes; its tokens carry each version and that policy's logprobs (the CPU variant
+    over gloo is tests/ray/test_vllm.py)."""
+    pytest.importorskip("vllm")
+    from tests.ray.test_vllm import broadcast_into_a_streaming_actor, check_broadcast_in_flight
+
+    shares = gpu_shares()
+    out = broadcast_into_a_streaming_actor(ray_cluster, tiny_model_dir, fixed_batch,
+                                           learner_gpus=shares["learner"], actor_gpus=shares["actor"])
+    assert out["backend"] == "vllm"
+    check_broadcast_in_flight(out, tiny_model_dir)

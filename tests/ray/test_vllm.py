@@ -9,6 +9,8 @@ vllm = pytest.importorskip("vllm", reason="the vllm install set runs these: scri
 
 from actors.engines import SamplingParams  # noqa: E402
 from gdpo_ray.batch import check_groups  # noqa: E402
+# the learner tests' batch (4 groups x 4 rollouts, fixed advantages): a learner update to push
+from tests.ray.test_learner import fixed_batch  # noqa: E402, F401 - a fixture
 
 
 def gpu_share() -> dict:
@@ -200,10 +202,11 @@ def test_a_push_in_flight_records_each_tokens_policy_and_its_logprobs(tiny_model
     assert crossed >= 1, f"no sequence was in flight across the push ({at_push} tokens at the push)"
 
 
-def streaming_actor(ray, model_dir, **kwargs):
+def streaming_actor(ray, model_dir, num_gpus: float | None = None, **kwargs):
     from actors.streaming import StreamingRolloutActor
 
-    return ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
+    num_gpus = (0.3 if gpu_share() else 0) if num_gpus is None else num_gpus
+    return ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=num_gpus).remote(
         model_path=model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
         group_size=2, engine="vllm", sampling={"max_tokens": 450}, max_prompt_tokens=512,
         engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()},
@@ -421,3 +424,94 @@ def test_a_group_too_stale_to_finish_is_aborted_and_its_prompt_reissued(ray_clus
         assert group.prompts.in_flight == len(group.buffer) + group.in_flight
     finally:
         group.shutdown()
+
+
+def broadcast_into_a_streaming_actor(ray, model_dir, fixed_batch, learner_gpus: float = 0,
+                                     actor_gpus: float | None = None) -> dict:
+    """A learner broadcasts two versions into a streaming actor (weight_sync=broadcast): the
+    first while a group decodes (450 tokens), the second reusing the group. Returns what the
+    checks need: the backend, the group's batch, the weights before and after, the pauses."""
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actors.prompts import Prompt
+    from gdpo_ray.weights.transports import BroadcastTransport
+    from learners.deepspeed_learner import LearnerGroup
+    from tests.ray.test_learner import ADV, config
+
+    learners = LearnerGroup(config(model_dir, zero_stage=3, epochs=1, lr=0.05), num_learners=1,
+                            num_gpus_per_learner=learner_gpus)
+    actor = streaming_actor(ray, model_dir, max_staleness=1, num_gpus=actor_gpus)
+
+    def tokens_so_far(a):  # output tokens of each request in the engine (on the actor)
+        return [s.detokenizer.num_output_tokens() for s in a.engine.llm.output_processor.request_states.values()]
+
+    try:
+        for _ in range(3):  # a large step: the policies differ visibly on the sampled tokens
+            learners.update(fixed_batch, ADV)
+        ray.get(actor.ready.remote(), timeout=300)
+        transport = BroadcastTransport(learners, 128 << 10)
+        transport.connect([actor])  # the group forms before generation, the push alone in flight
+        call = actor.stream.options(num_returns="streaming").remote([Prompt("p", 0, 0, 0, "What is 2 + 2?", {})])
+        wait = time.monotonic() + 120
+        while len(counts := ray.get(actor.__ray_call__.remote(tokens_so_far))) < 2 or min(counts) < 8:
+            assert time.monotonic() < wait, counts
+            time.sleep(0.005)
+        pushed = transport.send(1, [actor])
+        at_push = max(ray.get(actor.__ray_call__.remote(tokens_so_far)), default=0)
+        batch_ref, meta = next(call), ray.get(next(call))
+        batch = ray.get(batch_ref)
+        new = learners.get_weights()
+        learners.update(fixed_batch, ADV)
+        transport.send(2, [actor])
+        return {"backend": transport.backend, "buckets": pushed.buckets, "batch": batch, "meta": meta,
+                "at_push": at_push, "new": {k: torch.tensor(v) for k, v in new.items()},
+                "version": ray.get(actor.policy_version.remote()),
+                "pauses": ray.get(actor.engine_stats.remote())["push_pause_s"],
+                "old": AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")}
+    finally:
+        learners.shutdown()
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
+
+
+def check_broadcast_in_flight(out: dict, model_dir: str) -> None:
+    """The group decoded across push 1: its tokens before carry version 0 and the initial
+    model's logprobs, after it version 1 and the learner's (as broadcast), token by token."""
+    from transformers import AutoModelForCausalLM
+
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    new.load_state_dict(out["new"])
+    batch, crossed = out["batch"], 0
+    check_groups(batch)
+    assert out["buckets"] is None and out["version"] == 2 and len(out["pauses"]) == 2
+    prompt = batch.column("prompt_token_ids")[0].as_py()
+    for tokens, lps, versions in zip(*(batch.column(c).to_pylist() for c in
+                                       ("response_token_ids", "response_logprobs", "response_versions"))):
+        v, lp = np.asarray(versions), np.asarray(lps)
+        assert set(v) <= {0, 1} and np.all(np.diff(v) >= 0)
+        by_old = forward_logprobs(out["old"], prompt, tokens, 1.0)
+        by_new = forward_logprobs(new, prompt, tokens, 1.0)
+        np.testing.assert_allclose(lp[v == 0], by_old[v == 0], atol=2e-3)
+        np.testing.assert_allclose(lp[v == 1], by_new[v == 1], atol=2e-3)
+        if 0 < (v == 0).sum() < len(v):
+            crossed += 1
+            assert (v == 0).sum() >= 8
+            assert np.abs(by_new[v == 1] - by_old[v == 1]).mean() > 0.1
+    assert crossed >= 1, f"no sequence was in flight across the push ({out['at_push']} tokens at the push)"
+    assert out["meta"].groups[0].policy_version == 0  # a group's version: its oldest token's
+
+
+def test_a_broadcast_lands_in_flight_on_a_streaming_actor_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
+    """weight_sync=broadcast with streaming on CPU: gloo buckets received while the engine
+    generates, then pushed in flight (the GPU variant, through vLLM's NCCL weight transfer, is
+    tests/gpu/test_gpu.py)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the broadcast goes through vLLM's weight transfer: tests/gpu/test_gpu.py")
+    out = broadcast_into_a_streaming_actor(ray_cluster, tiny_model_dir, fixed_batch)
+    assert out["backend"] == "gloo"
+    check_broadcast_in_flight(out, tiny_model_dir)

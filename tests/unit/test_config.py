@@ -49,8 +49,6 @@ def test_defaults_and_sections():
     (lambda c: c.env_runners(num_env_runners=[1, 4]), "custom_resources_per_env_runner={'rollout': 1}"),
     (lambda c: c.generation(mode="continuous"), "generation.mode must be 'streaming' or 'batched'"),
     (lambda c: c.generation(mode="streaming"), "engine 'hf' takes batch calls: use generation.mode='batched'"),
-    (lambda c: c.generation(engine="vllm").training(weight_sync="broadcast"),
-     "use training.weight_sync='object_store' or generation.mode='batched'"),
     (lambda c: c.generation(engine="vllm", colocate=True), "use generation.mode='batched' with colocate=True"),
     (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
     (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
@@ -73,9 +71,13 @@ def test_generation_mode_defaults_to_streaming_on_vllm_only():
     assert generation_mode(good()) == "batched"
     assert generation_mode(good().generation(engine="vllm")) == "streaming"
     batched = good().generation(engine="vllm", mode="batched").training(weight_sync="broadcast")
-    batched.validate()  # batch calls on vllm keep every weight channel
+    batched.validate()
     assert generation_mode(batched) == "batched"
     assert batched.rollout_actor_kwargs["mode"] == "batched"
+    # a streaming actor takes every weight channel in flight (gloo on CPU, vLLM's NCCL on CUDA)
+    streaming = good().generation(engine="vllm").training(weight_sync="broadcast")
+    streaming.validate()
+    assert streaming.rollout_actor_kwargs["mode"] == "streaming"
 
 
 def test_gspo_with_its_own_clip_range_and_aggregation_validates():
