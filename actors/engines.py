@@ -58,8 +58,10 @@ class Engine(Protocol):
     def check_sampling(cls, sampling: SamplingParams) -> None:
         """Raises ValueError for sampling it cannot do with exact logprobs (at config time)."""
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int,
-                 sampling: SamplingParams) -> list[list[Sample]]: ...
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 logprobs: bool = True) -> list[list[Sample]]:
+        """``logprobs=False``: the caller (evaluation) needs no logprobs, so any sampling is
+        allowed (top-p/top-k included) and ``Sample.logprobs`` may be empty."""
 
     def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]: ...
 

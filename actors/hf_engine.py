@@ -41,8 +41,10 @@ class HFEngine:
         self._calls = 0
         self._seed = seed
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int,
-                 sampling: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 logprobs: bool = True) -> list[list[Sample]]:
+        """(``logprobs`` is for the contract: this engine's are those of the untruncated
+        distribution whatever the sampling, so it always records them.)"""
         torch = self.torch
         width = max(len(p) for p in prompt_token_ids)
         ids = torch.full((len(prompt_token_ids), width), self.pad_id, dtype=torch.long)

@@ -79,7 +79,8 @@ class RolloutActor:
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
         self.engine = make_engine(engine, model_path, seed=seed, **dict(engine_kwargs or {}))
         self.tokenizer = self.engine.tokenizer
-        self.rewards = RewardPool(rewards, num_workers=reward_workers)
+        # no rewards: an actor that only completes prompts (evaluation: ``complete``)
+        self.rewards = RewardPool(rewards, num_workers=reward_workers) if rewards else None
         self.version, self.channel = 0, None
 
     def ready(self) -> str:
@@ -135,6 +136,15 @@ class RolloutActor:
     def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
         """Greedy completions of prompts (chat template applied as for generation)."""
         return self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
+
+    def complete(self, prompts: Sequence[str | list], n: int,
+                 sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
+        """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``'
+        fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish reason)."""
+        params = SamplingParams(**dict(sampling))
+        samples = self.engine.generate([self.tokenize(p) for p in prompts], n, params, logprobs=False)
+        return [[(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
+                  s.finish_reason) for s in group] for group in samples]
 
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:
@@ -215,7 +225,8 @@ class RolloutActor:
         return meta, batch
 
     def shutdown(self) -> None:
-        self.rewards.close()
+        if self.rewards is not None:
+            self.rewards.close()
         if callable(getattr(self.engine, "shutdown", None)):  # an engine with processes of its own
             self.engine.shutdown()
 

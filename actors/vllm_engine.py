@@ -46,17 +46,23 @@ class VLLMEngine:
             quiet_rotary_reload_warning()
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int,
-                 sampling: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 logprobs: bool = True) -> list[list[Sample]]:
+        """``logprobs=False`` (evaluation): no logprobs recorded, so top-p/top-k are allowed."""
         from vllm import SamplingParams as VLLMSampling
 
-        self.check_sampling(sampling)
+        if logprobs:
+            self.check_sampling(sampling)
+            truncation = {"logprobs": 0}
+        else:
+            truncation = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0}
         params = VLLMSampling(n=n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
-                              stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0)
+                              stop=list(sampling.stop), include_stop_str_in_output=True, **truncation)
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids],
                                     params, use_tqdm=False)
         return [[Sample(list(o.token_ids),
-                        [float(step[token].logprob) for token, step in zip(o.token_ids, o.logprobs)],
+                        [float(step[token].logprob) for token, step in zip(o.token_ids, o.logprobs)]
+                        if logprobs else [],
                         o.finish_reason if o.finish_reason in ("stop", "length") else "abort")
                  for o in request.outputs] for request in outputs]
 

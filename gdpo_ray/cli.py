@@ -180,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(check)
     check.set_defaults(run=_check)
 
+    from gdpo_ray.eval.command import add_parser as add_eval
+
+    add_eval(commands)
+
     lister = commands.add_parser("list", help="list presets, rewards or estimators")
     lister.add_argument("what", choices=["presets", "rewards", "estimators"])
     lister.set_defaults(run=_list)

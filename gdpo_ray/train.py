@@ -100,22 +100,8 @@ class TrainingRun:
         return report
 
     def _start_ray(self) -> None:
-        import ray
-
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if ray.is_initialized():
-            return
-        root = str(Path(__file__).resolve().parents[1])
-        if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit`: the job's runtime env holds
-            ray.init(logging_level=logging.WARNING)  # (working_dir: the user's code)
-        elif self.run_settings["address"]:  # joining a cluster: the user's reward modules go along
-            ray.init(address=self.run_settings["address"], logging_level=logging.WARNING,
-                     runtime_env={"env_vars": WORKER_ENV, "py_modules": user_modules(self.config)})
-        else:  # a local cluster: its workers import from here and from the user's folder
-            path = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-            ray.init(num_cpus=self.run_settings["num_cpus"], include_dashboard=False,
-                     logging_level=logging.WARNING, _system_config=LOCAL_RAY_CONFIG,
-                     runtime_env={"env_vars": WORKER_ENV | {"PYTHONPATH": path}})
+        address = self.run_settings["address"]
+        start_ray(address, self.run_settings["num_cpus"], user_modules(self.config) if address else [])
 
     def run(self) -> int:
         from tqdm import tqdm
@@ -172,6 +158,29 @@ class TrainingRun:
               f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         return 0
+
+
+def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None:
+    """Ray for a run (a no-op when it is up already): the job's cluster inside `ray job
+    submit`, the cluster at ``address`` (``py_modules``, the user's reward modules, go along),
+    else a local cluster of ``num_cpus`` CPUs whose workers import from this checkout and from
+    the current folder."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    root = str(Path(__file__).resolve().parents[1])
+    if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit`: the job's runtime env holds
+        ray.init(logging_level=logging.WARNING)  # (working_dir: the user's code)
+    elif address:
+        ray.init(address=address, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": WORKER_ENV, "py_modules": py_modules})
+    else:
+        path = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        ray.init(num_cpus=num_cpus, include_dashboard=False,
+                 logging_level=logging.WARNING, _system_config=LOCAL_RAY_CONFIG,
+                 runtime_env={"env_vars": WORKER_ENV | {"PYTHONPATH": path}})
 
 
 def user_modules(config: Any) -> list[str]:

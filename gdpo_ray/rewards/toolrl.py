@@ -85,13 +85,13 @@ def parse_calls(block: str) -> list[tuple[str, dict]]:
     return calls
 
 
-def _calls_in(text_or_calls: Any) -> list[tuple[str, dict]] | None:
+def calls_in(text_or_calls: Any) -> list[tuple[str, dict]] | None:
     """Calls of a gold answer or a completion; None when there is no tool-call block."""
     if isinstance(text_or_calls, list):
         return parse_calls("\n".join(json.dumps(c) for c in text_or_calls))
     text = str(text_or_calls)
     if "<tool_call>" not in text and text.lstrip()[:1] == "[":
-        return _calls_in(json.loads(text))
+        return calls_in(json.loads(text))
     blocks = _TOOL_BLOCK.findall(text)
     if not blocks:
         return None
@@ -164,11 +164,11 @@ def correctness(completion: str, ground_truth: Any, matching: str = "optimal") -
     takes true == 1, false == 0 and true == 1.0, we do not ("5" != 5 under both).
     ``matching``: "optimal" (the paper: the assignment of same-name calls with the largest
     total) or "greedy" (ToolRL's code: ``_greedy_matching``)."""
-    gold = _calls_in(ground_truth)
+    gold = calls_in(ground_truth)
     if not gold:
         return 0.0
     try:
-        pred = _calls_in(completion) or []
+        pred = calls_in(completion) or []
     except Unparsable:
         return -3.0
     names_g, names_p = Counter(g[0] for g in gold), Counter(p[0] for p in pred)

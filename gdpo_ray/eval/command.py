@@ -1,0 +1,122 @@
+"""``gdpo-ray eval``: the command line of ``gdpo_ray.eval.runner.evaluate`` and ``report.compare``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Evaluate POLICY (a model directory such as a run's policy/, a run directory, or 'demo') on a
+suite, as the paper evaluates: n samples per item at temperature 0.6 / top-p 0.95 by default,
+avg@n of each metric. Or score a file of completions (--completions FILE.jsonl: one
+{"id": ..., "completions": [...]} per line) without a model. Writes a JSON report (--output;
+default: eval/<suite>.json in the run directory, or in the current folder) and prints a table.
+With --compare, prints one row per run from reports already written (report files, or run
+directories holding eval/*.json)."""
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("eval", help="evaluate a policy on a suite (BFCL, HumanEval, math, tasks)",
+                            description=DESCRIPTION,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("policy", nargs="?", help="model directory, run directory or 'demo'")
+    p.add_argument("--suite", help="task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>")
+    p.add_argument("--completions", metavar="FILE", help="score these completions (no model)")
+    p.add_argument("--tokenizer", help="with --completions: count response tokens with this "
+                   "model's tokenizer (for exceed_ratio)")
+    p.add_argument("--limit", type=int, help="the first N items of the suite")
+    p.add_argument("--samples", type=int, default=1, help="completions per item (n of avg@n; default 1)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-tokens", type=int, help="new tokens per completion (default: the suite's)")
+    p.add_argument("--length-limit", type=int, help="exceed_ratio's limit in tokens (default: the suite's)")
+    p.add_argument("--engine", default="hf", help="hf or vllm (default hf)")
+    p.add_argument("--engine-kwargs", default="{}", help='JSON, e.g. \'{"dtype": "float32"}\'')
+    p.add_argument("--num-actors", type=int, default=1, help="rollout actors generating (default 1)")
+    p.add_argument("--no-chat-template", action="store_true", help="prompts as plain text")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--output", help="the report's path")
+    p.add_argument("--compare", nargs="+", metavar="RUN", help="print the table of these runs' reports")
+    p.add_argument("--json", action="store_true", help="print the report's overall section as JSON")
+    p.set_defaults(run=run)
+
+
+def default_output(policy: str | None, suite_name: str) -> Path:
+    """eval/<suite>.json in the policy's run directory (a run, or a run's policy/), else here."""
+    safe = suite_name.replace(":", "_").replace("/", "_")
+    if policy and policy != "demo":
+        path = Path(policy)
+        for run in (path, path.parent):
+            if (run / "metrics.jsonl").is_file():
+                return run / "eval" / f"{safe}.json"
+    return Path("eval") / f"{safe}.json"
+
+
+def reports_of(run: str) -> list[dict]:
+    """The reports of a run: a report file, or every eval/*.json of a run directory (or of a
+    directory of reports)."""
+    from gdpo_ray.eval.report import read_report
+
+    path = Path(run)
+    if path.is_file():
+        return [read_report(path)]
+    for folder in (path / "eval", path):
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        if files:
+            return [read_report(f) for f in files]
+    raise ValueError(f"--compare {run}: no eval report there (a report .json, or a run directory with "
+                     f"eval/*.json; write one with gdpo-ray eval {run} --suite NAME)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gdpo_ray.eval.report import compare, format_report, write_report
+
+    try:
+        if args.compare:
+            if args.policy or args.suite:
+                raise ValueError("--compare takes run directories or reports only (no POLICY or --suite)")
+            print(compare({run: reports_of(run) for run in args.compare}))
+            return 0
+        if not args.suite:
+            raise ValueError("--suite is required (task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>)")
+        if (args.policy is None) == (args.completions is None):
+            raise ValueError("give POLICY (to generate) or --completions FILE (to score), one of them")
+        try:
+            engine_kwargs = json.loads(args.engine_kwargs)
+        except ValueError as err:
+            raise ValueError(f"--engine-kwargs is not JSON: {err}") from None
+        if args.engine not in ("hf", "vllm"):
+            raise ValueError(f"--engine must be hf or vllm; got {args.engine!r}")
+        report = _evaluate(args, engine_kwargs)
+    except ValueError as err:
+        print(f"gdpo-ray eval: {err}", file=sys.stderr)
+        return 2
+    path = write_report(report, args.output or default_output(args.policy, report["suite"]))
+    print(format_report(report))
+    if args.json:
+        print(json.dumps(report["overall"]))
+    print(f"gdpo-ray eval: report {path}")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
+    from gdpo_ray.eval.runner import evaluate, resolve_policy
+    from gdpo_ray.eval.suites import make_suite
+
+    suite = make_suite(args.suite, length_limit=args.length_limit)
+    try:
+        if args.policy is not None:
+            resolve_policy(args.policy)  # a bad path fails before Ray starts
+            from gdpo_ray.train import start_ray
+
+            start_ray(None, args.num_cpus or os.cpu_count() or 1, [])
+        return evaluate(suite, policy=args.policy, completions_file=args.completions, samples=args.samples,
+                        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                        limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
+                        num_actors=args.num_actors, chat_template=not args.no_chat_template,
+                        tokenizer=args.tokenizer)
+    finally:
+        suite.close()

@@ -1,0 +1,134 @@
+"""Eval reports: per-sample scores -> per-item avg@n -> per-category and overall metrics.
+
+A suite scores each sample (one completion) as a dict of metric -> value in [0, 1], under the
+metric's report name (``pass@1``, ``bug_ratio``, ``exceed_ratio``, ``accuracy``,
+``format_ratio``); NaN marks a sample the scorer could not score (a sandbox failure, a length
+with no token count): it is left out of that metric's means and counted under ``missing``.
+
+- an item's value of a metric is the mean over its n samples (avg@n: ``pass@1`` averaged over
+  16 samples, as the paper reports math and code);
+- a category's is the mean over its items, and so is ``overall`` unless the suite groups
+  categories its own way (BFCL: ``Suite.overall``).
+
+The report (``build_report``) is one JSON object: ``suite``, ``policy``, ``settings``,
+``overall`` (metric -> value), ``categories`` (category -> metric -> value, plus ``items``),
+``items`` (id -> category, metric values and its samples), ``counts`` and ``missing``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+
+def nanmean(values: Iterable[float]) -> float:
+    """The mean of the values that are not NaN (NaN when there are none)."""
+    kept = [float(v) for v in values if not math.isnan(float(v))]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def item_metrics(samples: Sequence[Mapping[str, float]], metrics: Sequence[str]) -> dict[str, float]:
+    """avg@n: each metric's mean over the item's scored samples."""
+    return {m: nanmean(s[m] for s in samples) for m in metrics}
+
+
+def category_metrics(items: Mapping[str, Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, dict]:
+    """category -> each metric's mean over the category's items, and its number of items."""
+    by_category: dict[str, list] = {}
+    for item in items.values():
+        by_category.setdefault(item["category"], []).append(item)
+    return {cat: {**{m: nanmean(i[m] for i in rows) for m in metrics}, "items": len(rows)}
+            for cat, rows in sorted(by_category.items())}
+
+
+def mean_over_items(items: Mapping[str, Mapping[str, Any]], metrics: Sequence[str]) -> dict[str, float]:
+    return {m: nanmean(i[m] for i in items.values()) for m in metrics}
+
+
+def build_report(suite: Any, scored: Mapping[str, Sequence[Mapping[str, Any]]], categories: Mapping[str, str],
+                 policy: str, settings: Mapping[str, Any]) -> dict:
+    """The report of ``suite`` from ``scored`` (item id -> its samples: the sample's
+    ``completion`` and its metric values) and ``categories`` (item id -> category)."""
+    metrics = list(suite.metrics)
+    items = {}
+    for item_id, samples in scored.items():
+        items[item_id] = {"category": categories[item_id], **item_metrics(samples, metrics),
+                          "samples": [dict(s) for s in samples]}
+    per_category = category_metrics(items, metrics)
+    overall = suite.overall(items, per_category)
+    missing = {m: sum(math.isnan(float(s[m])) for ss in scored.values() for s in ss) for m in metrics}
+    return {"suite": suite.name, "policy": policy, "settings": dict(settings), "overall": overall,
+            "categories": per_category, "items": items, "missing": missing,
+            "counts": {"items": len(items), "samples": sum(len(s) for s in scored.values())}}
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN -> None (JSON has no NaN)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_report(report: Mapping[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(report), indent=1) + "\n")
+    return path
+
+
+def read_report(path: str | Path) -> dict:
+    """A report written by ``write_report``; a run directory reads its ``eval/`` reports."""
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not an eval report ({err})") from None
+    if not isinstance(report, dict) or "overall" not in report or "suite" not in report:
+        raise ValueError(f"{path}: not an eval report (no 'suite' and 'overall'); write one with "
+                         f"gdpo-ray eval POLICY --suite NAME --output {path.name}")
+    return report
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """A plain-text table, columns aligned."""
+    cells = [[str(h) for h in header]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cells]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """The overall metrics, then one row per category."""
+    metrics = list(report["overall"])
+    rows = [["overall", *[report["overall"][m] for m in metrics], report["counts"]["items"]]]
+    rows += [[cat, *[c.get(m) for m in metrics], c["items"]] for cat, c in report["categories"].items()]
+    return table(rows, [report["suite"], *metrics, "items"])
+
+
+def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """The paper-style table: one row per run (``reports``: run label -> its reports), each
+    suite's overall metrics as columns (``suite/metric``); a run without a suite shows '-'."""
+    columns: list[tuple[str, str]] = []
+    for run_reports in reports.values():
+        for r in run_reports:
+            for m in r["overall"]:
+                if (r["suite"], m) not in columns:
+                    columns.append((r["suite"], m))
+    rows = []
+    for label, run_reports in reports.items():
+        by_suite = {r["suite"]: r["overall"] for r in run_reports}
+        rows.append([label, *[by_suite.get(s, {}).get(m) for s, m in columns]])
+    return table(rows, ["run", *[f"{s}/{m}" for s, m in columns]])

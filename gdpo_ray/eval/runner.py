@@ -1,0 +1,201 @@
+"""``evaluate``: a policy (or a file of completions) through a suite into a report.
+
+Generation runs on rollout actors (``actors.rollout.RolloutActor.complete``, no rewards
+attached) on Ray, so it spreads over a cluster as training does: ``num_actors`` actors, each
+with ``calls_per_actor`` calls of ``prompts_per_call`` prompts in flight. Scoring runs in this
+process, code in the sandbox: item by item, or over ``score_threads`` threads for suites whose
+scorer waits on sandbox processes (``Suite.parallel_scoring``).
+
+``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
+``policy/``), or the name ``demo`` (the demo's warm-started starting point, for a baseline).
+A completions file (``read_completions``) replaces generation: one JSON object per line,
+``{"id": <item id>, "completions": [str, ...]}``, optionally ``"tokens": [int, ...]`` and
+``"finish_reasons": [...]`` (else lengths come from ``tokenizer``, when one is given, and
+``exceed_ratio`` is left out without one).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gdpo_ray.eval.report import build_report
+from gdpo_ray.eval.suites import Completion, EvalItem, Suite
+
+
+def resolve_policy(policy: str) -> str:
+    """The model directory ``policy`` stands for (see the module docstring)."""
+    if policy == "demo":
+        from gdpo_ray.warm_start import demo_model_dir
+
+        return str(demo_model_dir())
+    path = Path(policy).expanduser()
+    if (path / "policy" / "config.json").is_file():
+        return str(path / "policy")
+    if (path / "config.json").is_file():
+        return str(path)
+    if (path / "class_and_ctor_args.pkl").is_file():
+        run = path.parent.parent
+        hint = (f"; its run's final policy is {run / 'policy'}" if (run / "policy" / "config.json").is_file()
+                else "")
+        raise ValueError(f"{policy} is a training checkpoint: evaluate an exported policy directory "
+                         f"(a run's policy/, written at the end of a run){hint}")
+    raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a run directory "
+                     f"(no policy/ in it) or 'demo'")
+
+
+def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None) -> dict[str, list[Completion]]:
+    """Completions of a file by item id (the module docstring's format), in the suite's item
+    order; every line is checked and a bad one named."""
+    known = {it.id for it in items}
+    by_id: dict[str, list[Completion]] = {}
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                row = json.loads(line)
+            except ValueError as err:
+                raise ValueError(f"{where}: not JSON ({err})") from None
+            texts = row.get("completions") if isinstance(row, dict) else None
+            if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+                raise ValueError(f'{where}: want {{"id": ..., "completions": [str, ...]}} with at least one string')
+            item_id = str(row.get("id"))
+            if item_id not in known:
+                raise ValueError(f"{where}: id {item_id!r} is not an item of this suite "
+                                 f"(ids look like {sorted(known)[:3]})")
+            if item_id in by_id:
+                raise ValueError(f"{where}: id {item_id!r} appears twice")
+            tokens = row.get("tokens")
+            reasons = row.get("finish_reasons")
+            for name, values in (("tokens", tokens), ("finish_reasons", reasons)):
+                if values is not None and (not isinstance(values, list) or len(values) != len(texts)):
+                    raise ValueError(f"{where}: {name} must be a list with one entry per completion")
+            if tokens is None and tokenizer is not None:
+                tokens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+            by_id[item_id] = [Completion(t, None if tokens is None else int(tokens[i]),
+                                         None if reasons is None else reasons[i]) for i, t in enumerate(texts)]
+    return {it.id: by_id[it.id] for it in items if it.id in by_id}
+
+
+def generate(model_path: str, items: Sequence[EvalItem], n: int, sampling: Mapping[str, Any],
+             engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
+             chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
+             num_gpus_per_actor: float = 0, progress: bool = True, actors: Sequence[Any] | None = None,
+             ) -> dict[str, list[Completion]]:
+    """n completions of every item, on ``actors`` (rollout actors) or on ``num_actors`` new ones."""
+    import ray
+    from tqdm import tqdm
+
+    own = actors is None
+    if own:
+        from actors.rollout import RolloutActor
+
+        remote = ray.remote(RolloutActor).options(num_cpus=1, num_gpus=num_gpus_per_actor)
+        actors = [remote.remote(model_path=model_path, rewards=None, group_size=max(n, 2), engine=engine,
+                                engine_kwargs=dict(engine_kwargs or {}), chat_template=chat_template,
+                                seed=i) for i in range(num_actors)]
+    chunks = [list(items[i:i + prompts_per_call]) for i in range(0, len(items), prompts_per_call)]
+    out: dict[str, list[Completion]] = {}
+    in_flight: dict[Any, tuple[Any, list[EvalItem]]] = {}
+    load = {a: 0 for a in actors}
+    bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
+    try:
+        while chunks or in_flight:
+            for actor in actors:
+                while chunks and load[actor] < calls_per_actor:
+                    chunk = chunks.pop(0)
+                    ref = actor.complete.remote([it.prompt for it in chunk], n, dict(sampling))
+                    in_flight[ref], load[actor] = (actor, chunk), load[actor] + 1
+            done, _ = ray.wait(list(in_flight), num_returns=1)
+            actor, chunk = in_flight.pop(done[0])
+            load[actor] -= 1
+            for it, samples in zip(chunk, ray.get(done[0])):
+                out[it.id] = [Completion(text, tokens, reason) for text, tokens, reason in samples]
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        if own:
+            for actor in actors:
+                try:
+                    ray.get(actor.shutdown.remote(), timeout=30)
+                except Exception:  # noqa: BLE001 - going away anyway
+                    pass
+                ray.kill(actor)
+    return {it.id: out[it.id] for it in items}
+
+
+def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Sequence[Completion]],
+          score_threads: int | None = None, progress: bool = True) -> dict[str, list[dict]]:
+    """Item id -> its samples, each the completion (text, tokens, finish reason) and its metrics."""
+    from tqdm import tqdm
+
+    todo = [it for it in items if it.id in completions]
+
+    def one(it: EvalItem) -> list[dict]:
+        samples = completions[it.id]
+        values = suite.score(it, samples)
+        return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason, **v}
+                for c, v in zip(samples, values)]
+
+    threads = score_threads or (min(4, os.cpu_count() or 1) if suite.parallel_scoring else 1)
+    with tqdm(total=len(todo), desc="score", unit="item", disable=not progress) as bar:
+        if threads == 1:
+            results = []
+            for it in todo:
+                results.append(one(it))
+                bar.update()
+        else:
+            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+                results = []
+                for r in pool.map(one, todo):
+                    results.append(r)
+                    bar.update()
+    return {it.id: r for it, r in zip(todo, results)}
+
+
+def evaluate(suite: Suite, policy: str | None = None, completions_file: str | None = None,
+             samples: int = 1, temperature: float = 0.6, top_p: float = 0.95, max_tokens: int | None = None,
+             limit: int | None = None, engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
+             num_actors: int = 1, chat_template: bool = True, tokenizer: str | None = None,
+             progress: bool = True, actors: Sequence[Any] | None = None, label: str | None = None) -> dict:
+    """The report of ``suite`` for ``policy`` (generated here) or ``completions_file``."""
+    if (policy is None) == (completions_file is None) and actors is None:
+        raise ValueError("evaluate needs a policy to generate with or a completions file (--completions), not both")
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1; got {samples}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1; got {limit}")
+    items = suite.items()[:limit]
+    max_tokens = max_tokens or suite.max_tokens
+    settings = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                "length_limit": suite.length_limit, "limit": limit, "items": len(items)}
+    if completions_file is not None:
+        tok = None
+        if tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(resolve_policy(tokenizer))
+        found = read_completions(completions_file, items, tok)
+        missing = len(items) - len(found)
+        if not found:
+            raise ValueError(f"{completions_file}: no completions of this suite's items")
+        settings |= {"completions": str(completions_file), "items_missing": missing}
+        completions, source = found, str(completions_file)
+    else:
+        from actors.engines import SamplingParams
+
+        sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        SamplingParams(**sampling)  # bad sampling fails before any actor starts
+        model = resolve_policy(policy) if policy is not None else None
+        settings |= {"engine": engine}
+        completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
+                               num_actors=num_actors, chat_template=chat_template, progress=progress,
+                               actors=actors)
+        source = str(policy) if policy is not None else "rollout actors"
+    scored = score(suite, items, completions, progress=progress)
+    return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings)
