@@ -212,6 +212,19 @@ class StreamingRolloutActor(RolloutActor):
             async with self._versions:
                 self._versions.notify_all()
 
+    async def complete(self, prompts: Sequence[str | list], n: int,
+                       sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
+        """``RolloutActor.complete`` (evaluation), its requests beside the groups in flight,
+        once the pushes that have arrived are loaded."""
+        from actors.engines import SamplingParams
+
+        async with self._versions:
+            await self._versions.wait_for(lambda: not self._pending)
+        params = SamplingParams(**dict(sampling))
+        samples = await self.engine.generate([self.tokenize(p) for p in prompts], n, params, logprobs=False)
+        return [[(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
+                  s.finish_reason) for s in group] for group in samples]
+
     async def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
         return await self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
 

@@ -77,24 +77,31 @@ class AsyncVLLMEngine:
         self._ids = itertools.count()
         self._shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
-    def _params(self, sampling: SamplingParams, **overrides: Any) -> Any:
+    def _params(self, sampling: SamplingParams, logprobs: bool = True, **overrides: Any) -> Any:
         from vllm import SamplingParams as VLLMSampling
         from vllm.sampling_params import RequestOutputKind
 
-        self.check_sampling(sampling)
+        if logprobs:
+            self.check_sampling(sampling)
+            truncation = {"logprobs": 0}
+        else:  # evaluation: no logprobs kept, so top-p/top-k are allowed
+            truncation = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0}
         # FINAL_ONLY: one output per request, not one per step (the actor's event loop stays free)
         fields = dict(temperature=sampling.temperature, max_tokens=sampling.max_tokens,
-                      stop=list(sampling.stop), include_stop_str_in_output=True, logprobs=0,
-                      output_kind=RequestOutputKind.FINAL_ONLY)
+                      stop=list(sampling.stop), include_stop_str_in_output=True,
+                      output_kind=RequestOutputKind.FINAL_ONLY, **truncation)
         return VLLMSampling(**dict(fields, **overrides))
 
-    def request_params(self, prompt_token_ids: list[int], sampling: SamplingParams) -> Any:
+    def request_params(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                       logprobs: bool = True) -> Any:
         """vLLM's sampling parameters of one request (a subclass may vary them per request)."""
-        return self._params(sampling)
+        return self._params(sampling, logprobs)
 
-    async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams) -> VersionedSample:
-        """One completion of one prompt (cancel the task to abort it)."""
-        params = self.request_params(prompt_token_ids, sampling)
+    async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                     logprobs: bool = True) -> VersionedSample:
+        """One completion of one prompt (cancel the task to abort it); ``logprobs=False``: none
+        recorded (``Engine.generate``'s contract)."""
+        params = self.request_params(prompt_token_ids, sampling, logprobs)
         final = None
         self.active += 1
         try:
@@ -105,17 +112,17 @@ class AsyncVLLMEngine:
             self.active -= 1
         o = final.outputs[0]
         ids = list(o.token_ids)
-        logprobs = [float(step[token].logprob) for token, step in zip(ids, o.logprobs)]
+        lps = [float(step[token].logprob) for token, step in zip(ids, o.logprobs)] if logprobs else []
         versions = [self.version] * len(ids)
         for span in o.weight_versions or []:
             versions[span.start:span.end] = [_version(span.version)] * (span.end - span.start)
         reason = o.finish_reason if o.finish_reason in ("stop", "length") else "abort"
-        return VersionedSample(ids, logprobs, reason, versions)
+        return VersionedSample(ids, lps, reason, versions)
 
-    async def generate(self, prompt_token_ids: list[list[int]], n: int,
-                       sampling: SamplingParams) -> list[list[VersionedSample]]:
+    async def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       logprobs: bool = True) -> list[list[VersionedSample]]:
         """The batch contract of ``actors.engines.Engine``, as concurrent requests."""
-        tasks = [[self.sample(p, sampling) for _ in range(n)] for p in prompt_token_ids]
+        tasks = [[self.sample(p, sampling, logprobs) for _ in range(n)] for p in prompt_token_ids]
         flat = await asyncio.gather(*itertools.chain.from_iterable(tasks))
         return [list(flat[i * n:(i + 1) * n]) for i in range(len(prompt_token_ids))]
 

@@ -156,8 +156,9 @@ class LongTailStreamEngine(LongTail, AsyncVLLMEngine):
         super().__init__(model_path, stat_loggers=[lambda *a, **k: self.steps], **kwargs)
         self._setup(mean, cv, group_size, steps_path)
 
-    def request_params(self, prompt_token_ids: list[int], sampling: SamplingParams) -> Any:
-        return self._params(sampling, ignore_eos=True, max_tokens=self._length(prompt_token_ids, sampling.max_tokens))
+    def request_params(self, prompt_token_ids: list[int], sampling: SamplingParams, logprobs: bool = True) -> Any:
+        return self._params(sampling, logprobs, ignore_eos=True,
+                            max_tokens=self._length(prompt_token_ids, sampling.max_tokens))
 
     def shutdown(self) -> None:
         self.steps.save(self.steps_path)

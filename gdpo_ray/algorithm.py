@@ -211,6 +211,12 @@ class GDPO(Algorithm):
             except BaseException:
                 self.rollouts.shutdown()
                 raise
+        self.eval_suite = None
+        if c.eval_suite:
+            from gdpo_ray.eval.suites import make_suite
+
+            self.eval_suite = make_suite(c.eval_suite)
+        self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
 
@@ -321,11 +327,40 @@ class GDPO(Algorithm):
         except ray.exceptions.RayActorError as err:  # a learner died: this step is redone
             self._recover(err)
             return None
+        if c.eval_every and self.policy_version % c.eval_every == 0:
+            with _timed(timers, "eval"):
+                values |= self._eval_metrics()
         values.update({f"timing/{k}_s": v for k, v in timers.items()})
         values["timing/step_s"] = sum(timers.values())
         for key, value in values.items():
             self.metrics.log_value(key, value, reduce="mean", window=1)
         return None
+
+    def evaluate_policy(self) -> dict | None:
+        """The eval suite's report (``gdpo_ray.eval``) of the current policy, generated on the
+        rollout actors; None without a suite, or when the eval failed (logged; training goes on)."""
+        from gdpo_ray.eval.runner import evaluate
+
+        c = self.config
+        if self.eval_suite is None:
+            return None
+        try:
+            report = evaluate(self.eval_suite, actors=self.rollouts.receivers(), samples=c.eval_samples,
+                              temperature=c.eval_temperature, top_p=c.eval_top_p, max_tokens=c.eval_max_tokens,
+                              limit=c.eval_limit, progress=False, label=f"policy version {self.policy_version}")
+        except Exception as err:  # noqa: BLE001 - an actor died mid-eval, a suite's scorer failed
+            logger.warning("eval of %s at policy version %d failed (%s: %s); training goes on",
+                           self.eval_suite.name, self.policy_version, type(err).__name__, err)
+            return None
+        report["step"] = self.policy_version
+        self.last_eval = report
+        return report
+
+    def _eval_metrics(self) -> dict:
+        report = self.evaluate_policy()
+        if report is None:
+            return {}
+        return {f"eval/{report['suite']}/{m}": v for m, v in report["overall"].items() if not np.isnan(v)}
 
     def _take_groups(self):
         """B groups (fewer only if dynamic sampling ran out of refills), as references with

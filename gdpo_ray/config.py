@@ -68,6 +68,13 @@ FIELDS: dict[str, Field] = {
     "weight_decay": Field("training", 0.0, "AdamW weight decay"),
     "weight_sync": Field("training", "object_store", "weights to the rollout actors: object_store or broadcast"),
     "weight_bucket_mb": Field("training", 256, "bucket size of a weight push (MiB)", at_least=1),
+    "eval_every": Field("training", 0, "evaluate the policy every N steps on eval_suite, on the rollout actors (0: off); metrics eval/<suite>/<metric>, the final report in the run's eval/", at_least=0, why="0 turns evaluation off"),
+    "eval_suite": Field("training", None, "the suite of `gdpo-ray eval` (task:addition, math:<path>, humaneval, bfcl:<category>)", "str?"),
+    "eval_samples": Field("training", 1, "completions per eval item (n of avg@n)", at_least=1),
+    "eval_limit": Field("training", None, "evaluate the suite's first N items (None: all)", "int?", at_least=1),
+    "eval_temperature": Field("training", 0.6, "eval sampling temperature (the paper's 0.6)", above=0),
+    "eval_top_p": Field("training", 0.95, "eval top-p (the paper's 0.95; no logprobs are kept, so any engine takes it)", above=0, at_most=1),
+    "eval_max_tokens": Field("training", None, "new tokens per eval completion (None: the suite's)", "int?", at_least=1),
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
@@ -221,6 +228,7 @@ def check(config: Any) -> None:
                          f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
     engine_class(c.engine).check_sampling(SamplingParams(**sampling_params(c)))
     _check_mode(c)
+    _check_eval(c)
     policy_loss_config(c)
     if c.ratio_level == "sequence":
         _check_gspo(c)
@@ -242,6 +250,17 @@ def check(config: Any) -> None:
 def generation_mode(c: Any) -> str:
     """``generation.mode``, its default filled in: streaming on vllm, batched otherwise."""
     return c.mode or ("streaming" if c.engine == "vllm" else "batched")
+
+
+def _check_eval(c: Any) -> None:
+    """An eval schedule needs a suite, and the suite must load (its data, its packages)."""
+    if c.eval_every and not c.eval_suite:
+        raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
+                         f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
+    if c.eval_suite:
+        from gdpo_ray.eval.suites import make_suite
+
+        make_suite(c.eval_suite).close()
 
 
 def _check_mode(c: Any) -> None:

@@ -94,6 +94,10 @@ def flat_scalars(result: Mapping[str, Any], prefix: str = "") -> dict[str, float
     return out
 
 
+#: metrics logged on some steps only (training.eval_every)
+SOME_STEPS = ("eval/", "timing/eval_s")
+
+
 class RunLog:
     """Appends one step's scalars to metrics.jsonl and TensorBoard."""
 
@@ -107,6 +111,8 @@ class RunLog:
         self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        # metrics of some steps only (the evals): RLlib reports NaN for them in between, left out
+        scalars = {k: v for k, v in scalars.items() if not (k.startswith(SOME_STEPS) and math.isnan(v))}
         # "time": the wall clock (Unix seconds) when the step ended
         row = {"step": step, "time": round(time.time(), 3)} | {k: v for k, v in scalars.items()
                                                               if k not in ("step", "time")}
@@ -127,13 +133,19 @@ def read_metrics(path: str | Path) -> list[dict[str, float]]:
 
 
 def plot_rewards(rows: Sequence[Mapping[str, float]], reward_names: Sequence[str], png: str | Path) -> Path:
-    """One panel per reward: its batch mean against the step."""
+    """One panel per reward: its batch mean against the step; then, for runs that evaluate
+    (``training.eval_every``), one panel per eval suite: each of its metrics at the eval steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(reward_names), figsize=(4 * len(reward_names), 3.2), squeeze=False)
+    suites: dict[str, list[str]] = {}
+    for key in dict.fromkeys(k for r in rows for k in r if k.startswith("eval/")):
+        suite, _, metric = key.removeprefix("eval/").rpartition("/")
+        suites.setdefault(suite, []).append(metric)
+    panels = len(reward_names) + len(suites)
+    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2), squeeze=False)
     steps = [r["step"] for r in rows]
     for ax, name in zip(axes[0], reward_names):
         ax.plot(steps, [r.get(f"rewards/{name}/mean", float("nan")) for r in rows], marker=".")
@@ -141,6 +153,14 @@ def plot_rewards(rows: Sequence[Mapping[str, float]], reward_names: Sequence[str
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("batch mean")
+    for ax, (suite, metrics) in zip(axes[0][len(reward_names):], suites.items()):
+        for metric in metrics:
+            at = [(r["step"], r[f"eval/{suite}/{metric}"]) for r in rows if f"eval/{suite}/{metric}" in r]
+            ax.plot([s for s, _ in at], [v for _, v in at], marker="o", label=metric)
+        ax.set_title(f"eval: {suite}")
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

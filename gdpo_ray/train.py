@@ -103,6 +103,22 @@ class TrainingRun:
         address = self.run_settings["address"]
         start_ray(address, self.run_settings["num_cpus"], user_modules(self.config) if address else [])
 
+    def _final_eval(self, algo: Any) -> None:
+        """With an eval suite: the final policy's report in the run's eval/ (the last scheduled
+        eval when it was of this version, else one now), for ``gdpo-ray eval --compare``."""
+        from gdpo_ray.eval.report import format_report, write_report
+
+        if algo.eval_suite is None:
+            return
+        report = algo.last_eval
+        if report is None or report.get("step") != algo.policy_version:
+            report = algo.evaluate_policy()
+        if report is not None:
+            report["policy"] = str(self.run_dir / "policy")
+            path = write_report(report, _eval_report_path(self.run_dir, report["suite"]))
+            print(format_report(report))
+            print(f"gdpo-ray: eval report {path}")
+
     def run(self) -> int:
         from tqdm import tqdm
 
@@ -145,6 +161,7 @@ class TrainingRun:
                 print(f"gdpo-ray: checkpoint {algo.save_to_path(str(self.run_dir / 'checkpoints' / 'final'))}")
             if self.run_settings["export_policy"]:
                 print(f"gdpo-ray: policy (Hugging Face format) {algo.export_policy(str(self.run_dir / 'policy'))}")
+            self._final_eval(algo)
         finally:
             log.close()
             algo.stop()
@@ -158,6 +175,10 @@ class TrainingRun:
               f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         return 0
+
+
+def _eval_report_path(run_dir: Path, suite: str) -> Path:
+    return run_dir / "eval" / (suite.replace(":", "_").replace("/", "_") + ".json")
 
 
 def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None:

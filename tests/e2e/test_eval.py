@@ -21,13 +21,16 @@ def demo_actor(ray_cluster):
     ray_cluster.kill(actor)
 
 
-@pytest.mark.parametrize("spec", ["task:addition", "task:tool_calls", "task:code", "humaneval", "math"])
+@pytest.mark.parametrize("spec", ["task:addition", "task:tool_calls", "task:code", "humaneval", "math",
+                                  "bfcl:simple_python", "bfcl:live_irrelevance"])
 def test_every_suite_evaluates_the_demo_policy(demo_actor, tmp_path, spec):
     if spec == "math":
         path = tmp_path / "mini.jsonl"
         path.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
                                 for a in range(3)))
         spec = f"math:{path}"
+    if spec.startswith("bfcl"):
+        pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval==2026.3.23")
     suite = make_suite(spec)
     report = evaluate(suite, actors=[demo_actor], samples=2, max_tokens=8, limit=2, progress=False)
     assert report["counts"] == {"items": 2, "samples": 4}

@@ -1,0 +1,315 @@
+"""``bfcl`` / ``bfcl:<category>``: the Berkeley Function Calling Leaderboard's single-turn
+Python categories, from the data the ``bfcl-eval`` package ships (``pip install --no-deps
+bfcl-eval==2026.3.23``: 1.9 MB; its BFCL v4 files ``data/BFCL_v4_<category>.json`` and
+``data/possible_answer/``, JSON lines).
+
+Prompts: the ``tool_calling`` preset's system prompt (``gdpo_ray.tasks.TOOL_SYSTEM``) listing
+the item's function docs, each description ending with BFCL's " Note that the provided function
+is in Python 3 syntax.", placed before the item's own system message as BFCL places its own;
+then the item's turn. Completions are read in that format (``<tool_call>`` with one JSON call
+per line, ``{"name", "parameters" | "arguments"}``) and converted to the checker's input, a list
+of ``{name: {param: value}}``.
+
+Scoring is BFCL's, reimplemented here (``ast_valid``, ``relevance_valid``) because its own
+checker module imports every model handler of the leaderboard and cannot join this environment;
+``tests/unit/test_bfcl.py`` proves the verdicts equal to ``bfcl_eval``'s ``ast_checker`` (run in
+``.venv-bfcl``, ``scripts/test-bfcl-checker.sh``) on every possible answer and on perturbations
+of each. Its rules, as that checker has them:
+
+- ``simple*``: exactly one call; ``multiple*``: exactly one call, of the answer's function;
+  ``parallel*``: as many calls as the answer, each answer call taking the first unmatched call
+  that passes it (order free);
+- a call passes when its name is the answer's, every required parameter is given, every given
+  one is in the doc and in the answer, each value has the doc's type (``type(v) is T``: no bool
+  for an integer, no 10.0 for an integer; an int is taken for a float parameter; list items
+  checked one level deep; a value of the answer's own type is a "variable", compared as is) and
+  is one of the allowed values (strings without spaces and ``,./-_*^``, lowercased, ``'`` as
+  ``"``; lists whole and in order; dicts key by key one level deep, lists of dicts position by
+  position), and every answer parameter not given allows ``""``;
+- ``irrelevance``, ``live_irrelevance``: right when no call decodes; ``live_relevance``: right
+  when a non-empty call decodes (arguments not checked).
+
+Metrics: ``accuracy`` (the above) and ``format_ratio`` (``gdpo_ray.rewards.toolrl.
+format_matches``: ``<think>…</think>`` then a ``<tool_call>`` block, or a ``<response>`` for the
+irrelevance categories). ``bfcl`` (every category below) also reports the leaderboard's v4 groups
+restricted to these categories: ``non_live`` (the unweighted mean of simple_python, multiple,
+parallel, parallel_multiple), ``live`` (the four live AST categories weighted by items),
+``irrelevance`` (the mean of irrelevance and live_irrelevance), and ``accuracy`` = their
+unweighted mean (the v4 overall's equal weights on these three; its multi-turn and agentic
+parts, and the Java/JavaScript simple categories, are not evaluated here).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gdpo_ray.eval.report import nanmean
+from gdpo_ray.eval.suites import Completion, EvalItem, Suite
+
+VERSION = "BFCL_v4"
+NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")
+LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+IRRELEVANCE = ("irrelevance", "live_irrelevance")
+RELEVANCE = ("live_relevance",)
+CATEGORIES = NON_LIVE_AST + LIVE_AST + IRRELEVANCE + RELEVANCE
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+
+TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
+         "dict": dict, "any": str}
+_STRIP = re.compile(r"[ ,./\-_*^]")
+
+
+def data_dir() -> Path:
+    """bfcl-eval's data directory (the package is not imported: its modules need the
+    leaderboard's model SDKs)."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("--suite bfcl needs the data of the bfcl-eval package: "
+                         "pip install --no-deps bfcl-eval==2026.3.23")
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def _lines(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def load_category(category: str) -> list[dict]:
+    """The items of ``category``: the prompt entry (id, question, function) with its
+    ``ground_truth`` (None for the relevance categories)."""
+    root = data_dir()
+    items = _lines(root / f"{VERSION}_{category}.json")
+    answers = root / "possible_answer" / f"{VERSION}_{category}.json"
+    if answers.is_file():
+        by_id = {a["id"]: a["ground_truth"] for a in _lines(answers)}
+        for item in items:
+            item["ground_truth"] = by_id[item["id"]]
+    return items
+
+
+# --- the checker's rules --------------------------------------------------------------------
+
+def standardize(text: str) -> str:
+    return _STRIP.sub("", text).lower().replace("'", '"')
+
+
+def _answer_type(allowed: Sequence[Any]) -> type | None:
+    """The type of an answer's first allowed value that is not the optional mark ""."""
+    return next((type(v) for v in allowed if v != ""), None)
+
+
+def _types_ok(value: Any, allowed: Sequence[Any], want: type, item_type: type | None) -> tuple[bool, bool]:
+    """(the value's type passes, it is a "variable": of the answer's own type, not the doc's)."""
+    answer_type = _answer_type(allowed)
+    variable = answer_type is not None and answer_type is not want
+    if type(value) is want:
+        if item_type is None:
+            return True, variable
+        # list items, one level deep: against the first allowed alternative that is not a list
+        # (always passes) or whose items all type-check
+        for alternative in allowed:
+            if not isinstance(alternative, list) or all(
+                    _types_ok(v, alternative, item_type, None)[0] for v in value):
+                return True, variable
+        return False, variable
+    if answer_type is not None and type(value) is answer_type:
+        return True, True
+    return False, variable
+
+
+def _string_ok(value: str, allowed: Sequence[Any]) -> bool:
+    return standardize(value) in [standardize(a) for a in allowed if isinstance(a, str)]
+
+
+def _std_items(values: Sequence[Any]) -> list:
+    return [standardize(v) if isinstance(v, str) else v for v in values]
+
+
+def _list_ok(value: list, allowed: Sequence[Any]) -> bool:
+    return _std_items(value) in [_std_items([a[j] for j in range(len(a))]) for a in allowed]
+
+
+def _dict_ok(value: dict, allowed: Sequence[Any]) -> bool:
+    for alternative in allowed:
+        if alternative == "":
+            continue
+        keys_ok = all(k in alternative and (standardize(v) if isinstance(v, str) else v) in
+                      _std_items(alternative[k]) for k, v in value.items())
+        if keys_ok and all(k in value or "" in vs for k, vs in alternative.items()):
+            return True
+    return False
+
+
+def _list_of_dicts_ok(value: list, allowed: Sequence[Any]) -> bool:
+    return any(len(value) == len(alternative) and all(_dict_ok(value[i], [alternative[i]])
+                                                      for i in range(len(value)))
+               for alternative in allowed)
+
+
+def call_valid(doc: Mapping[str, Any], call: Mapping[str, Any], answer: Mapping[str, Any]) -> bool:
+    """One model call (``{name: {param: value}}``) against one answer call and its doc."""
+    allowed_by_param = next(iter(answer.values()))
+    name = doc["name"]
+    if name not in call:
+        return False
+    given = call[name]
+    properties, required = doc["parameters"]["properties"], doc["parameters"]["required"]
+    if any(p not in given for p in required):
+        return False
+    for param, value in given.items():
+        if param not in properties or param not in allowed_by_param:
+            return False
+        allowed = allowed_by_param[param]
+        kind = properties[param]["type"]
+        want = TYPES[kind]
+        item_type = TYPES[properties[param]["items"]["type"]] if kind in ("array", "tuple") else None
+        if kind == "tuple" and type(value) is tuple:
+            value = list(value)
+        if kind == "float" and type(value) is int:
+            value = float(value)
+        ok, variable = _types_ok(value, allowed, want, item_type)
+        if not ok:
+            return False
+        if not variable:
+            if want is dict:
+                if not _dict_ok(value, allowed):
+                    return False
+                continue
+            if want is list and item_type is dict:
+                if not _list_of_dicts_ok(value, allowed):
+                    return False
+                continue
+            if want is str:
+                if not _string_ok(value, allowed):
+                    return False
+                continue
+            if want is list:
+                if not _list_ok(value, allowed):
+                    return False
+                continue
+        if value not in allowed:
+            return False
+    return all(p in given or "" in allowed_by_param[p] for p in allowed_by_param)
+
+
+def _doc(functions: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    return next((f for f in functions if f["name"] == name), None)
+
+
+def ast_valid(functions: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+              answer: Sequence[Mapping[str, Any]], category: str) -> bool:
+    """BFCL's AST verdict for the decoded ``calls`` of an item of ``category``."""
+    if len(calls) != len(answer):
+        return False
+    if "parallel" in category:
+        used: set[int] = set()
+        for gold in answer:
+            doc = _doc(functions, next(iter(gold)))
+            match = next((i for i, c in enumerate(calls) if i not in used and call_valid(doc, c, gold)), None)
+            if match is None:
+                return False
+            used.add(match)
+        return True
+    if "multiple" in category:
+        return call_valid(_doc(functions, next(iter(answer[0]))), calls[0], answer[0])
+    return call_valid(functions[0], calls[0], answer[0])
+
+
+def is_call_list(calls: Any) -> bool:
+    """The checker's input shape: a list of one-key dicts whose value is a dict."""
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and len(c) == 1 and isinstance(next(iter(c.values())), dict) for c in calls)
+
+
+def relevance_valid(calls: Any, category: str) -> bool:
+    """irrelevance categories: no call (nothing decodes, or an empty one); live_relevance: a call."""
+    has_call = is_call_list(calls) and len(calls) > 0 and not (len(calls) == 1 and len(calls[0]) == 0)
+    return not has_call if "irrelevance" in category else has_call
+
+
+# --- completions in the tool_calling format -------------------------------------------------
+
+def decode(completion: str) -> list[dict] | None:
+    """The calls of a completion (``gdpo_ray.rewards.toolrl.calls_in``) as the checker's
+    input; None when it has no tool-call block or one that does not parse."""
+    from gdpo_ray.rewards.toolrl import Unparsable, calls_in
+
+    try:
+        calls = calls_in(completion)
+    except (Unparsable, ValueError):
+        return None
+    return None if calls is None else [{name: args} for name, args in calls]
+
+
+def prompt_of(item: Mapping[str, Any]) -> list[dict]:
+    """The chat messages of a BFCL item (see the module docstring)."""
+    from gdpo_ray.tasks import TOOL_SYSTEM
+
+    docs = [dict(f, description=f.get("description", "") + PYTHON_HINT) for f in item["function"]]
+    system = TOOL_SYSTEM.format(tools="\n".join(json.dumps(d) for d in docs))
+    messages = [dict(m) for m in item["question"][0]]
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = system + "\n\n" + messages[0]["content"]
+    else:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
+
+
+_CALL_FORMAT = "<think></think>\n<tool_call>\n{}\n</tool_call>"
+_RESPONSE_FORMAT = "<think></think>\n<response></response>"
+
+
+class BFCL(Suite):
+    metrics = ("accuracy", "format_ratio")  # per sample; ``overall`` of bfcl adds its groups
+    max_tokens = 512
+
+    def __init__(self, category: str | None = None, length_limit: int | None = None) -> None:
+        if category is not None and category not in CATEGORIES:
+            raise ValueError(f"unknown BFCL category {category!r}; the Python single-turn ones: "
+                             f"{', '.join(CATEGORIES)} (or bfcl for all)")
+        self.categories = (category,) if category else CATEGORIES
+        self.name = f"bfcl:{category}" if category else "bfcl"
+        if length_limit is not None:
+            self.length_limit = length_limit
+        self._items = [(c, entry) for c in self.categories for entry in load_category(c)]
+
+    def items(self) -> list[EvalItem]:
+        return [EvalItem(e["id"], prompt_of(e), c, e) for c, e in self._items]
+
+    def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
+        from gdpo_ray.rewards.toolrl import format_matches
+
+        category, entry = item.category, item.reference
+        wants_call = category not in IRRELEVANCE
+        out = []
+        for c in completions:
+            calls = decode(c.text)
+            if category in IRRELEVANCE + RELEVANCE:
+                right = relevance_valid(calls, category)
+            else:
+                right = calls is not None and is_call_list(calls) and ast_valid(
+                    entry["function"], calls, entry["ground_truth"], category)
+            shape = _CALL_FORMAT if wants_call else _RESPONSE_FORMAT
+            out.append({"accuracy": float(right), "format_ratio": float(format_matches(c.text, shape))})
+        return out
+
+    def overall(self, items: Mapping[str, Mapping[str, Any]], categories: Mapping[str, Mapping]) -> dict:
+        """One category: the means over its items; ``bfcl``: the leaderboard's groups."""
+        format_ratio = nanmean(i["format_ratio"] for i in items.values())
+        if len(self.categories) == 1:
+            return {"accuracy": nanmean(i["accuracy"] for i in items.values()), "format_ratio": format_ratio}
+
+        def acc(cat: str) -> float:
+            return categories[cat]["accuracy"] if cat in categories else math.nan
+
+        non_live = nanmean(acc(c) for c in NON_LIVE_AST)
+        counts = {c: categories[c]["items"] for c in LIVE_AST if c in categories}
+        live = (sum(acc(c) * n for c, n in counts.items()) / sum(counts.values())) if counts else math.nan
+        irrelevance = nanmean(acc(c) for c in IRRELEVANCE)
+        return {"accuracy": nanmean([non_live, live, irrelevance]), "non_live": non_live, "live": live,
+                "irrelevance": irrelevance, "format_ratio": format_ratio}
