@@ -33,12 +33,7 @@ def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
     checkpoint's config. Raises ValueError, before anything starts, if a field marked
     ``fixed_on_resume`` (``gdpo_ray.config.RESUME_FIXED``) differs: the saved prompt state
     would then point into other data."""
-    import pickle
-
-    check_checkpoint(checkpoint)
-    path = pathlib.Path(checkpoint) / "class_and_ctor_args.pkl"
-    with open(path, "rb") as f:
-        saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]
+    saved = saved_config(checkpoint)
     names = [*fields.FIELDS, *fields.RLLIB_FIELDS]
     changes = [(name, saved.get(name), getattr(config, name)) for name in names
                if saved.get(name) != getattr(config, name)]
@@ -49,3 +44,35 @@ def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
                              f"and is {new!r} now; a run resumes on the data it started with (set it "
                              f"back, or start a new run)")
     return changes
+
+
+def saved_config(checkpoint: str) -> dict:
+    """The GDPO fields a checkpoint was written with."""
+    import pickle
+
+    check_checkpoint(checkpoint)
+    with open(pathlib.Path(checkpoint) / "class_and_ctor_args.pkl", "rb") as f:
+        return pickle.load(f)["ctor_args_and_kwargs"][0][0]
+
+
+def export_checkpoint_policy(checkpoint: str, out: str) -> str:
+    """A checkpoint's policy as a Hugging Face model directory ``out``: the learners' DeepSpeed
+    state (any ZeRO stage, gathered to fp32 by DeepSpeed's ``zero_to_fp32``) in the run's base
+    model (its config and tokenizer)."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gdpo_ray.algorithm import resolve_model_path
+
+    base = resolve_model_path(saved_config(checkpoint)["model_path"])
+    weights = get_fp32_state_dict_from_zero_checkpoint(str(pathlib.Path(checkpoint) / "learner"))
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = sorted(set(missing) - set(getattr(model, "_tied_weights_keys", None) or ()))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {checkpoint}: its weights do not fit the base model {base} "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out

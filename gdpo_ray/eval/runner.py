@@ -7,7 +7,10 @@ process, code in the sandbox: item by item, or over ``score_threads`` threads fo
 scorer waits on sandbox processes (``Suite.parallel_scoring``).
 
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
-``policy/``), or the name ``demo`` (the demo's warm-started starting point, for a baseline).
+``policy/``), a training checkpoint (its learners' weights exported into the run's base model,
+``gdpo_ray.checkpoints.export_checkpoint_policy``), or the name ``demo`` (the demo's
+warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
+that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
 ``{"id": <item id>, "completions": [str, ...]}``, optionally ``"tokens": [int, ...]`` and
 ``"finish_reasons": [...]`` (else lengths come from ``tokenizer``, when one is given, and
@@ -37,12 +40,12 @@ def resolve_policy(policy: str) -> str:
         return str(path / "policy")
     if (path / "config.json").is_file():
         return str(path)
-    if (path / "class_and_ctor_args.pkl").is_file():
-        run = path.parent.parent
-        hint = (f"; its run's final policy is {run / 'policy'}" if (run / "policy" / "config.json").is_file()
-                else "")
-        raise ValueError(f"{policy} is a training checkpoint: evaluate an exported policy directory "
-                         f"(a run's policy/, written at the end of a run){hint}")
+    if (path / "class_and_ctor_args.pkl").is_file():  # a training checkpoint: its policy exported
+        import tempfile
+
+        from gdpo_ray.checkpoints import export_checkpoint_policy
+
+        return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
     raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a run directory "
                      f"(no policy/ in it) or 'demo'")
 
@@ -95,8 +98,11 @@ def generate(model_path: str, items: Sequence[EvalItem], n: int, sampling: Mappi
     if own:
         from actors.rollout import RolloutActor
 
+        from gdpo_ray import model_files
+
         remote = ray.remote(RolloutActor).options(num_cpus=1, num_gpus=num_gpus_per_actor)
-        actors = [remote.remote(model_path=model_path, rewards=None, group_size=max(n, 2), engine=engine,
+        shipped = model_files.pack(model_path)
+        actors = [remote.remote(model_path=model_path, model_files=shipped, rewards=None, group_size=max(n, 2), engine=engine,
                                 engine_kwargs=dict(engine_kwargs or {}), chat_template=chat_template,
                                 seed=i) for i in range(num_actors)]
     chunks = [list(items[i:i + prompts_per_call]) for i in range(0, len(items), prompts_per_call)]

@@ -63,3 +63,35 @@ def test_the_eval_command_generates_with_rollout_actors(ray_cluster, tmp_path, c
     assert report["settings"]["engine"] == "hf"
     printed = capsys.readouterr().out
     assert "task:addition" in printed and f"report {out}" in printed
+
+
+def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_policy(ray_cluster, tmp_path, capsys):
+    """training.eval_every: eval/<suite>/<metric> at the eval steps only (JSONL and
+    TensorBoard), the final report in the run's eval/, a panel in the plot; then the run's
+    checkpoint and its exported policy/ evaluate alike (same weights, same sampling seed), and
+    --compare reads run directories."""
+    from gdpo_ray.cli import main
+
+    assert main(["train", "demo", "run.steps=3", "run.name=evald", f"run.output_dir={tmp_path}",
+                 "training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32",
+                 "training.eval_every=2", "training.eval_suite=task:addition", "training.eval_limit=6",
+                 "training.eval_samples=2"]) == 0
+    run = tmp_path / "evald"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows}
+    assert list(evals[1]) == [] and list(evals[3]) == []  # evaluated at step 2 only ...
+    assert sorted(evals[2]) == ["eval/task:addition/exceed_ratio", "eval/task:addition/format_ratio",
+                                "eval/task:addition/pass@1"]
+    final = json.loads((run / "eval" / "task_addition.json").read_text())  # ... and at the end
+    assert final["step"] == 3 and final["counts"] == {"items": 6, "samples": 12}
+    assert "eval report" in capsys.readouterr().out
+    by_checkpoint, by_policy = tmp_path / "c.json", tmp_path / "p.json"
+    for policy, out in ((run / "checkpoints" / "final", by_checkpoint), (run / "policy", by_policy)):
+        assert main(["eval", str(policy), "--suite", "task:addition", "--limit", "8", "--samples", "2",
+                     "--max-tokens", "16", "--output", str(out)]) == 0
+    a, b = (json.loads(p.read_text()) for p in (by_checkpoint, by_policy))
+    assert a["items"] == b["items"] and a["overall"] == b["overall"]
+    capsys.readouterr()
+    assert main(["eval", "--compare", str(run), str(by_policy)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:2] == ["run", "task:addition/pass@1"] and len(table) == 4
