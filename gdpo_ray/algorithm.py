@@ -336,18 +336,21 @@ class GDPO(Algorithm):
             self.metrics.log_value(key, value, reduce="mean", window=1)
         return None
 
-    def evaluate_policy(self) -> dict | None:
+    def evaluate_policy(self, **settings: Any) -> dict | None:
         """The eval suite's report (``gdpo_ray.eval``) of the current policy, generated on the
-        rollout actors; None without a suite, or when the eval failed (logged; training goes on)."""
+        rollout actors, with the config's eval settings (``settings`` override them: samples,
+        temperature, top_p, max_tokens, limit); None without a suite, or when the eval failed
+        (logged; training goes on)."""
         from gdpo_ray.eval.runner import evaluate
 
         c = self.config
         if self.eval_suite is None:
             return None
+        settings = dict(samples=c.eval_samples, temperature=c.eval_temperature, top_p=c.eval_top_p,
+                        max_tokens=c.eval_max_tokens, limit=c.eval_limit) | settings
         try:
-            report = evaluate(self.eval_suite, actors=self.rollouts.receivers(), samples=c.eval_samples,
-                              temperature=c.eval_temperature, top_p=c.eval_top_p, max_tokens=c.eval_max_tokens,
-                              limit=c.eval_limit, progress=False, label=f"policy version {self.policy_version}")
+            report = evaluate(self.eval_suite, actors=self.rollouts.receivers(), progress=False,
+                              label=f"policy version {self.policy_version}", **settings)
         except Exception as err:  # noqa: BLE001 - an actor died mid-eval, a suite's scorer failed
             logger.warning("eval of %s at policy version %d failed (%s: %s); training goes on",
                            self.eval_suite.name, self.policy_version, type(err).__name__, err)

@@ -96,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = write_report(report, args.output or default_output(args.policy, report["suite"]))
     print(format_report(report))
+    missing = report["settings"].get("items_missing")
+    if missing:
+        print(f"gdpo-ray eval: note: {missing} of the suite's {report['settings']['items']} items are not "
+              f"in {args.completions}; only the {report['counts']['items']} in it were scored", file=sys.stderr)
     if args.json:
         print(json.dumps(report["overall"]))
     print(f"gdpo-ray eval: report {path}")

@@ -61,6 +61,21 @@ def perturbed(model, seed: int, scale: float):
     return model
 
 
+def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, tiny_model_dir):
+    """Evaluation (logprobs=False) takes the paper's top-p 0.95, which training refuses."""
+    from gdpo_ray.eval.runner import evaluate
+    from gdpo_ray.eval.suites import make_suite
+
+    prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
+    (group,) = engine.generate([prompt], 3, SamplingParams(temperature=0.6, top_p=0.9, max_tokens=8),
+                               logprobs=False)
+    assert len(group) == 3 and all(s.logprobs == [] and 0 < len(s.token_ids) <= 8 for s in group)
+    report = evaluate(make_suite("task:addition"), policy=tiny_model_dir, engine="vllm", limit=2, samples=2,
+                      max_tokens=8, engine_kwargs={"dtype": "float32", "max_model_len": 512, **gpu_share()},
+                      progress=False)
+    assert report["counts"] == {"items": 2, "samples": 4} and report["settings"]["engine"] == "vllm"
+
+
 def test_vllm_refuses_truncated_sampling(engine):
     with pytest.raises(ValueError, match="use top_p=1.0 and top_k=0 with engine=.vllm."):
         engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9))
@@ -268,6 +283,10 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
         assert [g.group_id for g in meta.groups] == ["fast/e0/a1"]
         assert meta.tokens == batch.column("response_length").to_numpy().sum() > 0
         assert set(batch.column("response_versions").flatten().to_pylist()) == {1}
+        # evaluation on a streaming actor: top-p allowed, no logprobs kept
+        (group,) = ray.get(actor.complete.remote(["What is 2 + 2?"], 2,
+                                                 {"temperature": 0.6, "top_p": 0.95, "max_tokens": 8}))
+        assert len(group) == 2 and all(isinstance(t, str) and 0 < n <= 8 for t, n, _ in group)
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)

@@ -112,6 +112,9 @@ def test_math_suite_reads_plain_and_verl_layouts(tmp_path):
     (item,) = make_suite(f"math:{verl}").items()
     assert item.prompt == [{"role": "user", "content": "2+2? Box it."}] and item.category == "amc"
     assert item.reference == "4" and item.id == "0"
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"question": "q", "answer": "2"}, {"question": "q", "answer": ""}])
+    with pytest.raises(ValueError, match=r"empty.jsonl, line 2 has no answer"):
+        make_suite(f"math:{empty}")
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"text": "x", "answer": "1"}])
     with pytest.raises(ValueError, match=r"no question column .*'answer', 'text'.*question_column="):
         make_suite(f"math:{bad}")
