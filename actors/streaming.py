@@ -10,9 +10,10 @@ a group that finishes early never waits for a slower one started before it.
 ``set_weights`` (object store) and ``receive_weights`` (a broadcast: gloo, or vLLM's NCCL
 weight transfer on CUDA) run in flight: the weights are fetched and written while the engine
 keeps generating (NCCL: received into the paused engine), then the engine pauses (requests
-kept), loads them, labels the new version and resumes; each token records the version that sampled it (``response_versions``). A group whose
-oldest token is older than ``max_staleness`` behind the new version can never be trained: it
-is aborted and reported (``CallMeta.aborted``) for the driver to re-issue (``rollout/aborted``).
+kept), loads them, labels the new version and resumes; each token records the version that
+sampled it (``response_versions``). A group whose oldest token is older than ``max_staleness``
+behind the new version can never be trained: it is aborted and reported (``CallMeta.aborted``)
+for the driver to re-issue (``rollout/aborted``).
 """
 
 from __future__ import annotations
