@@ -3,19 +3,19 @@ resources; only ``training.estimator`` differs. The demo has three rewards of di
 difficulty (format, correctness, a length limit paid only when correct), as the paper's math and
 code settings do.
 
-Judged as the paper judges: by evaluation of the final policy, not by training rewards. For each
-estimator and seed, after ``--steps`` steps the policy is evaluated on ``task:addition``
-(``gdpo-ray eval``'s suite, on the run's rollout actors): ``--samples`` completions per sum at
+Judged as the paper judges: by evaluation of the final policy on held-out items, not by
+training rewards. Each run trains on ``--train-sums`` of the 100 single-digit sums (the first of
+its seed's order, ``data.num_prompts``); after ``--steps`` steps the policy is evaluated on the
+other sums (``task:addition``, ``gdpo-ray eval``'s suite, on the run's rollout actors; the eval
+leaves out every training prompt): ``--samples`` completions per sum at
 the paper's eval sampling (``paper_``: temperature 0.6, top-p 0.95) and at the demo's training
 temperature (``t1_``: 1.0, no top-p), avg@n of ``pass@1`` (the right sum),
-``format_ratio`` and ``exceed_ratio`` (over the demo's 16-token limit). The demo's task has only
-100 distinct sums and trains on all of them, so these are fresh samples of the trained items, not
-held-out items. Also the number of distinct advantage groups per step (the paper's Fig. 3: GRPO
+``format_ratio`` and ``exceed_ratio`` (over the demo's 16-token limit). Also the number of distinct advantage groups per step (the paper's Fig. 3: GRPO
 maps different reward combinations to the same advantages, GDPO keeps them apart). Printed: the
 mean over seeds, GDPO minus GRPO, and the number of seeds in which GDPO was ahead (behind, for
 exceed_ratio, where lower is better).
 
-    python benchmarks/gdpo_vs_grpo.py [--json] [--seeds 0 1 2] [--steps 40] [--samples 8]
+    python benchmarks/gdpo_vs_grpo.py [--json] [--seeds 0 1 2] [--steps 40] [--samples 8] [--train-sums 50]
 
 Each run takes about a minute and a half on 2 cores (the demo's 40 steps and the eval).
 """
@@ -35,13 +35,13 @@ sys.path.insert(0, str(ROOT))
 ESTIMATORS = ("grpo", "gdpo")
 
 
-def run(estimator: str, seed: int, steps: int, samples: int) -> dict:
+def run(estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
     from gdpo_ray.algorithm import GDPOConfig
     from gdpo_ray.config import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [
-        f"training.estimator={estimator}", f"debugging.seed={seed}", "training.eval_suite=task:addition",
-        f"training.eval_samples={samples}"]))
+        f"training.estimator={estimator}", f"debugging.seed={seed}", f"data.num_prompts={train_sums}",
+        "training.eval_suite=task:addition", f"training.eval_samples={samples}"]))
     algo = config.build_algo()
     rows = []
     try:
@@ -53,6 +53,7 @@ def run(estimator: str, seed: int, steps: int, samples: int) -> dict:
     finally:
         algo.stop()
     out = {f"{name}_{m}": float(v) for name, report in reports.items() for m, v in report["overall"].items()}
+    out["eval_items"] = float(reports["paper"]["counts"]["items"])
     out["distinct_groups"] = float(np.mean([r["distinct_advantage_groups"] for r in rows]))
     return out
 
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--samples", type=int, default=8, help="eval completions per sum (n of avg@n)")
+    parser.add_argument("--train-sums", type=int, default=50, help="sums trained on; the rest are held out")
     args = parser.parse_args()
 
     import ray
@@ -75,7 +77,7 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
-    results = {e: [run(e, s, args.steps, args.samples) for s in args.seeds] for e in ESTIMATORS}
+    results = {e: [run(e, s, args.steps, args.samples, args.train_sums) for s in args.seeds] for e in ESTIMATORS}
     ray.shutdown()
     keys = list(results["gdpo"][0])
     mean = {e: {k: float(np.mean([r[k] for r in results[e]])) for k in keys} for e in ESTIMATORS}
@@ -88,9 +90,9 @@ def main() -> None:
                          | {f"gdpo_ahead_{k}": ahead[k] for k in keys} | {f"tied_{k}": tied[k] for k in keys}
                          | {"seeds": len(args.seeds)}))
         return
-    print(f"demo, {args.steps} steps, seeds {args.seeds}: eval of the final policy on task:addition, "
-          f"{args.samples} samples per sum; paper_: temperature 0.6, top-p 0.95; t1_: temperature 1.0 "
-          f"(mean over seeds)")
+    print(f"demo on {args.train_sums} sums, {args.steps} steps, seeds {args.seeds}: eval of the final "
+          f"policy on the {100 - args.train_sums} held-out sums of task:addition, {args.samples} samples "
+          f"per sum; paper_: temperature 0.6, top-p 0.95; t1_: temperature 1.0 (mean over seeds)")
     print(f"{'':20}{'grpo':>8}{'gdpo':>8}{'gdpo-grpo':>11}  seeds gdpo ahead / tied")
     for k in keys:
         print(f"{k:20}{mean['grpo'][k]:8.3f}{mean['gdpo'][k]:8.3f}"

@@ -278,7 +278,7 @@ class BFCL(Suite):
             self.length_limit = length_limit
         self._items = [(c, entry) for c in self.categories for entry in load_category(c)]
 
-    def items(self) -> list[EvalItem]:
+    def all_items(self) -> list[EvalItem]:
         return [EvalItem(e["id"], prompt_of(e), c, e) for c, e in self._items]
 
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:

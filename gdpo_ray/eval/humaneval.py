@@ -103,7 +103,7 @@ class HumanEval(Suite):
         self.limits = Limits(wall_s=wall_s, cpu_s=max(1, math.ceil(wall_s)))
         self.problems = {p["task_id"]: p for p in load_problems()}
 
-    def items(self) -> list[EvalItem]:
+    def all_items(self) -> list[EvalItem]:
         return [EvalItem(task_id, INSTRUCTION.format(prompt=p["prompt"]), "humaneval", task_id)
                 for task_id, p in self.problems.items()]
 

@@ -85,7 +85,7 @@ class MathSuite(Suite):
 
         self._grade = get("math_correctness", after_tag=after_tag)
 
-    def items(self) -> list[EvalItem]:
+    def all_items(self) -> list[EvalItem]:
         return list(self._items)
 
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:

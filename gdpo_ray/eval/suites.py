@@ -19,6 +19,7 @@ its name:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -63,8 +64,26 @@ class Suite:
     #: True: score() mostly waits on sandbox processes, so items are scored on several threads
     parallel_scoring: bool = False
 
-    def items(self) -> list[EvalItem]:
+    #: keys of the prompts left out (``hold_out``)
+    _held_out: frozenset = frozenset()
+
+    def all_items(self) -> list[EvalItem]:
         raise NotImplementedError
+
+    def items(self) -> list[EvalItem]:
+        """The items to evaluate: every item but those ``hold_out`` left out."""
+        return [it for it in self.all_items() if prompt_key(it.prompt) not in self._held_out]
+
+    def hold_out(self, training_prompts: Sequence[Any]) -> int:
+        """Leaves out the items whose prompt is one of ``training_prompts`` (held-out eval
+        during training); returns how many were left out. When that would leave none, none is
+        left out (returns 0): the suite is all training items."""
+        keys = {prompt_key(p) for p in training_prompts}
+        left_out = sum(prompt_key(it.prompt) in keys for it in self.all_items())
+        if left_out == len(self.all_items()):
+            return 0
+        self._held_out = frozenset(keys)
+        return left_out
 
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
         """One dict of metric -> value per completion of ``item``."""
@@ -76,6 +95,11 @@ class Suite:
 
     def close(self) -> None:
         """Releases what the suite started (worker processes, environments)."""
+
+
+def prompt_key(prompt: Any) -> str:
+    """A prompt (a string or chat messages) as a comparable key."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def make_suite(spec: str, **options: Any) -> Suite:

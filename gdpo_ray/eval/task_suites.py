@@ -40,7 +40,7 @@ class TaskSuite(Suite):
         if length_limit is not None:
             self.length_limit = length_limit
 
-    def items(self) -> list[EvalItem]:
+    def all_items(self) -> list[EvalItem]:
         return list(self._items)
 
     def _rewards(self, fns: dict, item: EvalItem, completions: Sequence[Completion]) -> list[dict]:

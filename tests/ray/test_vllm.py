@@ -61,7 +61,7 @@ def perturbed(model, seed: int, scale: float):
     return model
 
 
-def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, tiny_model_dir):
+def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, ray_cluster, tiny_model_dir):
     """Evaluation (logprobs=False) takes the paper's top-p 0.95, which training refuses."""
     from gdpo_ray.eval.runner import evaluate
     from gdpo_ray.eval.suites import make_suite

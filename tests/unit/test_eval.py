@@ -192,3 +192,16 @@ def test_the_eval_command_scores_a_completions_file(tmp_path, capsys):
     assert "give POLICY (to generate) or --completions FILE" in capsys.readouterr().err
     assert main(["eval", "no/such/dir", "--suite", "task:addition"]) == 2
     assert "not a model directory" in capsys.readouterr().err
+
+
+def test_a_suite_holds_out_training_prompts():
+    suite = make_suite("task:addition")
+    trained = [f"What is 1 + {b}?" for b in range(10)]
+    assert suite.hold_out(trained) == 10
+    assert len(suite.items()) == 90 and not {it.prompt for it in suite.items()} & set(trained)
+    everything = [it.prompt for it in make_suite("task:addition").items()]
+    fresh = make_suite("task:addition")
+    assert fresh.hold_out(everything) == 0 and len(fresh.items()) == 100  # nothing would be left
+    tools = make_suite("task:tool_calls")  # chat prompts compare as messages
+    first = tools.items()[0]
+    assert tools.hold_out([first.prompt]) == 1 and first.id not in {it.id for it in tools.items()}
