@@ -140,11 +140,25 @@ class RolloutActor:
     def complete(self, prompts: Sequence[str | list], n: int,
                  sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
         """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``'
-        fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish reason)."""
-        params = SamplingParams(**dict(sampling))
-        samples = self.engine.generate([self.tokenize(p) for p in prompts], n, params, logprobs=False)
-        return [[(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
-                  s.finish_reason) for s in group] for group in samples]
+        fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish
+        reason). A prompt over ``max_prompt_tokens`` is not generated: n empty completions
+        with the reason "prompt_too_long" (scored as the empty answer they are)."""
+        ids, fits = self._eval_prompts(prompts)
+        samples = self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
+                                       logprobs=False) if fits else []
+        return self._eval_results(n, ids, fits, samples)
+
+    def _eval_prompts(self, prompts: Sequence[str | list]) -> tuple[list[list[int]], list[int]]:
+        """(every prompt's token ids, the indices of those within max_prompt_tokens)."""
+        ids = [self.tokenize(p) for p in prompts]
+        return ids, [i for i, t in enumerate(ids) if len(t) <= self.max_prompt_tokens]
+
+    def _eval_results(self, n: int, ids: list, fits: list[int], samples: Sequence[Sequence[Any]]) -> list:
+        out = [[("", 0, "prompt_too_long")] * n for _ in ids]
+        for i, group in zip(fits, samples):
+            out[i] = [(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
+                       s.finish_reason) for s in group]
+        return out
 
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:

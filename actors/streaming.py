@@ -221,10 +221,10 @@ class StreamingRolloutActor(RolloutActor):
 
         async with self._versions:
             await self._versions.wait_for(lambda: not self._pending)
-        params = SamplingParams(**dict(sampling))
-        samples = await self.engine.generate([self.tokenize(p) for p in prompts], n, params, logprobs=False)
-        return [[(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
-                  s.finish_reason) for s in group] for group in samples]
+        ids, fits = self._eval_prompts(prompts)
+        samples = await self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
+                                             logprobs=False)
+        return self._eval_results(n, ids, fits, samples)
 
     async def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
         return await self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)

@@ -36,6 +36,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", default="hf", help="hf or vllm (default hf)")
     p.add_argument("--engine-kwargs", default="{}", help='JSON, e.g. \'{"dtype": "float32"}\'')
     p.add_argument("--num-actors", type=int, default=1, help="rollout actors generating (default 1)")
+    p.add_argument("--max-prompt-tokens", type=int, default=8192,
+                   help="longer prompts are not generated: empty completions, counted (default 8192)")
     p.add_argument("--no-chat-template", action="store_true", help="prompts as plain text")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--output", help="the report's path")
@@ -96,6 +98,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = write_report(report, args.output or default_output(args.policy, report["suite"]))
     print(format_report(report))
+    too_long = report["counts"]["prompt_too_long"]
+    if too_long:
+        print(f"gdpo-ray eval: note: {too_long} samples were not generated, their prompt being over "
+              f"--max-prompt-tokens {args.max_prompt_tokens} (scored as empty answers)", file=sys.stderr)
     missing = report["settings"].get("items_missing")
     if missing:
         print(f"gdpo-ray eval: note: {missing} of the suite's {report['settings']['items']} items are not "
@@ -121,6 +127,6 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
                         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                         limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
                         num_actors=args.num_actors, chat_template=not args.no_chat_template,
-                        tokenizer=args.tokenizer)
+                        tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens)
     finally:
         suite.close()

@@ -12,7 +12,9 @@ with no token count): it is left out of that metric's means and counted under ``
 
 The report (``build_report``) is one JSON object: ``suite``, ``policy``, ``settings``,
 ``overall`` (metric -> value), ``categories`` (category -> metric -> value, plus ``items``),
-``items`` (id -> category, metric values and its samples), ``counts`` and ``missing``.
+``items`` (id -> category, metric values and its samples), ``counts`` (items, samples, and the
+samples not generated because their prompt was over the actors' max_prompt_tokens) and
+``missing``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ def build_report(suite: Any, scored: Mapping[str, Sequence[Mapping[str, Any]]], 
     missing = {m: sum(math.isnan(float(s[m])) for ss in scored.values() for s in ss) for m in metrics}
     return {"suite": suite.name, "policy": policy, "settings": dict(settings), "overall": overall,
             "categories": per_category, "items": items, "missing": missing,
-            "counts": {"items": len(items), "samples": sum(len(s) for s in scored.values())}}
+            "counts": {"items": len(items), "samples": sum(len(s) for s in scored.values()),
+                       "prompt_too_long": sum(s.get("finish_reason") == "prompt_too_long"
+                                              for ss in scored.values() for s in ss)}}
 
 
 def _json_safe(value: Any) -> Any:

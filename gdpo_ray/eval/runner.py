@@ -89,8 +89,10 @@ def generate(model_path: str, items: Sequence[EvalItem], n: int, sampling: Mappi
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, actors: Sequence[Any] | None = None,
-             ) -> dict[str, list[Completion]]:
-    """n completions of every item, on ``actors`` (rollout actors) or on ``num_actors`` new ones."""
+             max_prompt_tokens: int = 8192) -> dict[str, list[Completion]]:
+    """n completions of every item, on ``actors`` (rollout actors, with their own
+    max_prompt_tokens) or on ``num_actors`` new ones; a prompt over ``max_prompt_tokens`` is
+    not generated (its completions are empty, finish reason "prompt_too_long")."""
     import ray
     from tqdm import tqdm
 
@@ -104,7 +106,7 @@ def generate(model_path: str, items: Sequence[EvalItem], n: int, sampling: Mappi
         shipped = model_files.pack(model_path)
         actors = [remote.remote(model_path=model_path, model_files=shipped, rewards=None, group_size=max(n, 2), engine=engine,
                                 engine_kwargs=dict(engine_kwargs or {}), chat_template=chat_template,
-                                seed=i) for i in range(num_actors)]
+                                max_prompt_tokens=max_prompt_tokens, seed=i) for i in range(num_actors)]
     chunks = [list(items[i:i + prompts_per_call]) for i in range(0, len(items), prompts_per_call)]
     out: dict[str, list[Completion]] = {}
     in_flight: dict[Any, tuple[Any, list[EvalItem]]] = {}
@@ -168,7 +170,8 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
              samples: int = 1, temperature: float = 0.6, top_p: float = 0.95, max_tokens: int | None = None,
              limit: int | None = None, engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
              num_actors: int = 1, chat_template: bool = True, tokenizer: str | None = None,
-             progress: bool = True, actors: Sequence[Any] | None = None, label: str | None = None) -> dict:
+             progress: bool = True, actors: Sequence[Any] | None = None, label: str | None = None,
+             max_prompt_tokens: int = 8192) -> dict:
     """The report of ``suite`` for ``policy`` (generated here) or ``completions_file``."""
     if (policy is None) == (completions_file is None) and actors is None:
         raise ValueError("evaluate needs a policy to generate with or a completions file (--completions), not both")
@@ -198,10 +201,10 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         SamplingParams(**sampling)  # bad sampling fails before any actor starts
         model = resolve_policy(policy) if policy is not None else None
-        settings |= {"engine": engine}
+        settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if actors is None else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               actors=actors)
+                               actors=actors, max_prompt_tokens=max_prompt_tokens)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings)

@@ -15,7 +15,7 @@ def demo_actor(ray_cluster):
     from gdpo_ray.warm_start import demo_model_dir
 
     actor = ray_cluster.remote(RolloutActor).options(num_cpus=1).remote(
-        model_path=str(demo_model_dir()), rewards=None, group_size=2)
+        model_path=str(demo_model_dir()), rewards=None, group_size=2, max_prompt_tokens=8192)
     yield actor
     ray_cluster.get(actor.shutdown.remote())
     ray_cluster.kill(actor)
@@ -33,7 +33,7 @@ def test_every_suite_evaluates_the_demo_policy(demo_actor, tmp_path, spec):
         pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval==2026.3.23")
     suite = make_suite(spec)
     report = evaluate(suite, actors=[demo_actor], samples=2, max_tokens=8, limit=2, progress=False)
-    assert report["counts"] == {"items": 2, "samples": 4}
+    assert report["counts"] == {"items": 2, "samples": 4, "prompt_too_long": 0}
     assert list(report["overall"]) == list(suite.metrics)
     for item in report["items"].values():
         assert len(item["samples"]) == 2
@@ -59,7 +59,7 @@ def test_the_eval_command_generates_with_rollout_actors(ray_cluster, tmp_path, c
     assert main(["eval", "demo", "--suite", "task:addition", "--limit", "3", "--samples", "2",
                  "--max-tokens", "8", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["policy"] == "demo" and report["counts"] == {"items": 3, "samples": 6}
+    assert report["policy"] == "demo" and report["counts"] == {"items": 3, "samples": 6, "prompt_too_long": 0}
     assert report["settings"]["engine"] == "hf"
     printed = capsys.readouterr().out
     assert "task:addition" in printed and f"report {out}" in printed
@@ -83,7 +83,7 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     assert sorted(evals[2]) == ["eval/task:addition/exceed_ratio", "eval/task:addition/format_ratio",
                                 "eval/task:addition/pass@1"]
     final = json.loads((run / "eval" / "task_addition.json").read_text())  # ... and at the end
-    assert final["step"] == 3 and final["counts"] == {"items": 6, "samples": 12}
+    assert final["step"] == 3 and final["counts"] == {"items": 6, "samples": 12, "prompt_too_long": 0}
     assert "eval report" in capsys.readouterr().out
     by_checkpoint, by_policy = tmp_path / "c.json", tmp_path / "p.json"
     for policy, out in ((run / "checkpoints" / "final", by_checkpoint), (run / "policy", by_policy)):
@@ -95,3 +95,15 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     assert main(["eval", "--compare", str(run), str(by_policy)]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].split()[:2] == ["run", "task:addition/pass@1"] and len(table) == 4
+
+
+def test_prompts_over_the_limit_are_counted_not_generated(ray_cluster):
+    """A BFCL live_multiple prompt (its system prompt lists every function doc) is over 64
+    tokens: not generated, scored as the empty answer it is, counted; the run goes on."""
+    pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval==2026.3.23")
+    report = evaluate(make_suite("bfcl:live_multiple"), policy="demo", limit=2, samples=2, max_tokens=4,
+                      max_prompt_tokens=64, progress=False)
+    assert report["counts"] == {"items": 2, "samples": 4, "prompt_too_long": 4}
+    assert report["overall"] == {"accuracy": 0.0, "format_ratio": 0.0}
+    assert all(s["finish_reason"] == "prompt_too_long" and s["completion"] == "" and s["tokens"] == 0
+               for item in report["items"].values() for s in item["samples"])

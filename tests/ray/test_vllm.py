@@ -73,7 +73,7 @@ def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, ray_cluster, 
     report = evaluate(make_suite("task:addition"), policy=tiny_model_dir, engine="vllm", limit=2, samples=2,
                       max_tokens=8, engine_kwargs={"dtype": "float32", "max_model_len": 512, **gpu_share()},
                       progress=False)
-    assert report["counts"] == {"items": 2, "samples": 4} and report["settings"]["engine"] == "vllm"
+    assert report["counts"] == {"items": 2, "samples": 4, "prompt_too_long": 0} and report["settings"]["engine"] == "vllm"
 
 
 def test_vllm_refuses_truncated_sampling(engine):

@@ -32,7 +32,7 @@ def test_avg_at_n_category_and_overall_means_are_exact():
     assert report["overall"]["pass@1"] == pytest.approx(5 / 9)
     assert report["overall"]["exceed_ratio"] == pytest.approx((1 / 3 + 1) / 2)
     assert report["missing"] == {"pass@1": 0, "exceed_ratio": 1}
-    assert report["counts"] == {"items": 3, "samples": 6}
+    assert report["counts"] == {"items": 3, "samples": 6, "prompt_too_long": 0}
     assert format_report(report).splitlines()[2].split() == ["overall", "0.556", "0.667", "3"]
 
 
@@ -185,7 +185,7 @@ def test_the_eval_command_scores_a_completions_file(tmp_path, capsys):
     assert main(["eval", "--suite", "task:addition", "--completions", path, "--output", str(out)]) == 0
     report = read_report(out)
     assert report["overall"] == {"pass@1": 0.5, "format_ratio": 0.5, "exceed_ratio": 0.5}
-    assert report["settings"]["items_missing"] == 90 and report["counts"] == {"items": 10, "samples": 20}
+    assert report["settings"]["items_missing"] == 90 and report["counts"] == {"items": 10, "samples": 20, "prompt_too_long": 0}
     assert "overall" in capsys.readouterr().out
     assert main(["eval", "--compare", str(out), str(out)]) == 0
     assert main(["eval", "--suite", "task:addition"]) == 2
