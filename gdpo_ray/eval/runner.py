@@ -50,10 +50,12 @@ def resolve_policy(policy: str) -> str:
                      f"(no policy/ in it) or 'demo'")
 
 
-def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None) -> dict[str, list[Completion]]:
-    """Completions of a file by item id (the module docstring's format), in the suite's item
-    order; every line is checked and a bad one named."""
-    known = {it.id for it in items}
+def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None,
+                     suite_ids: Sequence[str] | None = None) -> dict[str, list[Completion]]:
+    """Completions of ``items`` from a file (the module docstring's format), in their order;
+    every line is checked and a bad one named (an id must be one of ``suite_ids``, by default
+    the items'; lines of other suite items, e.g. past --limit, are left out)."""
+    known = set(suite_ids) if suite_ids is not None else {it.id for it in items}
     by_id: dict[str, list[Completion]] = {}
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -189,7 +191,7 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(resolve_policy(tokenizer))
-        found = read_completions(completions_file, items, tok)
+        found = read_completions(completions_file, items, tok, [it.id for it in suite.all_items()])
         missing = len(items) - len(found)
         if not found:
             raise ValueError(f"{completions_file}: no completions of this suite's items")

@@ -187,6 +187,10 @@ def test_the_eval_command_scores_a_completions_file(tmp_path, capsys):
     assert report["overall"] == {"pass@1": 0.5, "format_ratio": 0.5, "exceed_ratio": 0.5}
     assert report["settings"]["items_missing"] == 90 and report["counts"] == {"items": 10, "samples": 20, "prompt_too_long": 0}
     assert "overall" in capsys.readouterr().out
+    limited = tmp_path / "l.json"  # a file of 10 items, the first 4 scored
+    assert main(["eval", "--suite", "task:addition", "--completions", path, "--limit", "4",
+                 "--output", str(limited)]) == 0
+    assert read_report(limited)["counts"]["items"] == 4
     assert main(["eval", "--compare", str(out), str(out)]) == 0
     assert main(["eval", "--suite", "task:addition"]) == 2
     assert "give POLICY (to generate) or --completions FILE" in capsys.readouterr().err
