@@ -213,19 +213,9 @@ class GDPO(Algorithm):
                 raise
         self.eval_suite = None
         if c.eval_suite:
-            from gdpo_ray.eval.suites import make_suite
+            from gdpo_ray.eval.suites import held_out_suite
 
-            self.eval_suite = make_suite(c.eval_suite)
-            rows = load_prompts(c)
-            if isinstance(rows, (str, pathlib.Path)):
-                from gdpo_ray.data import read_dataset
-
-                rows = read_dataset(rows)  # read once already by the start-up check (cached)
-            rows = getattr(rows, "rows", rows)
-            if isinstance(rows, list):  # eval items that are training prompts are left out
-                left_out = self.eval_suite.hold_out([r.get(c.prompt_column) for r in rows if isinstance(r, dict)])
-                logger.info("eval suite %s: %d items, %d left out as training prompts",
-                            self.eval_suite.name, len(self.eval_suite.items()), left_out)
+            self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c), c.prompt_column)
         self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)

@@ -106,7 +106,7 @@ class TrainingRun:
     def _final_eval(self, algo: Any) -> None:
         """With an eval suite: the final policy's report in the run's eval/ (the last scheduled
         eval when it was of this version, else one now), for ``gdpo-ray eval --compare``."""
-        from gdpo_ray.eval.report import format_report, write_report
+        from gdpo_ray.eval.report import format_report, report_path, write_report
 
         if algo.eval_suite is None:
             return
@@ -115,7 +115,7 @@ class TrainingRun:
             report = algo.evaluate_policy()
         if report is not None:
             report["policy"] = str(self.run_dir / "policy")
-            path = write_report(report, _eval_report_path(self.run_dir, report["suite"]))
+            path = write_report(report, report_path(self.run_dir, report["suite"]))
             print(format_report(report))
             print(f"gdpo-ray: eval report {path}")
 
@@ -175,10 +175,6 @@ class TrainingRun:
               f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         return 0
-
-
-def _eval_report_path(run_dir: Path, suite: str) -> Path:
-    return run_dir / "eval" / (suite.replace(":", "_").replace("/", "_") + ".json")
 
 
 def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None:

@@ -131,7 +131,7 @@ def _std_items(values: Sequence[Any]) -> list:
 
 
 def _list_ok(value: list, allowed: Sequence[Any]) -> bool:
-    return _std_items(value) in [_std_items([a[j] for j in range(len(a))]) for a in allowed]
+    return _std_items(value) in [_std_items(list(a)) for a in allowed]  # "" (optional) is []
 
 
 def _dict_ok(value: dict, allowed: Sequence[Any]) -> bool:

@@ -48,13 +48,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def default_output(policy: str | None, suite_name: str) -> Path:
     """eval/<suite>.json in the policy's run directory (a run, or a run's policy/), else here."""
-    safe = suite_name.replace(":", "_").replace("/", "_")
+    from gdpo_ray.eval.report import report_path
+
     if policy and policy != "demo":
         path = Path(policy)
         for run in (path, path.parent):
             if (run / "metrics.jsonl").is_file():
-                return run / "eval" / f"{safe}.json"
-    return Path("eval") / f"{safe}.json"
+                return report_path(run, suite_name)
+    return report_path(".", suite_name)
 
 
 def reports_of(run: str) -> list[dict]:

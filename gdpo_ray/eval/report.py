@@ -79,6 +79,12 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def report_path(folder: str | Path, suite_name: str) -> Path:
+    """Where a folder keeps the report of a suite: ``<folder>/eval/<suite>.json`` (":" and "/"
+    of the name as "_")."""
+    return Path(folder) / "eval" / (suite_name.replace(":", "_").replace("/", "_") + ".json")
+
+
 def write_report(report: Mapping[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

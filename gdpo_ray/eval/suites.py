@@ -18,8 +18,10 @@ its name:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
+import logging
 import math
 from typing import Any, Mapping, Sequence
 
@@ -52,9 +54,9 @@ def exceeds(c: Completion, limit: int) -> float:
     return float(c.tokens > limit or (c.finish_reason == "length" and c.tokens >= limit))
 
 
-class Suite:
-    """The base of every suite; subclasses set ``name``, ``metrics`` and implement ``items``
-    and ``score``."""
+class Suite(abc.ABC):
+    """The base of every suite; subclasses set ``name``, ``metrics`` and implement
+    ``all_items`` and ``score``."""
 
     name: str = ""
     metrics: tuple[str, ...] = ()
@@ -67,8 +69,9 @@ class Suite:
     #: keys of the prompts left out (``hold_out``)
     _held_out: frozenset = frozenset()
 
+    @abc.abstractmethod
     def all_items(self) -> list[EvalItem]:
-        raise NotImplementedError
+        """Every item of the suite."""
 
     def items(self) -> list[EvalItem]:
         """The items to evaluate: every item but those ``hold_out`` left out."""
@@ -85,9 +88,9 @@ class Suite:
         self._held_out = frozenset(keys)
         return left_out
 
+    @abc.abstractmethod
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
         """One dict of metric -> value per completion of ``item``."""
-        raise NotImplementedError
 
     def overall(self, items: Mapping[str, Mapping[str, Any]], categories: Mapping[str, Mapping]) -> dict:
         """The ``overall`` section: each metric's mean over the items."""
@@ -129,3 +132,22 @@ def make_suite(spec: str, **options: Any) -> Suite:
         return BFCL(arg or None, **options)
     raise ValueError(f"unknown suite {spec!r}: use task:<name> (e.g. task:addition), math:<path>, "
                      f"humaneval, bfcl or bfcl:<category> (e.g. bfcl:simple_python)")
+
+
+def held_out_suite(spec: str, training_data: Any, prompt_column: str = "prompt") -> Suite:
+    """The suite a training run evaluates on: ``spec``'s, without the items whose prompt is a
+    prompt of ``training_data`` (rows, a ``gdpo_ray.data.Rows``, or a dataset path; other data,
+    e.g. a ``datasets.Dataset``, leaves the suite whole)."""
+    from pathlib import Path
+
+    suite = make_suite(spec)
+    if isinstance(training_data, (str, Path)):
+        from gdpo_ray.data import read_dataset
+
+        training_data = read_dataset(training_data)  # read by the start-up check already (cached)
+    rows = getattr(training_data, "rows", training_data)
+    if isinstance(rows, list):
+        left_out = suite.hold_out([r.get(prompt_column) for r in rows if isinstance(r, dict)])
+        logging.getLogger(__name__).info("eval suite %s: %d items, %d left out as training prompts",
+                                         suite.name, len(suite.items()), left_out)
+    return suite

@@ -11,7 +11,15 @@ from gdpo_ray.eval.suites import Completion, EvalItem, Suite, exceeds, make_suit
 
 
 class TwoMetrics(Suite):
+    """A suite whose completions are their own scores ("1" passes), for the report arithmetic."""
+
     name, metrics = "toy", ("pass@1", "exceed_ratio")
+
+    def all_items(self):
+        return [EvalItem(i, "p", "x", None) for i in "abc"]
+
+    def score(self, item, completions):
+        return [{"pass@1": float(c.text == "1"), "exceed_ratio": exceeds(c, 4)} for c in completions]
 
 
 def test_avg_at_n_category_and_overall_means_are_exact():
@@ -209,3 +217,15 @@ def test_a_suite_holds_out_training_prompts():
     tools = make_suite("task:tool_calls")  # chat prompts compare as messages
     first = tools.items()[0]
     assert tools.hold_out([first.prompt]) == 1 and first.id not in {it.id for it in tools.items()}
+
+
+def test_a_runs_eval_suite_leaves_out_its_training_prompts(tmp_path):
+    from gdpo_ray.eval.suites import held_out_suite
+    from gdpo_ray.tasks import task_rows
+
+    trained = task_rows("task:addition", 50, seed=3)
+    suite = held_out_suite("task:addition", trained)
+    assert len(suite.items()) == 50
+    assert not {it.prompt for it in suite.items()} & {r["prompt"] for r in trained}
+    path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "What is 1 + 2?"}])  # a dataset file
+    assert len(held_out_suite("task:addition", str(path)).items()) == 99
