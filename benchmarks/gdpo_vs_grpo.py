@@ -36,8 +36,8 @@ ESTIMATORS = ("grpo", "gdpo")
 
 
 def run(estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
-    from gdpo_ray.algorithm import GDPOConfig
-    from gdpo_ray.config import apply_sections, load_preset
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [
         f"training.estimator={estimator}", f"debugging.seed={seed}", f"data.num_prompts={train_sums}",

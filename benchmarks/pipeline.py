@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(staleness: int, steps: int, warmup: int, groups: int, group_size: int) -> dict:
-    from gdpo_ray.algorithm import GDPOConfig
-    from gdpo_ray.config import apply_sections, load_preset
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [
         f"training.max_staleness={staleness}", f"training.prompts_per_step={groups}",

@@ -251,7 +251,7 @@ class OneEpoch(PromptSource):
 
 def run_mode(mode: str, args: argparse.Namespace, model_dir: str, weights: Any, ray: Any) -> dict:
     from actors.buffer import ArrowBuffer
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     steps_path = tempfile.mktemp(suffix=f"-{mode}-steps.json")
     engine = "benchmarks.streaming:" + ("LongTailStreamEngine" if mode == "streaming" else "LongTailBatchEngine")
@@ -338,7 +338,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from gdpo_ray.tiny_model import build_tiny_model
-    from gdpo_ray.train import LOCAL_RAY_CONFIG
+    from gdpo_ray.run.train import LOCAL_RAY_CONFIG
 
     torch.set_num_threads(1)
     model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model", hidden_size=args.hidden_size,

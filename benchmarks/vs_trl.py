@@ -72,7 +72,7 @@ def main() -> None:
 
     if importlib.util.find_spec("trl") is None:
         raise SystemExit("TRL is not installed: pip install -c constraints/cpu.txt -e '.[bench]'")
-    from gdpo_ray.algorithm import resolve_model_path
+    from gdpo_ray.model_files import resolve_model_path
 
     resolve_model_path("demo")  # the warm start, built once and cached, outside the timings
     runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "trl": []}
@@ -210,8 +210,8 @@ def _trl_version() -> str:
 
 
 def demo_config(seed: int, staleness: int, steps: int):
-    from gdpo_ray.algorithm import GDPOConfig
-    from gdpo_ray.config import apply_sections, load_preset
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
 
     return apply_sections(GDPOConfig(), load_preset("demo", [
         f"debugging.seed={seed}", f"training.max_staleness={staleness}", f"run.steps={steps}"]))
@@ -225,7 +225,7 @@ def run_ours(args) -> None:
     """``gdpo-ray train`` as the command runs it (local Ray, progress bar, metrics, plot),
     without the final checkpoint and policy export (TRL saves neither)."""
     born = _process_start()
-    from gdpo_ray.cli import main as cli
+    from gdpo_ray.run.cli import main as cli
 
     code = cli(["train", "demo", f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
                 f"training.num_threads={args.threads}",
@@ -251,11 +251,12 @@ def run_trl(args) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     from actors.prompts import PromptSource
-    from gdpo_ray.algorithm import load_prompts, resolve_model_path
+    from gdpo_ray.data import load_prompts
+    from gdpo_ray.model_files import resolve_model_path
 
     config = demo_config(args.seed, 0, args.steps)
     g, b = config.group_size, config.prompts_per_step
-    source = PromptSource(load_prompts(config), prompt_column=config.prompt_column, seed=args.seed)
+    source = PromptSource(load_prompts(config.prompts, config.num_prompts, config.seed or 0), prompt_column=config.prompt_column, seed=args.seed)
     rows = [dict(p.columns, prompt=[{"role": "user", "content": p.prompt}])
             for _ in range(args.steps) for p in source.take(b)]
     model_dir = str(resolve_model_path(config.model_path))

@@ -1,6 +1,6 @@
 """Weights out: a ~100M-parameter model from a DeepSpeed learner to 1 and 2 rollout actors.
 
-The push (``gdpo_ray.weights.transports.ObjectStoreTransport``: buckets of the learner's parameters written once into
+The push (``gdpo_ray.run.transports.ObjectStoreTransport``: buckets of the learner's parameters written once into
 Ray's object store, read zero-copy by every actor and copied into its engine) is timed until the
 actors report the new version, against one plain memory copy of the model's bytes. Keys
 (``--json``): ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, and two_over_one (aim < 1.5);
@@ -60,7 +60,7 @@ def main() -> None:
 def rollout_group(model: str, n: int, **options):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     return RolloutGroup(dict(model_path=model, group_size=2, rewards=[{"name": "l", "fn": "length"}],
                              **options.pop("actor", {})),
@@ -94,7 +94,7 @@ def measure_cpu(args, model: str) -> dict:
     """Object-store push and gloo broadcast against one host memcpy."""
     import ray
 
-    from gdpo_ray.weights.transports import BroadcastTransport, ObjectStoreTransport
+    from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -150,7 +150,7 @@ def measure_nccl(args, model: str) -> dict:
     import torch
 
     from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
-    from gdpo_ray.weights.transports import BroadcastTransport
+    from gdpo_ray.run.transports import BroadcastTransport
     from learners.deepspeed_learner import LearnerConfig, LearnerGroup
 
     share = nccl_share()

@@ -1,5 +1,5 @@
 import sys
 
-from gdpo_ray.cli import main
+from gdpo_ray.run.cli import main
 
 sys.exit(main())

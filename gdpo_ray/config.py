@@ -1,7 +1,8 @@
-"""The GDPO settings: one table of fields (section, default, one-line doc), their checks, and
-the YAML presets.
+"""The GDPO settings: one table of fields (section, default, one-line doc) and the checks of
+each value by itself. This module is a leaf: it imports nothing of the project (the checks
+across components live in ``gdpo_ray.run.validation``, the presets in ``gdpo_ray.run.presets``).
 
-``GDPOConfig`` (``gdpo_ray.algorithm``) is an RLlib ``AlgorithmConfig``; the fields below are
+``GDPOConfig`` (``gdpo_ray.run.algorithm``) is an RLlib ``AlgorithmConfig``; the fields below are
 its own, set through its builder sections ``.training()``, ``.llm()``, ``.generation()`` and
 ``.data()``. RLlib's sections keep their meaning: ``.env_runners(num_env_runners=...)`` is the
 number of rollout actors and their resources, ``.learners(num_learners=...,
@@ -10,16 +11,13 @@ num_epochs=...)`` RLlib's own optimizer fields.
 
 A preset (``configs/*.yaml``, shipped as package data) is data only: top-level keys are section
 names (these four, RLlib's sections, and ``run`` for the command line), values are keyword
-arguments of that section. ``load_preset`` reads one and applies ``key=value`` overrides
-(OmegaConf dotlist).
+arguments of that section (``gdpo_ray.run.presets.load_preset``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from importlib import resources
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 
@@ -191,109 +189,10 @@ def check_fields(config: Any) -> None:
             check_value(name, getattr(config, name, None))
 
 
-def check(config: Any) -> None:
-    """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
-    from actors.engines import SamplingParams, engine_class
-    from gdpo_ray.advantages import ESTIMATORS
-    from gdpo_ray.rewards import RewardSpec, check_specs
-    from gdpo_ray.weights.transports import TRANSPORTS
-
-    c = config
-    check_fields(c)
-    if c.estimator not in ESTIMATORS:
-        raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
-                         "use .training(estimator='gdpo')")
-    if c.mini_batches > c.prompts_per_step:
-        raise ValueError(f"mini_batches ({c.mini_batches}) must be <= prompts_per_step "
-                         f"({c.prompts_per_step}): a mini-batch holds whole groups")
-    if not c.rewards:
-        raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
-                         "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
-    specs = [RewardSpec.from_dict(r) for r in c.rewards]
-    check_specs(specs)
-    for spec in specs:
-        spec.resolve()  # unknown functions or params fail here, before any actor starts
-    if c.weight_sync not in TRANSPORTS:
-        raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
-    if c.precision not in ("fp32", "bf16"):
-        raise ValueError(f"training.precision must be 'fp32' or 'bf16'; got {c.precision!r}")
-    if c.model_path is None:
-        raise ValueError("no policy model: use .llm(model_path='path/to/hf_model') (or 'demo', "
-                         "'tiny', 'smollm2')")
-    if c.prompts is None:
-        raise ValueError("no prompts: use .data(prompts='train.parquet') (or 'task:addition')")
-    if not isinstance(c.columns, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
-        raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
-                         f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
-    engine_class(c.engine).check_sampling(SamplingParams(**sampling_params(c)))
-    _check_mode(c)
-    _check_eval(c)
-    policy_loss_config(c)
-    if c.ratio_level == "sequence":
-        _check_gspo(c)
-    low, high = env_runner_range(c)
-    if low != high and not c.custom_resources_per_env_runner:
-        raise ValueError(f"num_env_runners {list(c.num_env_runners)} is elastic: rollout actors "
-                         "are counted by a custom Ray resource of the rollout nodes; use "
-                         ".env_runners(custom_resources_per_env_runner={'rollout': 1})")
-    if c.colocate:
-        if c.max_staleness != 0:
-            raise ValueError(f"colocate=True shares devices between generation and learning, which "
-                             f"cannot overlap: use max_staleness=0 (got {c.max_staleness})")
-        if low != high or low != max(1, c.num_learners):
-            raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
-                             f"num_env_runners == num_learners (got {c.num_env_runners} and "
-                             f"{c.num_learners})")
-
-
 def generation_mode(c: Any) -> str:
     """``generation.mode``, its default filled in: streaming on vllm, batched otherwise."""
     return c.mode or ("streaming" if c.engine == "vllm" else "batched")
 
-
-def _check_eval(c: Any) -> None:
-    """An eval schedule needs a suite, and the suite must load (its data, its packages)."""
-    if c.eval_every and not c.eval_suite:
-        raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
-                         f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
-    if c.eval_suite:
-        from gdpo_ray.eval.suites import make_suite
-
-        make_suite(c.eval_suite).close()
-
-
-def _check_mode(c: Any) -> None:
-    from actors.streaming import check_streaming_engine
-
-    mode = generation_mode(c)
-    if mode not in ("streaming", "batched"):
-        raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
-    if mode == "streaming":
-        check_streaming_engine(c.engine)
-    if mode == "streaming" and c.colocate:
-        raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
-                         "and colocated engines sleep during updates: use generation.mode='batched' "
-                         "with colocate=True")
-
-
-#: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,
-#: which stays within ~1e-3 of 1); GSPO's paper uses 3e-4 / 4e-4
-GSPO_MAX_CLIP = 0.01
-
-
-def _check_gspo(c: Any) -> None:
-    if max(c.clip_eps_low, c.clip_eps_high) > GSPO_MAX_CLIP:
-        raise ValueError(
-            f"ratio_level='sequence' (GSPO) clips the sequence-level ratio, which stays within "
-            f"~1e-3 of 1: clip_eps_low={c.clip_eps_low} / clip_eps_high={c.clip_eps_high} leave "
-            f"its clipping almost inactive (the limit here is {GSPO_MAX_CLIP}); use "
-            f".training(clip_eps_low=3e-4, clip_eps_high=4e-4) (GSPO's values)")
-    if c.loss_agg != "seq_mean_token_mean":
-        raise ValueError(
-            f"ratio_level='sequence' (GSPO) averages the policy loss over rollouts (each term is "
-            f"already a per-token mean), so loss_agg={c.loss_agg!r} would be ignored there; use "
-            f".training(loss_agg='seq_mean_token_mean'), which the KL term then follows too")
 
 
 def merge_resources(*bundles: Mapping[str, float]) -> dict:
@@ -322,112 +221,3 @@ def env_runner_range(c: Any) -> tuple[int, int]:
 def sampling_params(c: Any) -> dict:
     return dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=c.max_tokens,
                 stop=tuple(c.stop))
-
-
-def policy_loss_config(c: Any):
-    from gdpo_ray.losses import PolicyLossConfig
-
-    return PolicyLossConfig(clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
-                            dual_clip=c.dual_clip, loss_agg=c.loss_agg, ratio_level=c.ratio_level,
-                            is_cap=c.is_cap, kl_coef=c.kl_coef, kl_estimator=c.kl_estimator)
-
-
-# --------------------------------------------------------------------------------------------
-# YAML presets
-
-
-def _presets():
-    """The packaged presets (``gdpo_ray.configs``), or the repository's ``configs/`` when the
-    code runs from a checkout that is not installed (``ray job submit --working-dir .``)."""
-    try:
-        return resources.files("gdpo_ray.configs")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[1] / "configs"
-
-
-def preset_names() -> list[str]:
-    return sorted(p.name[:-5] for p in _presets().iterdir() if p.name.endswith(".yaml"))
-
-
-def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) -> dict:
-    """A preset (packaged name or YAML path; None = ``demo``) with ``key=value`` overrides
-    (e.g. ``training.lr=1e-5``; a value replaces the preset's, a mapping included:
-    ``generation.engine_kwargs={}`` empties it) -> a plain dict of sections."""
-    from omegaconf import OmegaConf
-
-    name = name_or_path or "demo"
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise ValueError(f"config file {name} does not exist")
-        try:
-            base = OmegaConf.load(path)
-        except Exception as err:  # noqa: BLE001 - yaml's and OmegaConf's error types vary
-            raise ValueError(f"config file {name} is not valid YAML: {err}") from None
-    else:
-        packaged = _presets() / f"{name}.yaml"
-        if not packaged.is_file():
-            raise ValueError(f"unknown preset {name!r}; presets: {preset_names()} (or a YAML path)")
-        base = OmegaConf.create(packaged.read_text())
-    for item in overrides:  # each value replaces the preset's (a mapping is not merged into it)
-        key = item.split("=", 1)[0]
-        try:
-            if "=" not in item or not key:
-                raise ValueError("expected section.key=value")
-            value = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
-            OmegaConf.update(base, key, value, merge=False, force_add=True)
-        except Exception as err:  # noqa: BLE001 - OmegaConf's own error types vary
-            raise ValueError(f"bad override {item!r}: {err}") from None
-    out = OmegaConf.to_container(base, resolve=True)
-    if not isinstance(out, dict):
-        raise ValueError(f"{name}: a config is a mapping of sections; got {type(out).__name__}")
-    return out
-
-
-def apply_sections(config: Any, sections: Mapping[str, Any], skip: Sequence[str] = ("run",)) -> Any:
-    """Calls ``config.<section>(**values)`` for every section of a preset dict; an unknown
-    section or setting fails naming the nearest valid ones."""
-    for section, values in sections.items():
-        if section in skip:
-            continue
-        method = getattr(config, section, None)
-        if not callable(method) or section.startswith("_") or section not in config_sections(config):
-            near = difflib.get_close_matches(str(section), config_sections(config) + list(skip), n=2)
-            hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-            raise ValueError(f"unknown config section {section!r}{hint} (sections: "
-                             f"{', '.join(list(SECTIONS) + list(skip))} and RLlib's: "
-                             f"{', '.join(s for s in config_sections(config) if s not in SECTIONS)})")
-        if not isinstance(values, Mapping):
-            raise ValueError(f"section {section!r} must be a mapping of settings; got {values!r}")
-        valid = section_settings(config, section)
-        for key in values:
-            if key not in valid:
-                raise ValueError(unknown_key(key, valid, f"section {section!r}"))
-        try:
-            method(**values)
-        except TypeError as err:
-            raise ValueError(f"section {section!r}: {err}") from None
-    return config
-
-
-#: RLlib's builder sections a preset may use besides GDPO's
-RLLIB_SECTIONS = ("env_runners", "learners", "resources", "debugging", "reporting",
-                  "checkpointing", "callbacks", "fault_tolerance", "framework", "experimental")
-
-
-def config_sections(config: Any) -> list[str]:
-    return [s for s in (*SECTIONS, *RLLIB_SECTIONS) if callable(getattr(config, s, None))]
-
-
-def section_settings(config: Any, section: str) -> list[str]:
-    """The keyword arguments of ``config.<section>()``: GDPO's fields and RLlib's own."""
-    import inspect
-
-    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
-    names = set(section_fields(section))
-    base = getattr(AlgorithmConfig, section, None)
-    if base is not None:
-        names |= {p for p, v in inspect.signature(base).parameters.items()
-                  if p != "self" and v.kind is not v.VAR_KEYWORD}
-    return sorted(names)

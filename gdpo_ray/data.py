@@ -1,5 +1,8 @@
 """Reading a prompt dataset into rows, with errors that name the file and the 1-based line.
 
+``load_prompts(prompts, num_prompts, seed)`` turns the ``data.prompts`` setting into what
+``read_dataset`` takes: a built-in task (``task:<name>``) becomes its rows, anything else is passed on.
+
 ``read_dataset(data)`` takes a parquet or jsonl path (``.jsonl``, or ``.json`` holding JSON lines or
 one JSON array), a Hugging Face ``datasets.Dataset``, an Arrow table or a list of dicts, and
 returns ``Rows``: plain dicts, every row with the same keys (a key missing from a row is None
@@ -140,3 +143,13 @@ def _complete(rows: list[dict], source: str, numbers: list[int], unit: str = "ro
     if any(len(r) != len(keys) for r in rows):
         rows = [{k: r.get(k) for k in keys} for r in rows]
     return Rows(rows, source, numbers, unit)
+
+
+def load_prompts(prompts: Any, num_prompts: int | None = None, seed: int = 0) -> Any:
+    """``data.prompts``: ``task:<name>`` -> the task's rows (``num_prompts`` of them, drawn with
+    ``seed``); a path, a dataset, a table or rows -> itself."""
+    if isinstance(prompts, str) and prompts.startswith("task:"):
+        from gdpo_ray.tasks import task_rows
+
+        return task_rows(prompts, num_prompts, seed)
+    return prompts

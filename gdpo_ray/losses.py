@@ -29,6 +29,7 @@ response tokens gives loss 0.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -50,6 +51,11 @@ class PolicyLossConfig:
     is_cap: float | None = default("is_cap")  # truncation of the off-policy weight (None: none)
     kl_coef: float = default("kl_coef")
     kl_estimator: str = default("kl_estimator")
+
+    @classmethod
+    def of(cls, config: Any) -> "PolicyLossConfig":
+        """The loss settings of a config (any object with the training fields, e.g. ``GDPOConfig``)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
     def __post_init__(self) -> None:
         if not (self.clip_eps_low >= 0 and self.clip_eps_high >= 0):

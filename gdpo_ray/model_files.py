@@ -1,4 +1,5 @@
-"""A model directory that exists only on the driver's node, shipped to the other nodes.
+"""Where a run's model is: ``resolve_model_path`` (the named models, or a directory), and a
+model directory that exists only on the driver's node, shipped to the other nodes.
 
 On one machine every actor reads the driver's model directory. On a cluster the driver's local
 folders (the demo's warm-started model in ``~/.cache``, a checkpoint exported on the head) do not
@@ -62,3 +63,23 @@ def local_dir(path: str, shipped: Any | None, cache: str | Path | None = None) -
 
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def resolve_model_path(spec: str) -> Path:
+    """``demo`` (the warm-started tiny model), ``tiny`` (random), ``smollm2`` or a directory."""
+    if spec == "demo":
+        from gdpo_ray.warm_start import demo_model_dir
+
+        return demo_model_dir()
+    if spec == "smollm2":
+        from gdpo_ray.pretrained import smollm2_dir
+
+        return smollm2_dir()
+    if spec == "tiny":
+        import tempfile
+
+        from gdpo_ray.tiny_model import build_tiny_model
+
+        target = Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
+        return target if (target / "config.json").exists() else build_tiny_model(target)
+    return Path(spec)

@@ -398,7 +398,7 @@ class LearnerGroup:
             calls.append(learner.update.remote([groups[g] for g in share], rows))
         return calls
 
-    # -- weights out (the transports of gdpo_ray.weights.transports drive these) --------------
+    # -- weights out (the transports of gdpo_ray.run.transports drive these) --------------
 
     def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
         """The weights as buckets in the object store: (their ObjectRefs, the largest bucket's

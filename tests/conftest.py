@@ -47,7 +47,7 @@ def ray_cluster():
     """One local Ray cluster for every test that needs one."""
     import ray
 
-    from gdpo_ray.train import LOCAL_RAY_CONFIG
+    from gdpo_ray.run.train import LOCAL_RAY_CONFIG
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}})

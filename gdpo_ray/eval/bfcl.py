@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.eval.report import nanmean
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
 VERSION = "BFCL_v4"
 NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")

@@ -29,7 +29,7 @@ import secrets
 import sys
 from typing import Sequence
 
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
 INSTRUCTION = ("Complete the following Python function. Reply with the complete function "
                "(signature included) in one ```python code block.\n\n```python\n{prompt}```")

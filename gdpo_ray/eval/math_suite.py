@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
 INSTRUCTION = " Let's think step by step and output the final answer within \\boxed{}."
 QUESTION_COLUMNS = ("problem", "question", "prompt")

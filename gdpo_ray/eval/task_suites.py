@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
 #: the seed of eval items (training draws with seed 0)
 EVAL_SEED = 1_000_003

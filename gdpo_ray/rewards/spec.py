@@ -9,6 +9,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from gdpo_ray.rewards.adapters import bind_params
+from gdpo_ray.rewards.registry import get
+
 
 @dataclasses.dataclass(frozen=True)
 class Condition:
@@ -56,9 +59,6 @@ class RewardSpec:
 
     def resolve(self) -> Callable:
         """The reward function, params bound (fails now on unknown names or params)."""
-        from gdpo_ray.rewards import get
-        from gdpo_ray.rewards.adapters import bind_params
-
         fn = self.fn if self.fn is not None else self.name
         if callable(fn):
             return bind_params(fn, dict(self.params), self.name)

@@ -6,7 +6,7 @@ byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_b
 DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
 speed). A single tensor larger than the bucket size travels alone. Peak extra memory on the
 sender is one bucket; no whole model is ever gathered into one tensor. Every transport
-(``gdpo_ray.weights.transports``) carries these buckets, or tensors in the same order.
+(``gdpo_ray.run.transports``) carries these buckets, or tensors in the same order.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gdpo_ray.eval.runner import evaluate
+from gdpo_ray.run.eval_runner import evaluate
 from gdpo_ray.eval.suites import make_suite
 
 
@@ -53,7 +53,7 @@ def test_the_demo_learns_addition_as_eval_measures_it(demo_actor):
 
 
 def test_the_eval_command_generates_with_rollout_actors(ray_cluster, tmp_path, capsys):
-    from gdpo_ray.cli import main
+    from gdpo_ray.run.cli import main
 
     out = tmp_path / "r.json"
     assert main(["eval", "demo", "--suite", "task:addition", "--limit", "3", "--samples", "2",
@@ -70,7 +70,7 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     TensorBoard), the final report in the run's eval/, a panel in the plot; then the run's
     checkpoint and its exported policy/ evaluate alike (same weights, same sampling seed), and
     --compare reads run directories."""
-    from gdpo_ray.cli import main
+    from gdpo_ray.run.cli import main
 
     assert main(["train", "demo", "run.steps=3", "run.name=evald", f"run.output_dir={tmp_path}",
                  "training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32",

@@ -40,8 +40,8 @@ def verl_parquet(path, task):
     ("code", {"passrate": (0, 1), "length": (0, 1), "bug": (0, 1)}, None),
 ])
 def test_paper_preset_trains_a_step_on_cpu(ray_cluster, tmp_path, preset, rewards, verl_task):
-    from gdpo_ray.algorithm import GDPOConfig
-    from gdpo_ray.config import apply_sections, load_preset
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
 
     data = [] if verl_task is None else [
         f"data.prompts={verl_parquet(tmp_path / 'train.parquet', verl_task)}",

@@ -4,7 +4,7 @@ the metrics (JSONL + TensorBoard), the reward plot, a checkpoint and the exporte
 
 import json
 
-from gdpo_ray.cli import main
+from gdpo_ray.run.cli import main
 
 
 def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsys, monkeypatch):

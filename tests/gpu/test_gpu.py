@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
-from gdpo_ray.weights.transports import BroadcastTransport, push_weights
+from gdpo_ray.run.transports import BroadcastTransport, push_weights
 from tests.digests import actor_digest, learner_digests
 # the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
 from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
@@ -95,7 +95,7 @@ def gpu_shares() -> dict:
 def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     return RolloutGroup(dict(model_path=model_dir, group_size=2,
                              rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],

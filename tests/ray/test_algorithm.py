@@ -4,8 +4,8 @@ DeepSpeed learner (gloo), the demo task and its warm-started tiny model."""
 import numpy as np
 import pytest
 
-from gdpo_ray.algorithm import GDPO, GDPOConfig
-from gdpo_ray.config import apply_sections, load_preset
+from gdpo_ray.run.algorithm import GDPO, GDPOConfig
+from gdpo_ray.run.presets import apply_sections, load_preset
 from tests.digests import actor_digest, actor_digests, learner_digests, optimizer_digests
 
 
@@ -103,7 +103,7 @@ def test_dynamic_sampling_filters_groups_where_no_reward_varies(ray_cluster):
 
 
 def test_a_reward_failing_on_every_rollout_stops_the_run_with_its_error(ray_cluster, caplog):
-    from gdpo_ray.algorithm import RewardFailure
+    from gdpo_ray.reward_watch import RewardFailure
 
     config = demo_config("training.max_staleness=0")
     config.training(rewards=config.rewards[:1] + [
@@ -260,7 +260,7 @@ def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp
 def test_a_learner_dying_in_the_checkpoint_loses_nothing(ray_cluster, tmp_path, monkeypatch):
     """The automatic checkpoint is inside recovery, and only a complete one counts; event
     counters (a rollout actor's restart) survive the recovery."""
-    from gdpo_ray.checkpoints import COMPLETE_MARKER, check_checkpoint
+    from gdpo_ray.run.checkpoints import COMPLETE_MARKER, check_checkpoint
 
     algo = demo_config("training.checkpoint_every=1", f"training.checkpoint_dir={tmp_path}").build_algo()
     try:

@@ -6,7 +6,7 @@ import pytest
 from gdpo_ray.groups import GroupRef
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
-from gdpo_ray.weights.transports import BroadcastTransport, ObjectStoreTransport, push_weights
+from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport, push_weights
 from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
 from tests.digests import actor_digests, learner_digests, optimizer_digests
 
@@ -33,7 +33,7 @@ def fixed_batch(ray_cluster):
 def two_rollout_actors(model_dir):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     return RolloutGroup(dict(model_path=model_dir, group_size=2,
                              rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],

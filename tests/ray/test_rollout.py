@@ -7,7 +7,7 @@ import pytest
 
 from actors.buffer import ArrowBuffer
 from actors.prompts import PromptSource
-from actors.rollout import RolloutGroup
+from actors.rollout_group import RolloutGroup
 from gdpo_ray.groups import read_groups, read_rows
 from gdpo_ray.batch import check_group, reward_names
 

@@ -63,7 +63,7 @@ def perturbed(model, seed: int, scale: float):
 
 def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, ray_cluster, tiny_model_dir):
     """Evaluation (logprobs=False) takes the paper's top-p 0.95, which training refuses."""
-    from gdpo_ray.eval.runner import evaluate
+    from gdpo_ray.run.eval_runner import evaluate
     from gdpo_ray.eval.suites import make_suite
 
     prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
@@ -95,7 +95,7 @@ def test_vllm_loads_new_weights(engine, tiny_model_dir):
 def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
     from gdpo_ray.groups import read_groups
 
     rows = [{"prompt": f"What is {a} + 1?", "ground_truth": str(a + 1)} for a in range(4)]
@@ -301,7 +301,7 @@ def test_a_killed_streaming_actors_prompts_are_reissued_once_and_the_driver_read
 
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
     from tests.ray.test_algorithm import payload_spy
     from tests.ray.test_rollout import G, REWARDS, ROWS
 
@@ -376,7 +376,7 @@ def test_the_demo_streams_by_default_on_vllm_and_learns(ray_cluster, monkeypatch
 
 @pytest.mark.parametrize("mode", ["streaming", "batched"])
 def test_checkpoint_with_requests_in_flight_resumes_exactly_on_vllm(ray_cluster, tmp_path, mode):
-    from gdpo_ray.algorithm import GDPO
+    from gdpo_ray.run.algorithm import GDPO
     from tests.ray.test_algorithm import demo_config
 
     algo = demo_config("training.max_staleness=1", f"generation.mode={mode}", *VLLM_DEMO).build_algo()
@@ -415,7 +415,7 @@ def test_a_group_too_stale_to_finish_is_aborted_and_its_prompt_reissued(ray_clus
 
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
-    from actors.rollout import RolloutGroup
+    from actors.rollout_group import RolloutGroup
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     words = " ".join(["one two three four"] * 200)
@@ -456,7 +456,7 @@ def broadcast_into_a_streaming_actor(ray, model_dir, fixed_batch, learner_gpus: 
     from transformers import AutoModelForCausalLM
 
     from actors.prompts import Prompt
-    from gdpo_ray.weights.transports import BroadcastTransport
+    from gdpo_ray.run.transports import BroadcastTransport
     from learners.deepspeed_learner import LearnerGroup
     from tests.ray.test_learner import ADV, config
 

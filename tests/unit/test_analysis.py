@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gdpo_ray import analysis
-from gdpo_ray.cli import main, parse_int_range
+from gdpo_ray.run.cli import main, parse_int_range
 
 
 def test_enumeration_is_every_multiset():

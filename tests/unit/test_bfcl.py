@@ -15,7 +15,8 @@ bfcl = pytest.importorskip("gdpo_ray.eval.bfcl")
 if __import__("importlib").util.find_spec("bfcl_eval") is None:
     pytest.skip("needs bfcl-eval's data: pip install --no-deps bfcl-eval==2026.3.23", allow_module_level=True)
 
-from gdpo_ray.eval.suites import Completion, make_suite  # noqa: E402
+from gdpo_ray.eval.suite import Completion  # noqa: E402
+from gdpo_ray.eval.suites import make_suite  # noqa: E402
 
 #: possible answers no output can pass, under BFCL's checker too: a required parameter whose
 #: allowed values are [] (live_simple 106, 112), a required parameter the doc does not have

@@ -3,8 +3,9 @@ with a message that names the field and the fix."""
 
 import pytest
 
-from gdpo_ray.algorithm import GDPOConfig
-from gdpo_ray.config import FIELDS, apply_sections, load_preset, preset_names
+from gdpo_ray.run.algorithm import GDPOConfig
+from gdpo_ray.config import FIELDS
+from gdpo_ray.run.presets import apply_sections, load_preset, preset_names
 
 REWARDS = [{"name": "correct", "fn": "math_correctness"}]
 
@@ -130,8 +131,8 @@ def test_preset_errors(tmp_path):
 
 
 def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
-    from gdpo_ray.cli import main
-    from gdpo_ray.train import TrainingRun
+    from gdpo_ray.run.cli import main
+    from gdpo_ray.run.train import TrainingRun
 
     monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
 
@@ -145,7 +146,7 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
     import pickle
 
-    from gdpo_ray.checkpoints import COMPLETE_MARKER, resume_changes
+    from gdpo_ray.run.checkpoints import COMPLETE_MARKER, resume_changes
 
     saved = good().training(lr=2e-4)
     with open(tmp_path / "class_and_ctor_args.pkl", "wb") as f:  # as RLlib writes a checkpoint

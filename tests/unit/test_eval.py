@@ -6,8 +6,9 @@ import math
 import pytest
 
 from gdpo_ray.eval.report import build_report, compare, format_report, read_report, write_report
-from gdpo_ray.eval.runner import read_completions, score
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite, exceeds, make_suite
+from gdpo_ray.run.eval_runner import read_completions, score
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.eval.suites import make_suite
 
 
 class TwoMetrics(Suite):
@@ -183,7 +184,7 @@ def test_a_completions_file_is_checked_line_by_line(tmp_path):
 
 
 def test_the_eval_command_scores_a_completions_file(tmp_path, capsys):
-    from gdpo_ray.cli import main
+    from gdpo_ray.run.cli import main
 
     suite = make_suite("task:addition")
     rows = [{"id": it.id, "completions": [f"<think>x</think><answer>{it.reference}</answer>", "?"],

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from gdpo_ray.cli import main
-from gdpo_ray.train import TrainingRun
+from gdpo_ray.run.cli import main
+from gdpo_ray.run.train import TrainingRun
 
 ROWS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a in range(3) for b in range(3)]
 
@@ -171,8 +171,8 @@ def test_list_and_version(capsys):
 def test_output_dirs_unique_names_storage_and_temporary_working_dirs(tmp_path):
     from pathlib import Path
 
-    from gdpo_ray.run_outputs import OutputDir
-    from gdpo_ray.train import in_temporary_working_dir
+    from gdpo_ray.run.outputs import OutputDir
+    from gdpo_ray.run.train import in_temporary_working_dir
 
     first = OutputDir(str(tmp_path), None, "demo")
     first.create()
@@ -194,8 +194,8 @@ def test_output_dirs_unique_names_storage_and_temporary_working_dirs(tmp_path):
 
 
 def test_the_users_reward_modules_are_shipped_to_a_cluster(folder):
-    from gdpo_ray.algorithm import GDPOConfig
-    from gdpo_ray.train import user_modules
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.train import user_modules
 
     path, module = folder
     (path / "pkg").mkdir()

@@ -19,6 +19,7 @@ attributes the base class reads and builds gdpo-ray's actors instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import tempfile
@@ -33,11 +34,17 @@ from ray.rllib.utils.checkpoints import Checkpointable
 
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
-from gdpo_ray import model_files, preflight
+from gdpo_ray import model_files
 from gdpo_ray.advantages import compute_advantage_details, informative_groups
-from gdpo_ray.checkpoints import COMPLETE_MARKER
+from gdpo_ray.data import load_prompts
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix
+from gdpo_ray.losses import PolicyLossConfig
+from gdpo_ray.model_files import resolve_model_path
+from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
+from gdpo_ray.run import preflight, validation
+from gdpo_ray.run.checkpoints import save_atomically
+from gdpo_ray.run.presets import section_settings
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +55,11 @@ def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
         if value is NotProvided:
             continue
         if key not in allowed:
-            raise TypeError(fields.unknown_key(key, fields.section_settings(self, section), f".{section}()"))
+            raise TypeError(fields.unknown_key(key, section_settings(self, section), f".{section}()"))
         if key == "rewards" and isinstance(value, (list, tuple)):
             value = [plain_declaration(r) for r in value]
         setattr(self, key, value)
     return self
-
-
-class RewardFailure(RuntimeError):
-    """A reward failed on (almost) every rollout for several steps: the run stops."""
 
 
 class GDPOConfig(AlgorithmConfig):
@@ -84,7 +87,7 @@ class GDPOConfig(AlgorithmConfig):
         """GDPO's fields of section ``training`` (see ``gdpo_ray.config.FIELDS``) and RLlib's own
         training arguments (``lr``, ``grad_clip``, ``num_epochs``, ...)."""
         ours = {k: kwargs.pop(k) for k in list(kwargs) if k in fields.FIELDS}
-        valid = fields.section_settings(self, "training")
+        valid = section_settings(self, "training")
         for key in kwargs:
             if key not in valid:
                 raise TypeError(fields.unknown_key(key, valid, ".training()"))
@@ -105,7 +108,7 @@ class GDPOConfig(AlgorithmConfig):
 
     def validate(self) -> None:
         """GDPO's rules first (their messages name the fix), then RLlib's own."""
-        fields.check(self)
+        validation.check(self)
         super().validate()
 
     @property
@@ -128,7 +131,7 @@ class GDPOConfig(AlgorithmConfig):
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature,
-            loss=fields.policy_loss_config(self), seed=self.seed or 0, num_threads=self.num_threads)
+            loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads)
 
     @property
     def rollout_actor_kwargs(self) -> dict:
@@ -186,18 +189,16 @@ class GDPO(Algorithm):
         self.reward_weights = np.array([s.weight for s in specs], np.float64)
         self.reward_gates = {s.name: (self.reward_names.index(s.condition.on), s.condition.min)
                              for s in specs if s.condition is not None}
-        self._warned_cancelling: set[tuple[str, str]] = set()
-        self._first_errors: dict[str, str] = {}  # reward -> its first error text (logged once)
-        self._failure_streaks: dict[str, int] = {}  # reward -> steps in a row at the limit
+        self.reward_watch = RewardWatch(
+            self.reward_names, c.reward_failure_limit, c.reward_failure_steps)
         self.model_path = resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
-        self.prompts = PromptSource(load_prompts(c), prompt_column=c.prompt_column,
+        self.prompts = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0), prompt_column=c.prompt_column,
                                     id_column=c.id_column, seed=c.seed or 0,
                                     columns=dict(c.columns))
         self.buffer = ArrowBuffer(c.prompts_per_step, c.max_staleness)
         self.policy_version = 0
         self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}
-        self._rollout_busy = (0.0, 0.0)  # generate_s, score_s summed at the last step
         self._groups_during_update = 0  # groups that finished while the learners updated
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
@@ -215,30 +216,32 @@ class GDPO(Algorithm):
         if c.eval_suite:
             from gdpo_ray.eval.suites import held_out_suite
 
-            self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c), c.prompt_column)
+            self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c.prompts, c.num_prompts, c.seed or 0), c.prompt_column)
         self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)
 
     def _start_learners(self) -> None:
         """The learners, and the weight transport (``training.weight_sync``) that sends from them."""
-        from gdpo_ray.weights.transports import make_transport
+        from gdpo_ray.run.transports import make_transport
         from learners.deepspeed_learner import LearnerGroup
 
         c = self.config
         extra = c.rollout_resources if c.colocate else None
-        self.learners = LearnerGroup(self._with_model(c.learner_config), num_learners=max(1, c.num_learners),
+        learner_config = dataclasses.replace(c.learner_config, model_path=str(self.model_path),
+                                             model_files=self.model_files)
+        self.learners = LearnerGroup(learner_config, num_learners=max(1, c.num_learners),
                                      num_cpus_per_learner=c.num_cpus_per_learner,
                                      num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
         self.transport = make_transport(c.weight_sync, self.learners, c.weight_bucket_bytes)
 
     def _build_rollouts(self):
-        from actors.rollout import RolloutGroup
+        from actors.rollout_group import RolloutGroup, request_rollout_nodes
 
         c = self.config
         low, high = fields.env_runner_range(c)
         if low != high:
-            _request_rollout_nodes(c.custom_resources_per_env_runner, high)
+            request_rollout_nodes(c.custom_resources_per_env_runner, high)
         return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path),
                                  model_files=self.model_files),
                             num_actors=low, prompts=self.prompts, buffer=self.buffer,
@@ -246,34 +249,6 @@ class GDPO(Algorithm):
                             num_cpus=c.num_cpus_per_env_runner, num_gpus=c.num_gpus_per_env_runner,
                             resources=c.custom_resources_per_env_runner,
                             placement_group=self.learners.pg if c.colocate else None)
-
-    def _scale_rollouts(self) -> None:
-        """Elastic rollouts (num_env_runners = [min, max]): as many actors as the nodes offering
-        the rollout resource can hold, within the range; shrinking drops actors still waiting
-        for a node first, and re-issues the prompts of any removed actor."""
-        import ray
-
-        c = self.config
-        low, high = fields.env_runner_range(c)
-        if low == high:
-            return
-        need = c.custom_resources_per_env_runner
-        total = ray.cluster_resources()
-        capacity = min(int(total.get(k, 0) // v) for k, v in need.items() if v)
-        current = len(self.rollouts.slots)
-        if capacity < current:
-            self.rollouts.resize(max(low, capacity))
-        elif current < high and None not in self.rollouts.placement():
-            free = ray.available_resources()
-            room = min(int(free.get(k, 0) // v) for k, v in need.items() if v)
-            if room > 0:
-                self.rollouts.resize(min(high, current + room))
-
-    def _with_model(self, learner_config):
-        import dataclasses
-
-        return dataclasses.replace(learner_config, model_path=str(self.model_path),
-                                   model_files=self.model_files)
 
     def _callback(self, name: str, **kwargs: Any) -> None:
         from ray.rllib.callbacks.utils import make_callback
@@ -302,13 +277,14 @@ class GDPO(Algorithm):
 
         c, timers, step = self.config, {}, self.policy_version
         with _timed(timers, "take_groups"):
-            self._scale_rollouts()
+            self.rollouts.fit_to_cluster(*fields.env_runner_range(c))
             groups, filtered = self._take_groups()
         with _timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
             rewards, index = rewards_matrix(groups)
             errors = reward_errors(groups)
-            self._watch_failures(step, rewards, errors)  # stops a run whose reward always fails
-            details = _advantage_details(rewards, index, c, self.reward_weights)
+            self.reward_watch.check_failures(step, rewards, errors)  # stops a run whose reward always fails
+            details = compute_advantage_details(rewards, index, estimator=c.estimator,
+                                                weights=self.reward_weights, eps=c.eps)
         try:
             with _timed(timers, "update"):
                 learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
@@ -341,7 +317,7 @@ class GDPO(Algorithm):
         rollout actors, with the config's eval settings (``settings`` override them: samples,
         temperature, top_p, max_tokens, limit); None without a suite, or when the eval failed
         (logged; training goes on)."""
-        from gdpo_ray.eval.runner import evaluate
+        from gdpo_ray.run.eval_runner import evaluate
 
         c = self.config
         if self.eval_suite is None:
@@ -413,7 +389,7 @@ class GDPO(Algorithm):
     def _push_weights(self, version: int) -> None:
         """The policy as ``version`` to every rollout actor, through the run's transport (the
         one place a version goes out: after an update, a learner recovery, a restore)."""
-        from gdpo_ray.weights.transports import push_weights
+        from gdpo_ray.run.transports import push_weights
 
         push_weights(self.transport, self.rollouts, version)
         self.policy_version = version
@@ -426,63 +402,15 @@ class GDPO(Algorithm):
         values |= step_metrics.reward_metrics(rewards, self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)
         values |= step_metrics.signal_metrics(rewards, details, self.reward_names, self.reward_gates)
-        self._warn_cancelling(details)
+        self.reward_watch.warn_cancelling(details)
         values |= step_metrics.length_metrics(lengths, reasons)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
-        stats = self.rollouts.stats
-        busy = (stats["generate_s"], stats["score_s"])
-        last = self._rollout_busy
-        self._rollout_busy = busy
-        placement = self.rollouts.placement()
-        values |= {"rollout/generate_s": busy[0] - last[0], "rollout/score_s": busy[1] - last[1],
-                   "rollout/actors": float(len(placement)),
-                   "rollout/nodes": float(len({n for n in placement if n is not None})),
-                   "rollout/dropped_stale": float(self.buffer.dropped_stale),
+        values |= self.rollouts.step_metrics()
+        values |= {"rollout/dropped_stale": float(self.buffer.dropped_stale),
                    # generation that overlapped the learning
                    "rollout/groups_during_update": float(self._groups_during_update),
-                   "rollout/reissued": float(stats["reissued"]),
-                   "rollout/aborted": float(stats["aborted"]),
-                   "rollout/actor_restarts": float(stats["actor_restarts"]),
-                   "rollout/prompts_filtered": float(stats["filtered"]),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}
         return values
-
-    def _watch_failures(self, step: int, rewards: np.ndarray, errors: list) -> None:
-        """Makes reward failures loud: a reward's first error text is logged (then a count each
-        step it fails), and a reward failing on at least ``reward_failure_limit`` of a step's
-        rollouts for ``reward_failure_steps`` steps in a row stops the run with its error."""
-        c = self.config
-        for k, name in enumerate(self.reward_names):
-            failed = [row[k] for row in errors if row[k]]
-            rate = float(np.isnan(rewards[:, k]).mean()) if len(rewards) else 0.0
-            if failed:
-                if name not in self._first_errors:
-                    self._first_errors[name] = failed[0]
-                    logger.warning("reward %r failed on %d of %d rollouts of step %d; first error: "
-                                   "%s", name, len(failed), len(errors), step, failed[0])
-                else:
-                    logger.warning("reward %r failed on %d of %d rollouts of step %d",
-                                   name, len(failed), len(errors), step)
-            streak = self._failure_streaks.get(name, 0) + 1 if rate >= c.reward_failure_limit else 0
-            self._failure_streaks[name] = streak
-            if streak >= c.reward_failure_steps:
-                first = failed[0] if failed else "NaN values (the function returned None)"
-                raise RewardFailure(
-                    f"reward {name!r} failed on {rate:.0%} of the rollouts for {streak} steps in "
-                    f"a row (reward_failure_limit {c.reward_failure_limit}); its error: {first}. "
-                    f"Fix the reward (`gdpo-ray check CONFIG` scores dataset rows with every "
-                    f"reward without training), or raise training.reward_failure_limit above 1 "
-                    f"to train on anyway")
-
-    def _warn_cancelling(self, details) -> None:
-        """Once per pair: two rewards that cancel in every group give GDPO no signal."""
-        for pair in step_metrics.cancelling_pairs(details, self.reward_names):
-            if pair not in self._warned_cancelling:
-                self._warned_cancelling.add(pair)
-                logger.warning(
-                    "rewards %r and %r cancel in every group of this step (their weighted, "
-                    "group-normalized advantages sum to 0, e.g. one is 1 - the other with equal "
-                    "weights): GDPO gets no signal from them; change a weight or drop one", *pair)
 
     # ---------------------------------------------------------------------------------------
     # faults
@@ -533,29 +461,15 @@ class GDPO(Algorithm):
         return []
 
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
-        """A checkpoint, atomically: written beside ``path`` (the driver's state, then the
-        learners'), marked complete (``COMPLETE_MARKER``), then renamed to ``path`` (an older
-        checkpoint there is replaced only then). A save cut short leaves a ``.partial-*``
-        directory, which nothing counts or resumes from."""
-        import shutil
-        import uuid
+        """A checkpoint, atomically (``checkpoints.save_atomically``): the driver's state in
+        RLlib's files, the learners' DeepSpeed checkpoint in ``learner/``."""
+        def write(aside: pathlib.Path) -> None:
+            Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
+                                        use_msgpack=use_msgpack)
+            self.learners.save_checkpoint(str(aside / "learner"))
 
-        final = pathlib.Path(path or tempfile.mkdtemp(prefix="gdpo-ckpt-")).resolve()
-        aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
-        Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
-                                    use_msgpack=use_msgpack)
-        self.learners.save_checkpoint(str(aside / "learner"))
-        (aside / COMPLETE_MARKER).write_text(f"policy_version {self.policy_version}\n")
-        if final.exists() and any(final.iterdir()):
-            old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
-            final.rename(old)
-            aside.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            if final.exists():
-                final.rmdir()
-            aside.rename(final)
-        return str(final)
+        final = path or tempfile.mkdtemp(prefix="gdpo-ckpt-")
+        return save_atomically(final, write, f"policy_version {self.policy_version}")
 
     def restore_from_path(self, path, *args, **kwargs) -> None:
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
@@ -574,6 +488,8 @@ class GDPO(Algorithm):
 
 
 class _timed:
+    """``with _timed(timers, name):`` stores the block's wall seconds as ``timers[name]``."""
+
     def __init__(self, timers: dict, name: str) -> None:
         self.timers, self.name = timers, name
 
@@ -582,43 +498,3 @@ class _timed:
 
     def __exit__(self, *exc):
         self.timers[self.name] = time.perf_counter() - self.start
-
-
-def _advantage_details(rewards, index, c, weights):
-    return compute_advantage_details(rewards, index, estimator=c.estimator, weights=weights, eps=c.eps)
-
-
-def _request_rollout_nodes(per_actor: dict, actors: int) -> None:
-    """Asks the autoscaler (where one runs) for room for ``actors`` rollout actors."""
-    try:
-        from ray.autoscaler.sdk import request_resources
-
-        request_resources(bundles=[dict(per_actor)] * actors)
-    except Exception as err:  # noqa: BLE001 - no autoscaler (a local or fixed cluster): fine
-        logger.info("no autoscaler to ask for rollout nodes: %s", err)
-
-
-def resolve_model_path(spec: str) -> pathlib.Path:
-    """``demo`` (the warm-started tiny model), ``tiny`` (random), ``smollm2`` or a directory."""
-    if spec == "demo":
-        from gdpo_ray.warm_start import demo_model_dir
-
-        return demo_model_dir()
-    if spec == "smollm2":
-        from gdpo_ray.pretrained import smollm2_dir
-
-        return smollm2_dir()
-    if spec == "tiny":
-        from gdpo_ray.tiny_model import build_tiny_model
-
-        target = pathlib.Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
-        return target if (target / "config.json").exists() else build_tiny_model(target)
-    return pathlib.Path(spec)
-
-
-def load_prompts(c: GDPOConfig) -> Any:
-    from gdpo_ray.tasks import task_rows
-
-    if isinstance(c.prompts, str) and c.prompts.startswith("task:"):
-        return task_rows(c.prompts, c.num_prompts, c.seed or 0)
-    return c.prompts

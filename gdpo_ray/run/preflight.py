@@ -68,13 +68,14 @@ def ensure(config: Any) -> Report | None:
 
 def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     from actors.prompts import PromptSource
-    from gdpo_ray.algorithm import load_prompts
+    from gdpo_ray.data import load_prompts
     from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns
 
     c = config
     check_model(c.model_path)
     check_context(c)
-    source = PromptSource(load_prompts(c), prompt_column=c.prompt_column, id_column=c.id_column,
+    source = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0),
+                          prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
     fns = check_specs(specs)
@@ -222,7 +223,7 @@ def _score_apart(specs, prompts, completions, columns, completion_ids):
     import cloudpickle
 
     payload = cloudpickle.dumps((list(sys.path), specs, prompts, completions, columns, completion_ids))
-    done = subprocess.run([sys.executable, "-c", "from gdpo_ray.preflight import _score_child; "
+    done = subprocess.run([sys.executable, "-c", "from gdpo_ray.run.preflight import _score_child; "
                            "_score_child()"], input=payload, capture_output=True)
     if done.returncode != 0:
         raise ValueError("the start-up check could not score the rewards: "

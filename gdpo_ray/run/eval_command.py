@@ -1,4 +1,4 @@
-"""``gdpo-ray eval``: the command line of ``gdpo_ray.eval.runner.evaluate`` and ``report.compare``."""
+"""``gdpo-ray eval``: the command line of ``gdpo_ray.run.eval_runner.evaluate`` and ``report.compare``."""
 
 from __future__ import annotations
 
@@ -114,14 +114,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
-    from gdpo_ray.eval.runner import evaluate, resolve_policy
+    from gdpo_ray.run.eval_runner import evaluate, resolve_policy
     from gdpo_ray.eval.suites import make_suite
 
     suite = make_suite(args.suite, length_limit=args.length_limit)
     try:
         if args.policy is not None:
             resolve_policy(args.policy)  # a bad path fails before Ray starts
-            from gdpo_ray.train import start_ray
+            from gdpo_ray.run.train import start_ray
 
             start_ray(None, args.num_cpus or os.cpu_count() or 1, [])
         return evaluate(suite, policy=args.policy, completions_file=args.completions, samples=args.samples,

@@ -50,14 +50,14 @@ def _distinct_groups(args: argparse.Namespace) -> int:
 
 
 def _load_run(args: argparse.Namespace, command: str):
-    from gdpo_ray.train import TrainingRun
+    from gdpo_ray.run.train import TrainingRun
 
     return TrainingRun.from_args(args.config, args.overrides, resume=getattr(args, "resume", None))
 
 
 def _train(args: argparse.Namespace) -> int:
     from actors.rollout import PromptsExhausted
-    from gdpo_ray.algorithm import RewardFailure
+    from gdpo_ray.reward_watch import RewardFailure
 
     try:  # a bad config, model, dataset or reward fails here, before Ray or any actor starts
         run = _load_run(args, "train")
@@ -109,7 +109,7 @@ def _plain(value):
 
 def _list(args: argparse.Namespace) -> int:
     if args.what == "presets":
-        from gdpo_ray.config import preset_names
+        from gdpo_ray.run.presets import preset_names
 
         names = preset_names()
     elif args.what == "rewards":
@@ -132,7 +132,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gdpo_ray import __version__
-    from gdpo_ray.config import preset_names
+    from gdpo_ray.run.presets import preset_names
 
     parser = argparse.ArgumentParser(
         prog="gdpo-ray", description="Multi-reward RL for LLMs with GDPO on Ray."
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_arguments(check)
     check.set_defaults(run=_check)
 
-    from gdpo_ray.eval.command import add_parser as add_eval
+    from gdpo_ray.run.eval_command import add_parser as add_eval
 
     add_eval(commands)
 

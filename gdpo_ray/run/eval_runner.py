@@ -8,7 +8,7 @@ scorer waits on sandbox processes (``Suite.parallel_scoring``).
 
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
 ``policy/``), a training checkpoint (its learners' weights exported into the run's base model,
-``gdpo_ray.checkpoints.export_checkpoint_policy``), or the name ``demo`` (the demo's
+``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or the name ``demo`` (the demo's
 warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
 that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.eval.report import build_report
-from gdpo_ray.eval.suites import Completion, EvalItem, Suite
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
 
 def resolve_policy(policy: str) -> str:
@@ -43,7 +43,7 @@ def resolve_policy(policy: str) -> str:
     if (path / "class_and_ctor_args.pkl").is_file():  # a training checkpoint: its policy exported
         import tempfile
 
-        from gdpo_ray.checkpoints import export_checkpoint_policy
+        from gdpo_ray.run.checkpoints import export_checkpoint_policy
 
         return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
     raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a run directory "

@@ -57,7 +57,7 @@ def in_temporary_working_dir(path: Path) -> bool:
 
 class TrainingRun:
     def __init__(self, config: Any, run: dict, preset: str, resume: str | None = None) -> None:
-        from gdpo_ray.run_outputs import OutputDir
+        from gdpo_ray.run.outputs import OutputDir
 
         self.config, self.run_settings, self.preset, self.resume = config, run, preset, resume
         self.changes: list = []  # settings that differ from the resumed checkpoint's
@@ -66,8 +66,8 @@ class TrainingRun:
 
     @classmethod
     def from_args(cls, config: str | None, overrides: Sequence[str] = (), resume: str | None = None):
-        from gdpo_ray.algorithm import GDPOConfig
-        from gdpo_ray.config import apply_sections, load_preset
+        from gdpo_ray.run.algorithm import GDPOConfig
+        from gdpo_ray.run.presets import apply_sections, load_preset
 
         if config is not None and "=" in config:  # `gdpo-ray train training.lr=1e-4`
             config, overrides = None, [config, *overrides]
@@ -81,7 +81,7 @@ class TrainingRun:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
         gdpo.validate()
         if resume:
-            from gdpo_ray.checkpoints import resume_changes
+            from gdpo_ray.run.checkpoints import resume_changes
 
             if not Path(resume).is_dir():
                 raise ValueError(f"--resume {resume}: no such checkpoint directory")
@@ -89,8 +89,8 @@ class TrainingRun:
         return self
 
     def check(self, out=print):
-        """The start-up checks (``gdpo_ray.preflight``): model, dataset, rewards on sample rows."""
-        from gdpo_ray.preflight import preflight
+        """The start-up checks (``gdpo_ray.run.preflight``): model, dataset, rewards on sample rows."""
+        from gdpo_ray.run.preflight import preflight
 
         report = preflight(self.config)
         out(f"gdpo-ray: start-up check passed: {report.rows} dataset rows, rewards "
@@ -122,7 +122,7 @@ class TrainingRun:
     def run(self) -> int:
         from tqdm import tqdm
 
-        from gdpo_ray.run_outputs import RunLog, flat_scalars, plot_rewards, read_metrics
+        from gdpo_ray.run.outputs import RunLog, flat_scalars, plot_rewards, read_metrics
 
         steps = self.run_settings["steps"]
         self.check()  # before the run directory, Ray or any actor

@@ -1,19 +1,43 @@
 """gdpo-ray checkpoints on disk: what makes one complete, and what a resumed run may change.
 
-``GDPO.save_to_path`` writes a checkpoint aside, then ``COMPLETE_MARKER``, then renames it into
-place; only a directory holding the marker is a checkpoint (``check_checkpoint``).
+``save_atomically`` (``GDPO.save_to_path``) writes a checkpoint aside, then ``COMPLETE_MARKER``,
+then renames it into place; only a directory holding the marker is a checkpoint
+(``check_checkpoint``).
 ``resume_changes`` compares a new run's config with the checkpoint's, before anything starts.
 """
 
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+import shutil
+import uuid
+from typing import Any, Callable
 
 from gdpo_ray import config as fields
 
 #: written last into a checkpoint: only a directory holding it is a complete checkpoint
 COMPLETE_MARKER = "gdpo_checkpoint_complete"
+
+
+def save_atomically(path: str | pathlib.Path, write: Callable[[pathlib.Path], None], note: str) -> str:
+    """A checkpoint at ``path``, atomically: ``write(aside)`` fills a directory beside it, then
+    ``COMPLETE_MARKER`` (holding ``note``) marks it complete, then it is renamed to ``path`` (an
+    older checkpoint there is replaced only then). A save cut short leaves a ``.partial-*``
+    directory, which nothing counts or resumes from."""
+    final = pathlib.Path(path).resolve()
+    aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
+    write(aside)
+    (aside / COMPLETE_MARKER).write_text(f"{note}\n")
+    if final.exists() and any(final.iterdir()):
+        old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+        aside.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        if final.exists():
+            final.rmdir()
+        aside.rename(final)
+    return str(final)
 
 
 def check_checkpoint(checkpoint: str) -> None:
@@ -63,7 +87,7 @@ def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gdpo_ray.algorithm import resolve_model_path
+    from gdpo_ray.model_files import resolve_model_path
 
     base = resolve_model_path(saved_config(checkpoint)["model_path"])
     weights = get_fp32_state_dict_from_zero_checkpoint(str(pathlib.Path(checkpoint) / "learner"))

@@ -1,0 +1,109 @@
+"""The checks of a config across components: the estimator, the rewards, the engine and its
+sampling, the weight transport, the eval suite, the resources. They run when a ``GDPOConfig`` is
+validated, before any actor starts; each error names the field, the value, the rule and the fix.
+The checks of each value by itself are the field table's (``gdpo_ray.config.check_value``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from actors.engines import SamplingParams, engine_class
+from actors.streaming import check_streaming_engine
+from gdpo_ray import config as fields
+from gdpo_ray.advantages import ESTIMATORS
+from gdpo_ray.eval.suites import make_suite
+from gdpo_ray.losses import PolicyLossConfig
+from gdpo_ray.rewards import RewardSpec, check_specs
+from gdpo_ray.run.transports import TRANSPORTS
+
+
+def check(config: Any) -> None:
+    """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
+    c = config
+    fields.check_fields(c)
+    if c.estimator not in ESTIMATORS:
+        raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
+                         "use .training(estimator='gdpo')")
+    if c.mini_batches > c.prompts_per_step:
+        raise ValueError(f"mini_batches ({c.mini_batches}) must be <= prompts_per_step "
+                         f"({c.prompts_per_step}): a mini-batch holds whole groups")
+    if not c.rewards:
+        raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
+                         "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
+    specs = [RewardSpec.from_dict(r) for r in c.rewards]
+    check_specs(specs)
+    for spec in specs:
+        spec.resolve()  # unknown functions or params fail here, before any actor starts
+    if c.weight_sync not in TRANSPORTS:
+        raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
+    if c.precision not in ("fp32", "bf16"):
+        raise ValueError(f"training.precision must be 'fp32' or 'bf16'; got {c.precision!r}")
+    if c.model_path is None:
+        raise ValueError("no policy model: use .llm(model_path='path/to/hf_model') (or 'demo', "
+                         "'tiny', 'smollm2')")
+    if c.prompts is None:
+        raise ValueError("no prompts: use .data(prompts='train.parquet') (or 'task:addition')")
+    if not isinstance(c.columns, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
+        raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
+                         f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
+    engine_class(c.engine).check_sampling(SamplingParams(**fields.sampling_params(c)))
+    _check_mode(c)
+    _check_eval(c)
+    PolicyLossConfig.of(c)
+    if c.ratio_level == "sequence":
+        _check_gspo(c)
+    low, high = fields.env_runner_range(c)
+    if low != high and not c.custom_resources_per_env_runner:
+        raise ValueError(f"num_env_runners {list(c.num_env_runners)} is elastic: rollout actors "
+                         "are counted by a custom Ray resource of the rollout nodes; use "
+                         ".env_runners(custom_resources_per_env_runner={'rollout': 1})")
+    if c.colocate:
+        if c.max_staleness != 0:
+            raise ValueError(f"colocate=True shares devices between generation and learning, which "
+                             f"cannot overlap: use max_staleness=0 (got {c.max_staleness})")
+        if low != high or low != max(1, c.num_learners):
+            raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
+                             f"num_env_runners == num_learners (got {c.num_env_runners} and "
+                             f"{c.num_learners})")
+
+
+def _check_eval(c: Any) -> None:
+    """An eval schedule needs a suite, and the suite must load (its data, its packages)."""
+    if c.eval_every and not c.eval_suite:
+        raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
+                         f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
+    if c.eval_suite:
+        make_suite(c.eval_suite).close()
+
+
+def _check_mode(c: Any) -> None:
+    mode = fields.generation_mode(c)
+    if mode not in ("streaming", "batched"):
+        raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
+    if mode == "streaming":
+        check_streaming_engine(c.engine)
+    if mode == "streaming" and c.colocate:
+        raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
+                         "and colocated engines sleep during updates: use generation.mode='batched' "
+                         "with colocate=True")
+
+
+#: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,
+#: which stays within ~1e-3 of 1); GSPO's paper uses 3e-4 / 4e-4
+GSPO_MAX_CLIP = 0.01
+
+
+def _check_gspo(c: Any) -> None:
+    if max(c.clip_eps_low, c.clip_eps_high) > GSPO_MAX_CLIP:
+        raise ValueError(
+            f"ratio_level='sequence' (GSPO) clips the sequence-level ratio, which stays within "
+            f"~1e-3 of 1: clip_eps_low={c.clip_eps_low} / clip_eps_high={c.clip_eps_high} leave "
+            f"its clipping almost inactive (the limit here is {GSPO_MAX_CLIP}); use "
+            f".training(clip_eps_low=3e-4, clip_eps_high=4e-4) (GSPO's values)")
+    if c.loss_agg != "seq_mean_token_mean":
+        raise ValueError(
+            f"ratio_level='sequence' (GSPO) averages the policy loss over rollouts (each term is "
+            f"already a per-token mean), so loss_agg={c.loss_agg!r} would be ignored there; use "
+            f".training(loss_agg='seq_mean_token_mean'), which the KL term then follows too")
