@@ -10,11 +10,15 @@ weights) and re-issues its prompts, and ``resize(n)`` adds or removes actors whi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from ray import ObjectRef
+from ray.actor import ActorHandle
 
 from actors.buffer import ArrowBuffer
 from actors.prompts import Prompt, PromptSource
@@ -23,6 +27,10 @@ from actors.streaming import StreamingRolloutActor
 from gdpo_ray.batch import CallMeta
 
 logger = logging.getLogger(__name__)
+
+#: an actor that dies this many times in a row before it has started stops the group (its model
+#: or engine cannot load): replacing it again would wait forever
+MAX_FAILED_STARTS = 3
 
 
 @dataclasses.dataclass
@@ -45,18 +53,21 @@ class _Slot:
     starting: Any  # ObjectRef of handle.ready() until the actor has started, then None
     calls: list[_Call] = dataclasses.field(default_factory=list)
     restarts: int = 0
+    failed_starts: int = 0  # deaths while starting, in a row
     node_id: str | None = None  # where the actor runs, once started
 
 
 class RolloutGroup:
-    """The rollout actors of a run, fed from a PromptSource into an ArrowBuffer.
+    """The rollout actors of a run, fed from a PromptSource into an ArrowBuffer; ``complete``
+    spreads evaluation prompts over the same actors the same way.
 
     Args:
         actor_kwargs: ``RolloutActor`` arguments, plus ``mode``: "batched" (``RolloutActor``, one
             batch per call) or "streaming" (``actors.streaming.StreamingRolloutActor``: groups
             stream out of every call as they finish, weights change in flight).
         num_actors: how many actors to start.
-        prompts, buffer: the run's prompt source and buffer (driver objects).
+        prompts, buffer: the run's prompt source and buffer (driver objects); None for a group
+            that only evaluates (``complete``).
         prompts_per_call: prompts per call (batched: their groups travel in one object).
         calls_per_actor: queued calls per batched actor, so that it keeps generating while the
             driver does something else (a streaming actor takes every call admission allows).
@@ -66,8 +77,8 @@ class RolloutGroup:
             (the learners', whose bundles hold room for it).
     """
 
-    def __init__(self, actor_kwargs: Mapping[str, Any], num_actors: int, prompts: PromptSource,
-                 buffer: ArrowBuffer, prompts_per_call: int = 1, calls_per_actor: int = 2,
+    def __init__(self, actor_kwargs: Mapping[str, Any], num_actors: int, prompts: PromptSource | None,
+                 buffer: ArrowBuffer | None, prompts_per_call: int = 1, calls_per_actor: int = 2,
                  num_cpus: float = 1, num_gpus: float = 0,
                  resources: Mapping[str, float] | None = None, placement_group: Any = None) -> None:
         import ray
@@ -130,7 +141,7 @@ class RolloutGroup:
             self._reissue(slot.calls)
             self._ray.kill(slot.handle)
 
-    def receivers(self) -> list[Any]:
+    def receivers(self) -> list[ActorHandle]:
         """The actors' handles, in slot order (the receivers of a weight push)."""
         return [s.handle for s in self.slots]
 
@@ -146,7 +157,8 @@ class RolloutGroup:
         self._ray.get([s.handle.wake_up.remote() for s in self.slots if s.starting is None])
 
     def set_weights(self, version: int, weights: Any) -> None:
-        """Queues new weights on every actor (applied between generations)."""
+        """Queues new weights on every actor (applied between generations): the refs of a push's
+        buckets, or (tests) a ref of a dict of named arrays; ``RolloutActor.set_weights``."""
         self.version, self._weights = version, weights
         for slot in self.slots:
             slot.handle.set_weights.remote(version, weights)
@@ -190,6 +202,45 @@ class RolloutGroup:
                 raise TimeoutError(f"the buffer holds {len(self.buffer)} of {groups} groups after {timeout} s")
             self.pump(timeout=1.0)
 
+    def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
+                 progress: Callable[[int], Any] | None = None) -> list[list[tuple[str, int, str]]]:
+        """n completions of every prompt, no rewards (evaluation; ``RolloutActor.complete``), in
+        calls of ``prompts_per_call`` prompts spread as training calls are: to the started actor
+        with the fewest calls in flight, at most ``calls_per_actor`` each. An actor that dies is
+        replaced (its training calls re-issued as always) and its evaluation calls go out again.
+        Training calls in flight go on meanwhile; their finished groups are collected into the
+        buffer. ``progress(k)`` is called as each call of k prompts returns."""
+        todo = collections.deque(range(0, len(prompts), self.prompts_per_call))
+        out: list[Any] = [None] * len(prompts)
+        pending: dict[Any, tuple[_Slot, Any, int]] = {}  # ref -> (slot, its handle then, start)
+        while todo or pending:
+            self.collect(0)  # actors that finished starting; training streams go on
+            load = collections.Counter(id(slot) for slot, _, _ in pending.values())
+            while todo:
+                free = [s for s in self.slots if s.starting is None and load[id(s)] < self.calls_per_actor]
+                if not free:
+                    break
+                slot = min(free, key=lambda s: load[id(s)])
+                start = todo.popleft()
+                chunk = list(prompts[start:start + self.prompts_per_call])
+                pending[slot.handle.complete.remote(chunk, n, dict(sampling))] = (slot, slot.handle, start)
+                load[id(slot)] += 1
+            starting = [s.starting for s in self.slots if s.starting is not None]
+            ready, _ = self._ray.wait(list(pending) + starting, num_returns=1, timeout=1.0)
+            for ref in [r for r in ready if r in pending]:
+                slot, handle, start = pending.pop(ref)
+                try:
+                    results = self._ray.get(ref)
+                except self._ray.exceptions.RayActorError:
+                    todo.append(start)
+                    if slot.handle is handle:  # not replaced yet (one death fails all its calls)
+                        self._actor_lost(slot)
+                    continue
+                out[start:start + len(results)] = results
+                if progress is not None:
+                    progress(len(results))
+        return out
+
     def step_metrics(self) -> dict[str, float]:
         """``rollout/*`` of a training step: the actors' generate and score seconds since the last
         call (summed over actors), how many actors on how many nodes, and the event counts."""
@@ -225,12 +276,17 @@ class RolloutGroup:
     def _started(self, slot: _Slot) -> None:
         try:
             slot.node_id = self._ray.get(slot.starting)
-            slot.starting = None
-        except self._ray.exceptions.RayActorError:  # died while starting: start another
+            slot.starting, slot.failed_starts = None, 0
+        except self._ray.exceptions.RayActorError as err:  # died while starting: start another
             self._ray.kill(slot.handle)
+            slot.failed_starts += 1
+            if slot.failed_starts >= MAX_FAILED_STARTS:
+                raise RuntimeError(f"rollout actor {self.slots.index(slot)} failed to start "
+                                   f"{slot.failed_starts} times in a row (a model or engine_kwargs "
+                                   f"its engine cannot load?); the last error: {err}") from None
             self._replace(slot)
 
-    def restart(self, handles: Sequence[Any]) -> None:
+    def restart(self, handles: Sequence[ActorHandle]) -> None:
         """Replaces the actors ``handles`` (dead, or stuck in a broken weight broadcast): their
         calls in flight are re-issued, each gets a fresh actor."""
         for slot in [s for s in self.slots if any(s.handle is h for h in handles)]:
@@ -240,13 +296,15 @@ class RolloutGroup:
 
     def _replace(self, slot: _Slot) -> None:
         fresh = self._start_actor(self.slots.index(slot))
-        slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []
+        slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []  # failed_starts kept
         slot.restarts += 1
         self.stats["actor_restarts"] += 1
 
     def _submit(self) -> None:
         """New calls while admission allows: batched, up to ``calls_per_actor`` per actor;
         streaming, every admitted prompt at once, to the actor with the fewest in flight."""
+        if self.prompts is None:  # a group that only evaluates
+            return
         limit = float("inf") if self.streaming else self.calls_per_actor
         while True:
             started = [s for s in self.slots if s.starting is None and len(s.calls) < limit]
@@ -350,7 +408,7 @@ class RolloutGroup:
             except Exception:  # noqa: BLE001 - finished, or its actor is gone
                 pass
 
-    def on_update(self, version: int, weights: Any) -> None:
+    def on_update(self, version: int, weights: list[ObjectRef] | None) -> None:
         """After a learner update: new weights out (``None``: they were broadcast already; an
         actor started later gets them at the next push), too-stale buffered groups re-issued."""
         if weights is None:

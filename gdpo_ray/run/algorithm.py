@@ -325,7 +325,7 @@ class GDPO(Algorithm):
         settings = dict(samples=c.eval_samples, temperature=c.eval_temperature, top_p=c.eval_top_p,
                         max_tokens=c.eval_max_tokens, limit=c.eval_limit) | settings
         try:
-            report = evaluate(self.eval_suite, actors=self.rollouts.receivers(), progress=False,
+            report = evaluate(self.eval_suite, rollouts=self.rollouts, progress=False,
                               label=f"policy version {self.policy_version}", **settings)
         except Exception as err:  # noqa: BLE001 - an actor died mid-eval, a suite's scorer failed
             logger.warning("eval of %s at policy version %d failed (%s: %s); training goes on",

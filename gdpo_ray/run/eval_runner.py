@@ -1,8 +1,9 @@
 """``evaluate``: a policy (or a file of completions) through a suite into a report.
 
 Generation runs on rollout actors (``actors.rollout.RolloutActor.complete``, no rewards
-attached) on Ray, so it spreads over a cluster as training does: ``num_actors`` actors, each
-with ``calls_per_actor`` calls of ``prompts_per_call`` prompts in flight. Scoring runs in this
+attached) on Ray, scheduled by the same ``actors.rollout_group.RolloutGroup`` as training, so it
+spreads over a cluster as training does: ``num_actors`` actors (or a run's own, during
+training), each with ``calls_per_actor`` calls of ``prompts_per_call`` prompts in flight. Scoring runs in this
 process, code in the sandbox: item by item, or over ``score_threads`` threads for suites whose
 scorer waits on sandbox processes (``Suite.parallel_scoring``).
 
@@ -25,6 +26,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from actors.engines import SamplingParams
+from actors.rollout_group import RolloutGroup
+from gdpo_ray import model_files
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
@@ -87,56 +91,34 @@ def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None
     return {it.id: by_id[it.id] for it in items if it.id in by_id}
 
 
-def generate(model_path: str, items: Sequence[EvalItem], n: int, sampling: Mapping[str, Any],
+def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling: Mapping[str, Any],
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
-             num_gpus_per_actor: float = 0, progress: bool = True, actors: Sequence[Any] | None = None,
+             num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
              max_prompt_tokens: int = 8192) -> dict[str, list[Completion]]:
-    """n completions of every item, on ``actors`` (rollout actors, with their own
-    max_prompt_tokens) or on ``num_actors`` new ones; a prompt over ``max_prompt_tokens`` is
-    not generated (its completions are empty, finish reason "prompt_too_long")."""
-    import ray
+    """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
+    max_prompt_tokens) or on a group of ``num_actors`` new rollout actors without rewards; a
+    prompt over ``max_prompt_tokens`` is not generated (its completions are empty, finish reason
+    "prompt_too_long")."""
     from tqdm import tqdm
 
-    own = actors is None
+    own = rollouts is None
     if own:
-        from actors.rollout import RolloutActor
-
-        from gdpo_ray import model_files
-
-        remote = ray.remote(RolloutActor).options(num_cpus=1, num_gpus=num_gpus_per_actor)
-        shipped = model_files.pack(model_path)
-        actors = [remote.remote(model_path=model_path, model_files=shipped, rewards=None, group_size=max(n, 2), engine=engine,
-                                engine_kwargs=dict(engine_kwargs or {}), chat_template=chat_template,
-                                max_prompt_tokens=max_prompt_tokens, seed=i) for i in range(num_actors)]
-    chunks = [list(items[i:i + prompts_per_call]) for i in range(0, len(items), prompts_per_call)]
-    out: dict[str, list[Completion]] = {}
-    in_flight: dict[Any, tuple[Any, list[EvalItem]]] = {}
-    load = {a: 0 for a in actors}
+        rollouts = RolloutGroup(
+            dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=None,
+                 group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
+                 chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0),
+            num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
+            calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
     bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
     try:
-        while chunks or in_flight:
-            for actor in actors:
-                while chunks and load[actor] < calls_per_actor:
-                    chunk = chunks.pop(0)
-                    ref = actor.complete.remote([it.prompt for it in chunk], n, dict(sampling))
-                    in_flight[ref], load[actor] = (actor, chunk), load[actor] + 1
-            done, _ = ray.wait(list(in_flight), num_returns=1)
-            actor, chunk = in_flight.pop(done[0])
-            load[actor] -= 1
-            for it, samples in zip(chunk, ray.get(done[0])):
-                out[it.id] = [Completion(text, tokens, reason) for text, tokens, reason in samples]
-            bar.update(len(chunk))
+        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update)
     finally:
         bar.close()
         if own:
-            for actor in actors:
-                try:
-                    ray.get(actor.shutdown.remote(), timeout=30)
-                except Exception:  # noqa: BLE001 - going away anyway
-                    pass
-                ray.kill(actor)
-    return {it.id: out[it.id] for it in items}
+            rollouts.shutdown()
+    return {it.id: [Completion(text, tokens, reason) for text, tokens, reason in done]
+            for it, done in zip(items, samples)}
 
 
 def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Sequence[Completion]],
@@ -172,10 +154,11 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
              samples: int = 1, temperature: float = 0.6, top_p: float = 0.95, max_tokens: int | None = None,
              limit: int | None = None, engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
              num_actors: int = 1, chat_template: bool = True, tokenizer: str | None = None,
-             progress: bool = True, actors: Sequence[Any] | None = None, label: str | None = None,
+             progress: bool = True, rollouts: RolloutGroup | None = None, label: str | None = None,
              max_prompt_tokens: int = 8192) -> dict:
-    """The report of ``suite`` for ``policy`` (generated here) or ``completions_file``."""
-    if (policy is None) == (completions_file is None) and actors is None:
+    """The report of ``suite`` for ``policy`` (generated on new rollout actors), for the policy
+    of ``rollouts`` (a run's rollout group, during training) or for ``completions_file``."""
+    if (policy is None) == (completions_file is None) and rollouts is None:
         raise ValueError("evaluate needs a policy to generate with or a completions file (--completions), not both")
     if samples < 1:
         raise ValueError(f"--samples must be >= 1; got {samples}")
@@ -198,15 +181,13 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         settings |= {"completions": str(completions_file), "items_missing": missing}
         completions, source = found, str(completions_file)
     else:
-        from actors.engines import SamplingParams
-
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         SamplingParams(**sampling)  # bad sampling fails before any actor starts
         model = resolve_policy(policy) if policy is not None else None
-        settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if actors is None else None}
+        settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if rollouts is None else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               actors=actors, max_prompt_tokens=max_prompt_tokens)
+                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings)

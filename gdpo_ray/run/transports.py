@@ -5,6 +5,11 @@ actors. One class per transport, chosen once from ``training.weight_sync`` (``TR
     send(version, receivers) -> Pushed    # connects the receivers if they changed, sends
     close()                               # forgets the connection (rebuilt at the next send)
 
+Every transport sends from a ``learners.deepspeed_learner.LearnerGroup`` to the actors of an
+``actors.rollout_group.RolloutGroup`` (``receivers()``: handles of ``RolloutActor`` or
+``StreamingRolloutActor``, whose ``set_weights`` / ``join_broadcast`` / ``receive_weights`` are
+the receiving side).
+
 and ``push_weights(transport, rollouts, version)`` is the one way a version goes out (after an
 update, a learner recovery, a restore): dead actors replaced first (no new work is started: a
 restored prompt state stays as saved), the version sent, actors a failed broadcast left behind
@@ -26,6 +31,12 @@ import dataclasses
 import logging
 from typing import Any, Protocol, Sequence
 
+import ray
+from ray.actor import ActorHandle
+
+from actors.rollout_group import RolloutGroup
+from learners.deepspeed_learner import LearnerGroup
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,14 +48,14 @@ class Pushed:
 
     version: int
     peak_bytes: int
-    buckets: list | None = None
-    replace: tuple = ()
+    buckets: list[ray.ObjectRef] | None = None
+    replace: tuple[ActorHandle, ...] = ()
 
 
 class WeightTransport(Protocol):
     name: str
 
-    def send(self, version: int, receivers: Sequence[Any]) -> Pushed: ...
+    def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed: ...
 
     def close(self) -> None: ...
 
@@ -54,10 +65,10 @@ class ObjectStoreTransport:
 
     name = "object_store"
 
-    def __init__(self, learners: Any, bucket_bytes: int) -> None:
+    def __init__(self, learners: LearnerGroup, bucket_bytes: int) -> None:
         self.learners, self.bucket_bytes = learners, bucket_bytes
 
-    def send(self, version: int, receivers: Sequence[Any]) -> Pushed:
+    def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
         refs, peak = self.learners.weight_buckets(self.bucket_bytes)
         return Pushed(version, peak, buckets=refs)
 
@@ -66,7 +77,7 @@ class ObjectStoreTransport:
 
 
 class _Broken(Exception):
-    def __init__(self, actors: list, cause: Any) -> None:
+    def __init__(self, actors: list[ActorHandle], cause: Any) -> None:
         super().__init__(str(cause).splitlines()[0][:300] if str(cause) else type(cause).__name__)
         self.actors = actors
 
@@ -78,13 +89,13 @@ class BroadcastTransport:
 
     name = "broadcast"
 
-    def __init__(self, learners: Any, bucket_bytes: int, grace_s: float = 10.0) -> None:
+    def __init__(self, learners: LearnerGroup, bucket_bytes: int, grace_s: float = 10.0) -> None:
         self.learners, self.bucket_bytes, self.grace_s = learners, bucket_bytes, grace_s
-        self.members: list | None = None
+        self.members: list[ActorHandle] | None = None
         self.backend: str | None = None
         self._fallback = ObjectStoreTransport(learners, bucket_bytes)
 
-    def connect(self, receivers: Sequence[Any]) -> None:
+    def connect(self, receivers: Sequence[ActorHandle]) -> None:
         """Builds the group with ``receivers`` (ranks 1..n) unless it has them already."""
         if self.members == list(receivers):
             return
@@ -95,7 +106,7 @@ class BroadcastTransport:
         self.backend = self._settle([self.learners.open_broadcast_async(host, port, world)], parts)[0]
         self.members = list(receivers)
 
-    def send(self, version: int, receivers: Sequence[Any]) -> Pushed:
+    def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
         try:
             self.connect(receivers)
             parts = [(a, a.receive_weights.remote(version)) for a in receivers]
@@ -112,13 +123,12 @@ class BroadcastTransport:
     def close(self) -> None:
         self.members = None
 
-    def _settle(self, learner_refs: list, parts: list[tuple[Any, Any]]) -> list:
+    def _settle(self, learner_refs: list[ray.ObjectRef],
+                parts: list[tuple[ActorHandle, ray.ObjectRef]]) -> list:
         """The learners' results of a broadcast step whose other members are ``parts``. Raises
         a learner's death as it is; any other failure as ``_Broken`` naming the actors whose
         part did not complete (those still waiting ``grace_s`` after the learners gave up are
         stuck in the collective)."""
-        import ray
-
         try:
             results, failed = ray.get(learner_refs), None
         except ray.exceptions.RayActorError:
@@ -141,17 +151,17 @@ class BroadcastTransport:
         return results
 
 
-TRANSPORTS: dict[str, type] = {"object_store": ObjectStoreTransport, "broadcast": BroadcastTransport}
+TRANSPORTS: dict[str, type[WeightTransport]] = {"object_store": ObjectStoreTransport, "broadcast": BroadcastTransport}
 
 
-def make_transport(name: str, learners: Any, bucket_bytes: int) -> WeightTransport:
+def make_transport(name: str, learners: LearnerGroup, bucket_bytes: int) -> WeightTransport:
     """The transport ``training.weight_sync`` names, sending from ``learners``."""
     if name not in TRANSPORTS:
         raise ValueError(f"weight_sync must be one of {sorted(TRANSPORTS)}; got {name!r}")
     return TRANSPORTS[name](learners, bucket_bytes)
 
 
-def push_weights(transport: WeightTransport, rollouts: Any, version: int) -> Pushed:
+def push_weights(transport: WeightTransport, rollouts: RolloutGroup, version: int) -> Pushed:
     """``version`` to every rollout actor of ``rollouts`` (a ``RolloutGroup``) through
     ``transport``; too-stale buffered groups are re-issued (``on_update``)."""
     rollouts.collect()  # actors that died since the last push (their calls failed): replaced

@@ -10,20 +10,20 @@ from gdpo_ray.eval.suites import make_suite
 
 
 @pytest.fixture(scope="module")
-def demo_actor(ray_cluster):
-    from actors.rollout import RolloutActor
+def demo_rollouts(ray_cluster):
+    """One rollout actor of the demo's policy, without rewards, in the group that schedules it."""
+    from actors.rollout_group import RolloutGroup
     from gdpo_ray.warm_start import demo_model_dir
 
-    actor = ray_cluster.remote(RolloutActor).options(num_cpus=1).remote(
-        model_path=str(demo_model_dir()), rewards=None, group_size=2, max_prompt_tokens=8192)
-    yield actor
-    ray_cluster.get(actor.shutdown.remote())
-    ray_cluster.kill(actor)
+    rollouts = RolloutGroup(dict(model_path=str(demo_model_dir()), rewards=None, group_size=2,
+                                 max_prompt_tokens=8192), num_actors=1, prompts=None, buffer=None)
+    yield rollouts
+    rollouts.shutdown()
 
 
 @pytest.mark.parametrize("spec", ["task:addition", "task:tool_calls", "task:code", "humaneval", "math",
                                   "bfcl:simple_python", "bfcl:live_irrelevance"])
-def test_every_suite_evaluates_the_demo_policy(demo_actor, tmp_path, spec):
+def test_every_suite_evaluates_the_demo_policy(demo_rollouts, tmp_path, spec):
     if spec == "math":
         path = tmp_path / "mini.jsonl"
         path.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
@@ -32,7 +32,7 @@ def test_every_suite_evaluates_the_demo_policy(demo_actor, tmp_path, spec):
     if spec.startswith("bfcl"):
         pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval==2026.3.23")
     suite = make_suite(spec)
-    report = evaluate(suite, actors=[demo_actor], samples=2, max_tokens=8, limit=2, progress=False)
+    report = evaluate(suite, rollouts=demo_rollouts, samples=2, max_tokens=8, limit=2, progress=False)
     assert report["counts"] == {"items": 2, "samples": 4, "prompt_too_long": 0}
     assert list(report["overall"]) == list(suite.metrics)
     for item in report["items"].values():
@@ -44,10 +44,10 @@ def test_every_suite_evaluates_the_demo_policy(demo_actor, tmp_path, spec):
     assert report["settings"] | {"samples": 2, "max_tokens": 8, "limit": 2} == report["settings"]
 
 
-def test_the_demo_learns_addition_as_eval_measures_it(demo_actor):
+def test_the_demo_learns_addition_as_eval_measures_it(demo_rollouts):
     """Sampling at the demo's temperature, the warm-started policy answers some sums: the
     eval sees what training rewards see (pass@1 > 0, format > 0)."""
-    report = evaluate(make_suite("task:addition"), actors=[demo_actor], samples=4, temperature=1.0,
+    report = evaluate(make_suite("task:addition"), rollouts=demo_rollouts, samples=4, temperature=1.0,
                       top_p=1.0, limit=20, progress=False)
     assert 0 < report["overall"]["pass@1"] < 1 and 0 < report["overall"]["format_ratio"] < 1
 
@@ -107,3 +107,28 @@ def test_prompts_over_the_limit_are_counted_not_generated(ray_cluster):
     assert report["overall"] == {"accuracy": 0.0, "format_ratio": 0.0}
     assert all(s["finish_reason"] == "prompt_too_long" and s["completion"] == "" and s["tokens"] == 0
                for item in report["items"].values() for s in item["samples"])
+
+
+def test_an_actor_killed_during_an_eval_is_replaced_and_its_prompts_completed(ray_cluster):
+    """Evaluation is scheduled by the RolloutGroup, so it survives a dead actor as training
+    does: the actor dies after the first call returns; a fresh one completes the rest."""
+    from actors.rollout_group import RolloutGroup
+    from gdpo_ray.warm_start import demo_model_dir
+
+    rollouts = RolloutGroup(dict(model_path=str(demo_model_dir()), rewards=None, group_size=2),
+                            num_actors=1, prompts=None, buffer=None, prompts_per_call=1, calls_per_actor=1)
+    done = []
+
+    def kill_after_the_first(k):
+        done.append(k)
+        if len(done) == 1:
+            ray_cluster.kill(rollouts.slots[0].handle)
+
+    try:
+        prompts = [f"What is {a} + 1?" for a in range(4)]
+        out = rollouts.complete(prompts, 2, {"max_tokens": 4}, progress=kill_after_the_first)
+    finally:
+        rollouts.shutdown()
+    assert len(out) == 4 and all(len(samples) == 2 for samples in out)
+    assert all(0 < tokens <= 4 for samples in out for _, tokens, _ in samples)
+    assert rollouts.stats["actor_restarts"] == 1 and sum(done) == 4
