@@ -1,23 +1,39 @@
-"""The engine contract: what a rollout actor asks of a generation engine, and the registry.
+"""The engine contracts: what the rollout actors call of a generation engine, and the registry.
 
-An engine (``Engine``) holds a policy's weights and generates: ``generate(prompt_token_ids, n,
-sampling)`` returns, per prompt, n ``Sample``s: the response token ids (up to and including the
-stop token), the log-probability of each sampled token under the distribution sampled from
+Two kinds of engine, one ``Protocol`` each, holding exactly what the actors call:
+
+- ``BatchEngine`` (``generation.mode='batched'``, ``actors.rollout.RolloutActor``): plain
+  methods, one batch of prompts per call;
+- ``StreamingEngine`` (``generation.mode='streaming'``, ``actors.streaming.StreamingRolloutActor``):
+  coroutines on the actor's event loop, one request per sample, new weights pushed in flight.
+
+An engine whose ``weight_transfer`` is True takes a learner's NCCL broadcast itself (vLLM's
+weight transfer) and so is also a ``WeightReceiver`` (batch) or ``AsyncWeightReceiver``
+(streaming): the receiving side's contracts, written in ``gdpo_ray.weights.channels``, which
+calls them.
+
+Every engine generates ``Sample``s: the response token ids (up to and including the stop
+token), the log-probability of each sampled token under the distribution sampled from
 (log_softmax(logits / temperature); top-p/top-k are recorded in the group metadata, not
 renormalized into the logprobs, so that learners compute theirs the same way), and the finish
-reason ("stop", "length" or "abort"). Engines are registered by import path (``ENGINES``:
-``hf`` -> ``actors.hf_engine:HFEngine``, ``vllm`` -> ``actors.vllm_engine:VLLMEngine``); a
-config may also name any ``package.module:Class`` that fulfils the contract. This module imports
-nothing else of ``actors``.
+reason. A streaming engine's are ``VersionedSample``s, which add the policy version that sampled
+each token.
+
+``ENGINES`` names the built-in engines' classes per mode (``hf``: batched; ``vllm``: batched and
+streaming); ``engine_class(kind, mode)`` resolves a name or any ``package.module:Class`` and
+checks the class against the mode's protocol when the config is validated, before any actor
+starts. This module imports nothing else of ``actors``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Iterable, Protocol, runtime_checkable
+import inspect
+from typing import Any, Iterable, Protocol
 
 from gdpo_ray.config import check_value, default
+from gdpo_ray.weights.channels import AsyncWeightReceiver, WeightReceiver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,59 +57,227 @@ class SamplingParams:
 
 @dataclasses.dataclass
 class Sample:
+    """One completion. ``finish_reason``: "stop" (an EOS token or a stop string, included in
+    ``token_ids``), "length" (``max_tokens`` reached) or "abort" (the engine ended the request
+    for any other reason, e.g. vLLM aborted it)."""
+
     token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length"
+    logprobs: list[float]  # per token (empty where the caller asked for none)
+    finish_reason: str  # "stop" | "length" | "abort"
 
 
-@runtime_checkable
-class Engine(Protocol):
-    """What a rollout actor uses of an engine."""
+@dataclasses.dataclass
+class VersionedSample(Sample):
+    """A streaming engine's sample: its weights may change while it decodes."""
 
-    tokenizer: Any  # a Hugging Face tokenizer (chat template, decode)
-    device: str  # "cpu" or "cuda": where its weights live (picks the weight transport)
-    weight_transfer: bool  # True: it can join vLLM's NCCL weight transfer (receive_broadcast)
+    versions: list[int] = dataclasses.field(default_factory=list)  # per token: the policy that sampled it
+
+
+class BatchEngine(Protocol):
+    """What ``RolloutActor`` (``generation.mode='batched'``) calls of its engine, synchronously.
+
+    The actor builds it as ``Engine(model_path, seed=seed, **generation.engine_kwargs)``
+    (``model_path`` a local Hugging Face model directory) and calls one method at a time. New
+    weights arrive through ``load_weights`` (the object store, and the gloo or NCCL bucket
+    broadcast); with ``weight_transfer`` True the engine is a ``WeightReceiver`` too.
+    """
+
+    tokenizer: Any  # a Hugging Face tokenizer: chat template, encode, decode
+    device: str  # "cpu" or "cuda[:i]": where its weights live (picks the broadcast's backend)
+    weight_transfer: bool  # True: it takes vLLM's NCCL weight transfer (a WeightReceiver)
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
-        """Raises ValueError for sampling it cannot do with exact logprobs (at config time)."""
+        """Raises ValueError for sampling it cannot do with exact logprobs (asked when the
+        config is validated, naming the fix)."""
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
                  logprobs: bool = True) -> list[list[Sample]]:
-        """``logprobs=False``: the caller (evaluation) needs no logprobs, so any sampling is
-        allowed (top-p/top-k included) and ``Sample.logprobs`` may be empty."""
+        """n samples of each of P prompts (token ids, the chat template already applied): P
+        lists of n ``Sample``s, in prompt order. ``logprobs=True`` (training): each sample's
+        logprobs as the module docstring says, one per token. ``logprobs=False`` (evaluation):
+        none needed, so any sampling is allowed (top-p/top-k included) and they may be empty."""
 
-    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]: ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None: ...
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """New weights: (checkpoint name, tensor) of every parameter (tied ones under each
+        name), an iterable read once (buckets behind it are fetched as it is read, so hold no
+        more than the tensor in hand)."""
 
     def sleep(self) -> None:
         """Frees its accelerator memory while colocated learners update (a no-op where none)."""
 
-    def wake_up(self) -> None: ...
+    def wake_up(self) -> None:
+        """Takes back what ``sleep`` freed, before the next call."""
+
+    def shutdown(self) -> None:
+        """Releases what outlives the actor (processes of its own); a no-op where nothing does."""
 
 
-#: engine name -> "package.module:Class"
-ENGINES = {"hf": "actors.hf_engine:HFEngine", "vllm": "actors.vllm_engine:VLLMEngine"}
+class StreamingEngine(Protocol):
+    """What ``StreamingRolloutActor`` (``generation.mode='streaming'``) calls of its engine.
+    Every method that touches the engine is a coroutine, run on the actor's one event loop, many
+    at once (the engine batches every request in flight continuously).
+
+    Built as a ``BatchEngine`` is. Policy versions: the actor's version is that of the last
+    push; a ``push(path, version)`` (or, with ``weight_transfer`` True, an
+    ``AsyncWeightReceiver.receive_broadcast``) lands while requests decode, and every token
+    sampled after it is labelled ``version`` (``VersionedSample.versions``), its logprob that of
+    the distribution it was sampled from.
+    """
+
+    tokenizer: Any  # a Hugging Face tokenizer: chat template, encode, decode
+    device: str  # "cpu" or "cuda[:i]": where its weights live (picks the broadcast's backend)
+    weight_transfer: bool  # True: it takes vLLM's NCCL weight transfer (an AsyncWeightReceiver)
+    max_num_seqs: int  # sequences it decodes at once (the actor keeps that many requests + one group in it)
+    active: int  # requests in it now (``engine_stats``)
+    pause_s: list[float]  # per push, the seconds the engine was paused (``engine_stats``)
+
+    @classmethod
+    def check_sampling(cls, sampling: SamplingParams) -> None:
+        """As ``BatchEngine.check_sampling``."""
+
+    async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams,
+                     logprobs: bool = True) -> VersionedSample:
+        """One completion of one prompt, a request of its own, with the version of every token.
+        Cancelling the task aborts the request (the actor cancels a group left more than
+        ``max_staleness`` behind a push)."""
+
+    async def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                       logprobs: bool = True) -> list[list[VersionedSample]]:
+        """``BatchEngine.generate``'s contract, as concurrent requests beside those in flight
+        (evaluation: ``complete`` calls it with ``logprobs=False``)."""
+
+    def write_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> str:
+        """New weights (as ``BatchEngine.load_weights`` takes them) written where ``push`` reads
+        them; returns that path. A plain method: the actor runs it in a thread while the engine
+        keeps generating."""
+
+    async def push(self, path: str, version: int) -> float:
+        """Loads the weights ``write_weights`` wrote at ``path`` (and removes them) as policy
+        ``version`` while requests are in flight: paused with every request kept, loaded,
+        labelled, resumed. Returns the seconds it was paused (appended to ``pause_s``)."""
+
+    async def sleep(self) -> None:
+        """As ``BatchEngine.sleep``."""
+
+    async def wake_up(self) -> None:
+        """As ``BatchEngine.wake_up``."""
+
+    def shutdown(self) -> None:
+        """As ``BatchEngine.shutdown`` (a plain method: called as the actor goes)."""
 
 
-def engine_class(kind: str) -> type:
-    """The class of engine ``kind``: a name of ``ENGINES`` or an import path."""
-    path = ENGINES.get(kind, kind)
+MODES = ("batched", "streaming")
+#: generation.mode -> (the protocol of its engines, the receiving side's when weight_transfer)
+PROTOCOLS = {"batched": (BatchEngine, WeightReceiver), "streaming": (StreamingEngine, AsyncWeightReceiver)}
+
+#: engine name -> generation.mode -> "package.module:Class" (every name has a batched class;
+#: a streaming one where the engine batches continuously)
+ENGINES = {
+    "hf": {"batched": "actors.hf_engine:HFEngine"},
+    "vllm": {"batched": "actors.vllm_engine:VLLMEngine",
+             "streaming": "actors.vllm_stream_engine:AsyncVLLMEngine"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """How a class falls short of a protocol: methods it lacks, methods that must be coroutines
+    and are not, and coroutines where the actor makes a plain call."""
+
+    missing: tuple[str, ...] = ()
+    not_async: tuple[str, ...] = ()
+    not_sync: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.not_async or self.not_sync)
+
+    def __str__(self) -> str:
+        parts = [("missing", self.missing), ("not async (declare them async def)", self.not_async),
+                 ("async where the actor calls them plainly (declare them def)", self.not_sync)]
+        return "; ".join(f"{what}: {', '.join(names)}" for what, names in parts if names)
+
+
+def protocol_members(protocol: type) -> tuple[dict[str, bool], tuple[str, ...]]:
+    """({method name: whether it is a coroutine}, attribute names) that ``protocol`` declares,
+    its protocol bases' included."""
+    methods: dict[str, bool] = {}
+    attributes: list[str] = []
+    for base in reversed(protocol.__mro__):
+        if base in (object, Protocol) or not getattr(base, "_is_protocol", False):
+            continue
+        attributes += [a for a in vars(base).get("__annotations__", {}) if a not in attributes]
+        for name, value in vars(base).items():
+            if isinstance(value, classmethod):
+                value = value.__func__
+            if inspect.isfunction(value) and not name.startswith("_"):
+                methods[name] = inspect.iscoroutinefunction(value)
+    return methods, tuple(attributes)
+
+
+def mismatch(cls: Any, protocol: type) -> Mismatch:
+    """What ``cls`` (a class, or an engine) lacks of ``protocol``'s methods."""
+    methods, _ = protocol_members(protocol)
+    found = {name: getattr(cls, name, None) for name in methods}
+    return Mismatch(
+        missing=tuple(n for n, f in found.items() if not callable(f)),
+        not_async=tuple(n for n, f in found.items() if callable(f) and methods[n]
+                        and not inspect.iscoroutinefunction(f)),
+        not_sync=tuple(n for n, f in found.items() if callable(f) and not methods[n]
+                       and inspect.iscoroutinefunction(f)))
+
+
+def engine_class(kind: str, mode: str = "batched") -> type:
+    """The class of engine ``kind`` for ``generation.mode`` ``mode``: a name of ``ENGINES`` or a
+    ``package.module:Class``, imported and checked against the mode's protocol (and, where it
+    has either of their methods, the receiving side's); ValueError naming what it lacks."""
+    if mode not in MODES:
+        raise ValueError(f"generation.mode must be one of {MODES}; got {mode!r}")
+    protocol, receiver = PROTOCOLS[mode]
+    if kind in ENGINES and mode not in ENGINES[kind]:
+        streamers = [name for name, classes in ENGINES.items() if "streaming" in classes]
+        raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
+                         f"({', '.join(streamers)}, or a class of actors.engines.StreamingEngine); "
+                         f"engine {kind!r} takes batch calls: use generation.mode='batched' or "
+                         f"generation.engine={streamers[0]!r}")
+    path = ENGINES[kind][mode] if kind in ENGINES else kind
     module, sep, name = path.partition(":")
     if not sep:
         raise ValueError(f"unknown engine {kind!r}; known: {', '.join(ENGINES)} (or "
-                         f"'package.module:Class' of an engine of the actors.engines.Engine contract)")
+                         f"'package.module:Class' of an actors.engines.{protocol.__name__})")
     try:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"engine {kind!r}: cannot import {path}: {err}") from None
-    missing = [m for m in ("generate", "greedy", "load_weights", "sleep", "wake_up", "check_sampling")
-               if not callable(getattr(cls, m, None))]
-    if missing:
-        raise ValueError(f"engine {kind!r} ({path}) lacks {missing} of the actors.engines.Engine contract")
+    short = mismatch(cls, protocol)
+    if not short and any(callable(getattr(cls, m, None)) for m in protocol_members(receiver)[0]):
+        protocol, short = receiver, mismatch(cls, receiver)  # it offers the weight transfer: all of it
+    if short:
+        other = MODES[1 - MODES.index(mode)]
+        fix = (f"; or, as it fulfils {PROTOCOLS[other][0].__name__}, use generation.mode={other!r}"
+               if not mismatch(cls, PROTOCOLS[other][0]) else "")
+        raise ValueError(f"engine {kind!r} ({path}) does not fulfil {_name(protocol)}, what "
+                         f"generation.mode={mode!r} calls: {short}. Write them as the protocol's "
+                         f"docstrings say{fix}")
     return cls
 
 
-def make_engine(kind: str, model_path: str, **kwargs: Any) -> Engine:
-    return engine_class(kind)(model_path, **kwargs)
+def make_engine(kind: str, model_path: str, mode: str = "batched",
+                **kwargs: Any) -> BatchEngine | StreamingEngine:
+    """Engine ``kind`` for ``mode`` built on ``model_path`` (``engine_class``), its attributes
+    checked too: those of the mode's protocol, and, where ``weight_transfer`` is True, the
+    receiving side's methods."""
+    engine = engine_class(kind, mode)(model_path, **kwargs)
+    protocol, receiver = PROTOCOLS[mode]
+    lacking = [a for a in protocol_members(protocol)[1] if not hasattr(engine, a)]
+    if lacking:
+        raise ValueError(f"engine {kind!r} was built without the attributes {', '.join(lacking)} "
+                         f"of {_name(protocol)}: set them in its __init__")
+    if engine.weight_transfer and (short := mismatch(engine, receiver)):
+        raise ValueError(f"engine {kind!r} has weight_transfer=True but does not fulfil "
+                         f"{_name(receiver)}: {short}")
+    return engine
+
+
+def _name(protocol: type) -> str:
+    return f"{protocol.__module__}.{protocol.__qualname__}"

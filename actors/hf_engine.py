@@ -10,8 +10,8 @@ from actors.engines import Sample, SamplingParams
 
 
 class HFEngine:
-    """transformers ``generate`` on CPU (or one GPU); any top-p/top-k (its logprobs are of
-    the full distribution)."""
+    """transformers ``generate`` on CPU (or one GPU), an ``actors.engines.BatchEngine``; any
+    top-p/top-k (its logprobs are of the full distribution)."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
 
@@ -24,6 +24,9 @@ class HFEngine:
 
     def wake_up(self) -> None:
         pass
+
+    def shutdown(self) -> None:
+        pass  # nothing outlives the actor
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
                  seed: int = 0) -> None:
@@ -83,20 +86,6 @@ class HFEngine:
             samples.append(Sample(new[row, :end].tolist(),
                                   logprobs[row, :end].astype(np.float32).tolist(), reason))
         return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
-
-    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-        """Greedy completions (evaluation and checks), up to and including the stop token."""
-        out = []
-        with self.torch.no_grad():
-            for p in prompt_token_ids:  # one by one: no padding to reason about
-                ids = self.torch.tensor([p], device=self.device)
-                seq = self.model.generate(input_ids=ids, attention_mask=self.torch.ones_like(ids),
-                                          do_sample=False, max_new_tokens=max_tokens,
-                                          pad_token_id=self.pad_id, eos_token_id=self.eos_ids)
-                new = seq[0, len(p):].tolist()
-                ends = [i for i, t in enumerate(new) if t in self.eos_ids]
-                out.append(new[:ends[0] + 1] if ends else new)
-        return out
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """New weights by reference, never written in place: a tensor already on the right

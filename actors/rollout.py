@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from actors.engines import SamplingParams, make_engine
+from actors.engines import SamplingParams, VersionedSample, make_engine
 from actors.prompts import Prompt
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
@@ -40,7 +40,8 @@ class RolloutActor:
         model_path: a local HF model directory (or anything the engine loads).
         rewards: the K reward declarations (see ``gdpo_ray.rewards.RewardSpec``).
         group_size: G, completions per prompt (>= 2).
-        engine: "hf" (CPU default) or "vllm"; ``engine_kwargs`` go to it.
+        engine: "hf" (CPU default), "vllm", or a "package.module:Class" of the ``mode``'s
+            protocol (``actors.engines.BatchEngine`` here); ``engine_kwargs`` go to it.
         sampling: ``SamplingParams`` fields.
         chat_template: apply the tokenizer's chat template to string prompts too (as one user
             message); chat-message prompts always get it.
@@ -50,6 +51,8 @@ class RolloutActor:
         model_files: ``model_path``'s files in the object store (``gdpo_ray.model_files.pack``),
             used when this node cannot read ``model_path``.
     """
+
+    mode = "batched"  # generation.mode: which of an engine's classes, and its protocol
 
     def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]], group_size: int,
                  engine: str = default("engine"), engine_kwargs: Mapping[str, Any] | None = None,
@@ -69,7 +72,7 @@ class RolloutActor:
         self.max_prompt_tokens = max_prompt_tokens
         self.sampling = SamplingParams(**dict(sampling or {}))
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
-        self.engine = make_engine(engine, model_path, seed=seed, **dict(engine_kwargs or {}))
+        self.engine = make_engine(engine, model_path, mode=self.mode, seed=seed, **dict(engine_kwargs or {}))
         self.tokenizer = self.engine.tokenizer
         # no rewards: an actor that only completes prompts (evaluation: ``complete``)
         self.rewards = RewardPool(rewards, num_workers=reward_workers) if rewards else None
@@ -121,13 +124,9 @@ class RolloutActor:
 
     def receive_weights(self, version: int) -> int:
         """Loads one broadcast version into the engine and becomes ``version``."""
-        self.channel.receive_into(self.engine)
+        self.channel.receive_into(self.engine, version)
         self.version = int(version)
         return self.version
-
-    def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
-        """Greedy completions of prompts (chat template applied as for generation)."""
-        return self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
 
     def complete(self, prompts: Sequence[str | list], n: int,
                  sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
@@ -213,7 +212,8 @@ class RolloutActor:
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
-            versions = [getattr(s, "versions", None) or [version] * len(s.token_ids) for s in group]
+            versions = [s.versions if isinstance(s, VersionedSample) else [version] * len(s.token_ids)
+                        for s in group]
             groups.append(GroupData(
                 prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i],
                 response_token_ids=[s.token_ids for s in group],
@@ -233,5 +233,4 @@ class RolloutActor:
     def shutdown(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
-        if callable(getattr(self.engine, "shutdown", None)):  # an engine with processes of its own
-            self.engine.shutdown()
+        self.engine.shutdown()

@@ -1,11 +1,12 @@
 """The streaming rollout actor (``generation.mode: streaming``, the default on vllm).
 
-A Ray async actor over ``actors.vllm_stream_engine.AsyncVLLMEngine``: every ``stream(prompts)``
-call the driver makes runs concurrently with the others on the actor's event loop, each of its
-prompts as G engine requests, so the engine batches everything in flight continuously and a
-prompt the driver admits joins at once. A group is scored (in the reward worker processes, off
-the event loop) the moment its G samples end and emitted at once as one Arrow record batch:
-a group that finishes early never waits for a slower one started before it.
+A Ray async actor over an ``actors.engines.StreamingEngine`` (vllm's: ``actors.vllm_stream_engine.
+AsyncVLLMEngine``): every ``stream(prompts)`` call the driver makes runs concurrently with the
+others on the actor's event loop, each of its prompts as G engine requests, so the engine batches
+everything in flight continuously and a prompt the driver admits joins at once. A group is
+scored (in the reward worker processes, off the event loop) the moment its G samples end and
+emitted at once as one Arrow record batch: a group that finishes early never waits for a slower
+one started before it.
 
 ``set_weights`` (object store) and ``receive_weights`` (a broadcast: gloo, or vLLM's NCCL
 weight transfer on CUDA) run in flight: the weights are fetched and written while the engine
@@ -29,33 +30,17 @@ from actors.prompts import Prompt
 from actors.rollout import RolloutActor
 from gdpo_ray.batch import CallMeta
 
-STREAM_ENGINES = {"vllm": "actors.vllm_stream_engine:AsyncVLLMEngine"}
-
-
-def check_streaming_engine(engine: str) -> None:
-    """Raises unless ``engine`` streams: a name of ``STREAM_ENGINES``, or the import path of a
-    class whose ``sample(prompt_token_ids, sampling)`` is a coroutine (one completion, with
-    ``versions`` per token; see ``AsyncVLLMEngine``)."""
-    if engine in STREAM_ENGINES:
-        return
-    if ":" in engine:
-        from actors.engines import engine_class
-
-        if inspect.iscoroutinefunction(getattr(engine_class(engine), "sample", None)):
-            return
-    raise ValueError(f"generation.mode='streaming' needs a continuous-batching engine "
-                     f"({', '.join(STREAM_ENGINES)}, or a class with an async sample()); engine "
-                     f"{engine!r} takes batch calls: use generation.mode='batched' or "
-                     f"generation.engine='vllm'")
-
 
 class StreamingRolloutActor(RolloutActor):
-    """``RolloutActor``'s arguments, plus ``max_staleness`` (the buffer's): groups that fall
-    further behind a push are aborted in flight."""
+    """``RolloutActor``'s arguments (``engine``: the streaming class of a name of
+    ``actors.engines.ENGINES``, or a "package.module:Class" of ``actors.engines.
+    StreamingEngine``), plus ``max_staleness`` (the buffer's): groups that fall further behind a
+    push are aborted in flight."""
+
+    mode = "streaming"
 
     def __init__(self, *args: Any, engine: str = "vllm", max_staleness: int = 0, **kwargs: Any) -> None:
-        check_streaming_engine(engine)
-        super().__init__(*args, engine=STREAM_ENGINES.get(engine, engine), **kwargs)
+        super().__init__(*args, engine=engine, **kwargs)
         self.max_staleness = max_staleness
         # group_id -> [version when its first request entered the engine (None: not yet), task]
         self._open: dict[str, list] = {}
@@ -225,9 +210,6 @@ class StreamingRolloutActor(RolloutActor):
         samples = await self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
                                              logprobs=False)
         return self._eval_results(n, ids, fits, samples)
-
-    async def greedy(self, prompts: Sequence[str | list], max_tokens: int) -> list[list[int]]:
-        return await self.engine.greedy([self.tokenize(p) for p in prompts], max_tokens)
 
     async def sleep(self) -> None:
         await self.engine.sleep()

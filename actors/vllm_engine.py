@@ -20,6 +20,9 @@ from actors.engines import Sample, SamplingParams
 
 
 class VLLMEngine:
+    """``vllm.LLM`` as an ``actors.engines.BatchEngine`` (and, on CUDA, a
+    ``gdpo_ray.weights.channels.WeightReceiver``)."""
+
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
         if sampling.top_p < 1 or sampling.top_k:
@@ -66,14 +69,6 @@ class VLLMEngine:
                         o.finish_reason if o.finish_reason in ("stop", "length") else "abort")
                  for o in request.outputs] for request in outputs]
 
-    def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-        """Greedy completions (evaluation and checks)."""
-        from vllm import SamplingParams as VLLMSampling
-
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids],
-                                    VLLMSampling(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
-        return [list(r.outputs[0].token_ids) for r in outputs]
-
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         import torch
 
@@ -98,6 +93,9 @@ class VLLMEngine:
         if self.device == "cuda":
             self.llm.wake_up()
 
+    def shutdown(self) -> None:
+        """Nothing to release: the engine core runs in the actor's process and goes with it."""
+
     def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Joins a trainer's NCCL group (rank 0 at host:port) as rank ``rank`` of
         ``world_size``; returns once every member has joined. This engine is one vLLM worker
@@ -109,11 +107,12 @@ class VLLMEngine:
         self.llm.init_weight_transfer_engine({"init_info": {
             "master_address": host, "master_port": port, "rank_offset": rank, "world_size": world_size}})
 
-    def receive_broadcast(self, update_info: dict) -> None:
+    def receive_broadcast(self, update_info: dict, version: int) -> None:
         """One push through vLLM's weight transfer: start_weight_update, update_weights (blocks
         while the trainer broadcasts every tensor named in ``update_info``, in its order) and
         finish_weight_update, then a prefix-cache reset. The whole push is one update, so the
-        layer-wise reload sees every checkpoint name."""
+        layer-wise reload sees every checkpoint name. (``version``: the actor labels the groups;
+        ``gdpo_ray.weights.channels.WeightReceiver``'s contract.)"""
         start = getattr(self.llm, "start_weight_update", None)
         if start is not None:
             start()

@@ -28,27 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import os
 import tempfile
 import time
 from typing import Any, AsyncIterator, Iterable
 
-from actors.engines import Sample, SamplingParams
+from actors.engines import SamplingParams, VersionedSample
 from actors.vllm_engine import VLLMEngine, with_weight_transfer
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
 
 
-@dataclasses.dataclass
-class VersionedSample(Sample):
-    versions: list[int] = dataclasses.field(default_factory=list)  # per token: the policy that sampled it
-
-
 class AsyncVLLMEngine:
-    """``AsyncLLM`` behind the streaming rollout actor; every method that touches the engine is
-    a coroutine (run them on one event loop: the actor's)."""
+    """``AsyncLLM`` behind the streaming rollout actor (an ``actors.engines.StreamingEngine``);
+    every method that touches the engine is a coroutine (run them on one event loop: the
+    actor's)."""
 
     check_sampling = VLLMEngine.check_sampling
 
@@ -100,7 +95,7 @@ class AsyncVLLMEngine:
     async def sample(self, prompt_token_ids: list[int], sampling: SamplingParams,
                      logprobs: bool = True) -> VersionedSample:
         """One completion of one prompt (cancel the task to abort it); ``logprobs=False``: none
-        recorded (``Engine.generate``'s contract)."""
+        recorded (``BatchEngine.generate``'s contract)."""
         params = self.request_params(prompt_token_ids, sampling, logprobs)
         final = None
         self.active += 1
@@ -121,25 +116,10 @@ class AsyncVLLMEngine:
 
     async def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
                        logprobs: bool = True) -> list[list[VersionedSample]]:
-        """The batch contract of ``actors.engines.Engine``, as concurrent requests."""
+        """``actors.engines.BatchEngine.generate``'s contract, as concurrent requests."""
         tasks = [[self.sample(p, sampling, logprobs) for _ in range(n)] for p in prompt_token_ids]
         flat = await asyncio.gather(*itertools.chain.from_iterable(tasks))
         return [list(flat[i * n:(i + 1) * n]) for i in range(len(prompt_token_ids))]
-
-    async def greedy(self, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
-        from vllm import SamplingParams as VLLMSampling
-        from vllm.sampling_params import RequestOutputKind
-
-        async def one(p: list[int]) -> list[int]:
-            final = None
-            async for out in self.llm.generate({"prompt_token_ids": list(p)},
-                                               VLLMSampling(temperature=0.0, max_tokens=max_tokens,
-                                                            output_kind=RequestOutputKind.FINAL_ONLY),
-                                               request_id=f"g{next(self._ids)}"):
-                final = out
-            return list(final.outputs[0].token_ids)
-
-        return list(await asyncio.gather(*(one(p) for p in prompt_token_ids)))
 
     def write_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> str:
         """The tensors as one safetensors file (in /dev/shm where there is one); its path."""
@@ -210,9 +190,6 @@ class AsyncVLLMEngine:
             await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
             await self.llm.finish_weight_update()
         return self.pause_s[-1]
-
-    async def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self.push(self.write_weights(named_tensors), self.version)
 
     async def sleep(self) -> None:
         if self.device == "cuda":

@@ -36,7 +36,7 @@ ESTIMATORS = ("grpo", "gdpo")
 
 
 def run(estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
-    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def run(staleness: int, steps: int, warmup: int, groups: int, group_size: int) -> dict:
-    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [

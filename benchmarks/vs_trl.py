@@ -210,7 +210,7 @@ def _trl_version() -> str:
 
 
 def demo_config(seed: int, staleness: int, steps: int):
-    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     return apply_sections(GDPOConfig(), load_preset("demo", [

@@ -81,7 +81,7 @@ FIELDS: dict[str, Field] = {
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     # generation: the rollout engine
-    "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.Engine"),
+    "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.BatchEngine (StreamingEngine with mode streaming)"),
     "mode": Field("generation", None, "streaming (continuous batching, groups out as they finish, weights in flight; vllm) or batched (one batch per call); default: streaming on vllm, batched otherwise", "str?"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
     "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)", above=0, why="logits / temperature"),

@@ -33,7 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-tokens", type=int, help="new tokens per completion (default: the suite's)")
     p.add_argument("--length-limit", type=int, help="exceed_ratio's limit in tokens (default: the suite's)")
-    p.add_argument("--engine", default="hf", help="hf or vllm (default hf)")
+    p.add_argument("--engine", default="hf", help="hf, vllm or package.module:Class of a batch engine (default hf)")
     p.add_argument("--engine-kwargs", default="{}", help='JSON, e.g. \'{"dtype": "float32"}\'')
     p.add_argument("--num-actors", type=int, default=1, help="rollout actors generating (default 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=8192,
@@ -91,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
             engine_kwargs = json.loads(args.engine_kwargs)
         except ValueError as err:
             raise ValueError(f"--engine-kwargs is not JSON: {err}") from None
-        if args.engine not in ("hf", "vllm"):
-            raise ValueError(f"--engine must be hf or vllm; got {args.engine!r}")
+        from actors.engines import engine_class
+
+        engine_class(args.engine, "batched")  # hf, vllm or package.module:Class, checked before any actor
+
         report = _evaluate(args, engine_kwargs)
     except ValueError as err:
         print(f"gdpo-ray eval: {err}", file=sys.stderr)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from actors.engines import SamplingParams, engine_class
-from actors.streaming import check_streaming_engine
 from gdpo_ray import config as fields
 from gdpo_ray.advantages import ESTIMATORS
 from gdpo_ray.eval.suites import make_suite
@@ -48,8 +47,7 @@ def check(config: Any) -> None:
             isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
         raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
                          f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
-    engine_class(c.engine).check_sampling(SamplingParams(**fields.sampling_params(c)))
-    _check_mode(c)
+    _check_engine(c)
     _check_eval(c)
     PolicyLossConfig.of(c)
     if c.ratio_level == "sequence":
@@ -78,12 +76,13 @@ def _check_eval(c: Any) -> None:
         make_suite(c.eval_suite).close()
 
 
-def _check_mode(c: Any) -> None:
+def _check_engine(c: Any) -> None:
+    """The engine's class for the generation mode, checked against the mode's protocol, and
+    the sampling it must do with exact logprobs."""
     mode = fields.generation_mode(c)
     if mode not in ("streaming", "batched"):
         raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
-    if mode == "streaming":
-        check_streaming_engine(c.engine)
+    engine_class(c.engine, mode).check_sampling(SamplingParams(**fields.sampling_params(c)))
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "

@@ -11,8 +11,13 @@ backend, one class each, all with one interface:
     what the engine's join returns (a coroutine for an async engine, which the caller awaits);
   - ``send(sender, bucket_bytes)``: rank 0 sends one version from a ``learners.weight_sender.
     WeightSender``; returns the largest bucket's (vllm: tensor's) bytes;
-  - ``receive_into(engine)``: a receiver loads one version into its engine;
+  - ``receive_into(engine, version)``: a receiver loads one version into its (batch) engine;
   - ``close()``: releases the group (before it is rebuilt).
+
+What the receivers' side calls of an engine is written here: ``receiver_backend`` reads its
+``device`` and ``weight_transfer``; gloo and NCCL buckets go to its ``load_weights``; an engine
+with ``weight_transfer`` True is a ``WeightReceiver`` (batch) or ``AsyncWeightReceiver``
+(streaming), which vLLM's transfer calls (``actors.engines`` checks engines against them).
 
 ``GlooChannel``: host buckets (``gdpo_ray.weights.buckets``); per bucket rank 0 broadcasts
 [header bytes, data bytes], the pickled header (names, dtypes, shapes, offsets) and the bucket's
@@ -30,7 +35,7 @@ import os
 import pickle
 import socket
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -51,13 +56,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class WeightReceiver(Protocol):
+    """What vLLM's NCCL weight transfer (``VllmChannel``) calls of a batch engine whose
+    ``weight_transfer`` is True: it joins learner rank 0's group once, then takes every version
+    straight into its weights (an engine without it takes buckets through ``load_weights``)."""
+
+    def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Joins the NCCL group whose rank 0 (learner rank 0) listens at ``host:port`` as
+        ``rank`` of ``world_size``; returns once every member has joined."""
+
+    def receive_broadcast(self, update_info: dict, version: int) -> None:
+        """Takes one version: rank 0 broadcasts every tensor ``update_info`` names (``{"names",
+        "dtype_names", "shapes"}``, full shapes), one broadcast each, in that order; returns when
+        all are loaded. ``version`` is the policy version they are (a batch engine may ignore
+        it: its actor labels the groups)."""
+
+
+class AsyncWeightReceiver(Protocol):
+    """``WeightReceiver`` of a streaming engine: the same calls as coroutines on the actor's
+    event loop, the broadcast taken in flight."""
+
+    async def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """As ``WeightReceiver.join_weight_transfer``; generation goes on meanwhile."""
+
+    async def receive_broadcast(self, update_info: dict, version: int) -> float:
+        """As ``WeightReceiver.receive_broadcast``, while requests are in flight: the engine
+        paused with every request kept, the tensors received, the tokens sampled after it
+        labelled ``version`` (``StreamingEngine.push``); returns the seconds it was paused."""
+
+
 def receiver_backend(engine: Any) -> str:
     """A rollout engine's proposal: ``vllm`` for an engine on CUDA that offers vLLM's weight
     transfer (``engine.weight_transfer``), ``nccl`` for any other engine on CUDA (the HF
     engine), ``gloo`` on CPU."""
-    if not str(getattr(engine, "device", "cpu")).startswith("cuda"):
+    if not str(engine.device).startswith("cuda"):
         return "gloo"
-    return "vllm" if getattr(engine, "weight_transfer", False) else "nccl"
+    return "vllm" if engine.weight_transfer else "nccl"
 
 
 def member_info(backend: str) -> dict:
@@ -178,7 +212,9 @@ class GlooChannel:
             self._broadcast(data)
             yield from tensor_views(data, meta["names"], meta["dtypes"], meta["shapes"], meta["offsets"])
 
-    def receive_into(self, engine: Any) -> None:
+    def receive_into(self, engine: Any, version: int) -> None:
+        """Ranks 1..n: one version into a batch engine's ``load_weights`` (the actor labels it
+        ``version``)."""
         engine.load_weights(self.receive())
 
 
@@ -243,7 +279,7 @@ class VllmChannel:
         else:  # the engine joins with the port (attach)
             self.vllm_port, self.group = int(store.get("gdpo/vllm_port")), None
 
-    def attach(self, engine: Any) -> Any:
+    def attach(self, engine: WeightReceiver | AsyncWeightReceiver) -> Any:
         return engine.join_weight_transfer(self.host, self.vllm_port, self.rank, self.world_size)
 
     def close(self) -> None:
@@ -283,8 +319,8 @@ class VllmChannel:
             self._published = json.loads(self.store.get("gdpo/update_info"))
         return self._published
 
-    def receive_into(self, engine: Any) -> None:
-        engine.receive_broadcast(self.update_info())
+    def receive_into(self, engine: WeightReceiver, version: int) -> None:
+        engine.receive_broadcast(self.update_info(), version)
 
 
 CHANNELS = {"gloo": GlooChannel, "nccl": NcclChannel, "vllm": VllmChannel}

@@ -40,7 +40,7 @@ def verl_parquet(path, task):
     ("code", {"passrate": (0, 1), "length": (0, 1), "bug": (0, 1)}, None),
 ])
 def test_paper_preset_trains_a_step_on_cpu(ray_cluster, tmp_path, preset, rewards, verl_task):
-    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     data = [] if verl_task is None else [

@@ -45,7 +45,7 @@ def test_smollm2_generates_with_its_chat_template(smollm2):
 def test_smollm2_math_preset_trains_a_step(ray_cluster):
     """The packaged SmolLM2 preset, shrunk to one small step: real pretrained weights through the
     rollout actor, the rewards and a DeepSpeed update."""
-    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("smollm2_math", [

@@ -14,8 +14,9 @@ import torch
 from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
 from gdpo_ray.run.transports import BroadcastTransport, push_weights
 from tests.digests import actor_digest, learner_digests
-# the learner tests' batch (4 groups x 4 rollouts, fixed advantages) and hf greedy decode
-from tests.ray.test_learner import ADV, fixed_batch, greedy_with  # noqa: F401 - fixed_batch is a fixture
+from tests.engines import actor_greedy, greedy_with
+# the learner tests' batch (4 groups x 4 rollouts, fixed advantages)
+from tests.ray.test_learner import ADV, fixed_batch  # noqa: F401 - fixed_batch is a fixture
 
 pytestmark = pytest.mark.gpu
 
@@ -148,12 +149,12 @@ def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray
     prompts = ["What is 1 + 1?", "Name a color.", "Count to three."]
     try:
         ray_cluster.get(rollouts.slots[0].starting)
-        greedy_before = ray_cluster.get(actor.greedy.remote(prompts, 8))
+        greedy_before = ray_cluster.get(actor.__ray_call__.remote(actor_greedy, prompts, 8))
         for _ in range(3):  # a large step, so that the random tiny model's greedy choice moves
             learners.update(fixed_batch, ADV)
         transport = BroadcastTransport(learners, 256 << 20)
         push_weights(transport, rollouts, 1)
-        greedy_after = ray_cluster.get(actor.greedy.remote(prompts, 8))
+        greedy_after = ray_cluster.get(actor.__ray_call__.remote(actor_greedy, prompts, 8))
         version = ray_cluster.get(actor.policy_version.remote())
         weights = learners.get_weights()
         backend = transport.backend

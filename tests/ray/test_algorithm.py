@@ -4,7 +4,7 @@ DeepSpeed learner (gloo), the demo task and its warm-started tiny model."""
 import numpy as np
 import pytest
 
-from gdpo_ray.run.algorithm import GDPO, GDPOConfig
+from gdpo_ray import GDPO, GDPOConfig
 from gdpo_ray.run.presets import apply_sections, load_preset
 from tests.digests import actor_digest, actor_digests, learner_digests, optimizer_digests
 

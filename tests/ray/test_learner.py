@@ -9,6 +9,7 @@ from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport, push_weights
 from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
 from tests.digests import actor_digests, learner_digests, optimizer_digests
+from tests.engines import actor_greedy, greedy_with
 
 ADV = np.tile([1.0, -1.0, 0.5, -0.5], 4).astype(np.float32)
 
@@ -105,13 +106,14 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
     prompts = ["What is 1 + 1?", "Name a color.", "Count to three."]
     try:
         before = actor_digests(rollouts.receivers())
-        greedy_before = ray_cluster.get(rollouts.slots[0].handle.greedy.remote(prompts, 8))
+        greedy_before = ray_cluster.get(rollouts.slots[0].handle.__ray_call__.remote(actor_greedy, prompts, 8))
         for _ in range(3):
             learners.update(fixed_batch, ADV)
         weights = learners.get_weights()  # rank 0 gathers the ZeRO-3 shards
         rollouts.set_weights(1, ray_cluster.put(weights))
         after = actor_digests(rollouts.receivers())
-        greedy_after = ray_cluster.get([s.handle.greedy.remote(prompts, 8) for s in rollouts.slots])
+        greedy_after = ray_cluster.get([s.handle.__ray_call__.remote(actor_greedy, prompts, 8)
+                                        for s in rollouts.slots])
         learner_digest = learner_digests(learners)[0]
     finally:
         learners.shutdown()
@@ -121,19 +123,6 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
     # the greedy output follows: every actor decodes as the learner's weights do, not as before
     expected = greedy_with(tiny_model_dir, weights, prompts, 8)
     assert greedy_after == [expected, expected] and expected != greedy_before
-
-
-def greedy_with(model_dir, weights, prompts, max_tokens):
-    import torch
-
-    from actors.hf_engine import HFEngine
-
-    engine = HFEngine(model_dir)
-    engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())
-    template = engine.tokenizer.apply_chat_template
-    ids = [engine.tokenizer(template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                     tokenize=False), add_special_tokens=False)["input_ids"] for p in prompts]
-    return engine.greedy(ids, max_tokens)
 
 
 def _learner_logprobs(learner, groups):

@@ -203,6 +203,43 @@ def test_generation_in_flight_finishes_on_its_version(ray_cluster, tiny_model_di
     assert set(batch2.column("policy_version").to_pylist()) == {1}
 
 
+def _engine_loads(actor) -> int:
+    return actor.engine.loads
+
+
+def test_a_users_engine_by_import_path_runs_in_a_rollout_actor(ray_cluster, tiny_model_dir, tiny_weights):
+    """generation.engine='package.module:Class': an engine written against actors.engines.
+    BatchEngine alone (tests.engines.ScriptedEngine) generates, is scored and takes a weight push
+    in a real rollout actor."""
+    from actors.rollout import RolloutActor
+
+    actor = ray_cluster.remote(RolloutActor).options(num_cpus=1).remote(
+        tiny_model_dir, [{"name": "short", "fn": "length", "params": {"limit": 4}}], G,
+        engine="tests.engines:ScriptedEngine", sampling={"max_tokens": 6})
+    prompts = PromptSource(ROWS).take(3)
+    try:
+        meta, batch = ray_cluster.get(actor.generate.options(num_returns=2).remote(prompts[:2]))
+        ray_cluster.get(actor.set_weights.remote(1, tiny_weights))
+        loads = ray_cluster.get(actor.__ray_call__.remote(_engine_loads))
+        meta1, batch1 = ray_cluster.get(actor.generate.options(num_returns=2).remote(prompts[2:]))
+    finally:
+        ray_cluster.get(actor.shutdown.remote())
+        ray_cluster.kill(actor)
+    assert [g.group_id for g in meta.groups] == [p.group_id for p in prompts[:2]]
+    for start in (0, G):
+        b = batch.slice(start, G)
+        check_group(b)
+        last = b.column("prompt_token_ids")[0].as_py()[-1]
+        # sample j: the prompt's last token 2j + 1 times, cut at max_tokens = 6; logprob -(j + 1)
+        assert b.column("response_token_ids").to_pylist() == [[last] * n for n in (1, 3, 5, 6)]
+        assert b.column("response_logprobs").to_pylist() == [[-1.0], [-2.0] * 3, [-3.0] * 5, [-4.0] * 6]
+        assert b.column("finish_reason").to_pylist() == ["stop", "stop", "stop", "length"]
+        # the length reward (limit 4): 1 <= 4, 3 <= 4, 5 > 4, 6 > 4
+        assert b.column("rewards").flatten().to_pylist() == [1.0, 1.0, 0.0, 0.0]
+        assert b.column("policy_version").to_pylist() == [0] * G
+    assert loads == 1 and batch1.column("policy_version").to_pylist() == [1] * G
+
+
 def test_read_rows_coalesces_consecutive_groups_of_one_object(ray_cluster):
     from gdpo_ray.groups import GroupRef
     from gdpo_ray.batch import GroupData, build_groups

@@ -137,12 +137,13 @@ def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
 
 def test_vllm_greedy_follows_its_weights(engine, tiny_model_dir):
     from actors.hf_engine import HFEngine
+    from tests.engines import greedy
 
     prompts = [engine.tokenizer(t)["input_ids"] for t in ("What is 1 + 1?", "Name a color.")]
     hf = HFEngine(tiny_model_dir)
     perturbed(hf.model, 2, 0.5)
     engine.load_weights((k, v.detach().clone()) for k, v in hf.model.state_dict().items())
-    assert engine.greedy(prompts, 8) == hf.greedy(prompts, 8)
+    assert greedy(engine, prompts, 8) == greedy(hf, prompts, 8)
 
 
 # --- streaming: vLLM's AsyncLLM, groups out as they finish, weights in flight ----------------
@@ -376,7 +377,7 @@ def test_the_demo_streams_by_default_on_vllm_and_learns(ray_cluster, monkeypatch
 
 @pytest.mark.parametrize("mode", ["streaming", "batched"])
 def test_checkpoint_with_requests_in_flight_resumes_exactly_on_vllm(ray_cluster, tmp_path, mode):
-    from gdpo_ray.run.algorithm import GDPO
+    from gdpo_ray import GDPO
     from tests.ray.test_algorithm import demo_config
 
     algo = demo_config("training.max_staleness=1", f"generation.mode={mode}", *VLLM_DEMO).build_algo()

@@ -3,7 +3,7 @@ with a message that names the field and the fix."""
 
 import pytest
 
-from gdpo_ray.run.algorithm import GDPOConfig
+from gdpo_ray import GDPOConfig
 from gdpo_ray.config import FIELDS
 from gdpo_ray.run.presets import apply_sections, load_preset, preset_names
 
