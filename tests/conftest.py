@@ -62,3 +62,24 @@ def tiny_weights(ray_cluster, tiny_model_dir):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     return ray_cluster.put({k: v.detach().numpy() for k, v in model.state_dict().items()})
+
+
+@pytest.fixture
+def example_registrations(monkeypatch):
+    """For tests of docs/examples' extensions, which register names in the driver's registries
+    (estimators, eval suite families, weight transports) when imported: afterwards the
+    registries are as they were and the example modules forgotten, so no other test sees them."""
+    import sys
+
+    from gdpo_ray.advantages import ESTIMATORS
+    from gdpo_ray.eval.suites import SUITES
+    from gdpo_ray.run.transports import TRANSPORTS
+
+    for registry in (ESTIMATORS, SUITES):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    transports = dict(TRANSPORTS)
+    yield
+    TRANSPORTS.clear()
+    TRANSPORTS.update(transports)
+    for name in [m for m in sys.modules if m.startswith("docs.examples")]:
+        del sys.modules[name]

@@ -4,9 +4,6 @@ import path, in the reward workers), the estimator, the weight transport and the
 (registered by name in this, the driver's, process). The page shows these files, so it cannot
 drift from what runs."""
 
-import docs.examples.gathered_transport  # noqa: F401 - registers weight_sync "gathered"
-import docs.examples.no_batch_norm_estimator  # noqa: F401 - registers estimator "gdpo_no_batch_norm"
-import docs.examples.repeat_suite  # noqa: F401 - registers the eval suite family "repeat"
 from gdpo_ray import GDPOConfig
 from gdpo_ray.run.presets import apply_sections, load_preset
 from tests.digests import learner_digests
@@ -18,7 +15,11 @@ def _chunked_engine_weights(actor) -> str:
     return _sha_named(actor.engine.inner.model.named_parameters())
 
 
-def test_one_step_with_every_extension_of_the_architecture_page(ray_cluster):
+def test_one_step_with_every_extension_of_the_architecture_page(ray_cluster, example_registrations):
+    import docs.examples.gathered_transport  # noqa: F401 - registers weight_sync "gathered"
+    import docs.examples.no_batch_norm_estimator  # noqa: F401 - registers estimator "gdpo_no_batch_norm"
+    import docs.examples.repeat_suite  # noqa: F401 - registers the eval suite family "repeat"
+
     config = apply_sections(GDPOConfig(), load_preset("demo", [
         "training.prompts_per_step=4", "training.group_size=4", "training.max_staleness=0",
         "generation.max_tokens=16", "generation.prompts_per_call=4"]))

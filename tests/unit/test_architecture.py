@@ -21,7 +21,7 @@ def test_a_reward_of_ones_own_by_import_path():
     assert call_reward(fn, prompts=["p"] * 4, completions=completions, completion_ids=[[1]] * 4) == [1.0, 0.5, 0.0, 1.0]
 
 
-def test_an_estimator_of_ones_own():
+def test_an_estimator_of_ones_own(example_registrations):
     import docs.examples.no_batch_norm_estimator  # noqa: F401 - registers "gdpo_no_batch_norm"
 
     rewards = np.array([[1, 1], [0, 1], [0, 0], [0, 0]], float)
@@ -38,7 +38,7 @@ def test_an_estimator_of_ones_own():
     config.validate()  # the name is accepted where the config is checked
 
 
-def test_an_eval_suite_of_ones_own(tmp_path):
+def test_an_eval_suite_of_ones_own(tmp_path, example_registrations):
     import docs.examples.repeat_suite  # noqa: F401 - registers the family "repeat"
     from gdpo_ray.eval.suites import make_suite
     from gdpo_ray.run.eval_runner import evaluate
