@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from typing import Any, Mapping, Sequence
 
 
@@ -95,7 +96,7 @@ FIELDS: dict[str, Field] = {
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
     "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any", fixed_on_resume=True),
-    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, fixed_on_resume=True),
+    "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
@@ -172,6 +173,11 @@ def check_value(name: str, value: Any, where: str = "") -> None:
     if not _IS[base](value):
         wanted = _NAMES[base] + (" or null" if optional else "")
         raise ValueError(f"{where} must be {wanted}; got {value!r} ({type(value).__name__}){example}")
+    if base == "number" and not math.isfinite(value):  # inf and NaN pass no bound honestly
+        raise ValueError(f"{where} must be a finite number; got {value!r}{example}")
+    if base == "list" and name == "stop" and not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{where} must be a list of non-empty strings (an empty stop string would "
+                         f"end every response at once); got {value!r}")
     bounds = [(f.at_least, ">=", value >= f.at_least if f.at_least is not None else True),
               (f.above, ">", value > f.above if f.above is not None else True),
               (f.at_most, "<=", value <= f.at_most if f.at_most is not None else True)]

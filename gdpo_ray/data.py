@@ -153,3 +153,47 @@ def load_prompts(prompts: Any, num_prompts: int | None = None, seed: int = 0) ->
 
         return task_rows(prompts, num_prompts, seed)
     return prompts
+
+
+#: what an Arrow conversion of a column's values raises when they do not fit one typed column
+_UNFIT = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, UnicodeEncodeError)
+
+
+def _fits(values: list) -> bool:
+    try:
+        pa.array(values)
+    except _UNFIT:
+        return False
+    return True
+
+
+def check_column_types(rows: list[dict], columns: list[str], where: Any) -> None:
+    """Every column in ``columns`` can be stored as one typed Arrow column over all ``rows`` (the
+    record batch carries each task column so, DESIGN.md §3); else a ValueError naming the column,
+    the first row that does not fit (``where(i)``: where row i came from), its value and the fix.
+    Mixed kinds (a string among numbers), integers outside int64 and text that is not UTF-8
+    (lone surrogates) are what fails. The first failing prefix is found by bisection, so a column
+    that fits costs one conversion."""
+    for name in columns:
+        values = [r.get(name) for r in rows]
+        if _fits(values):
+            continue
+        lo, hi = 1, len(values)  # the shortest prefix that does not fit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _fits(values[:mid]):
+                lo = mid + 1
+            else:
+                hi = mid
+        bad, value = lo - 1, values[lo - 1]
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        alone = _fits([value])
+        before = pa.array(values[:bad]).type if bad and alone else None
+        why = (f"does not fit the type {before} of the rows before it" if before is not None and
+               not pa.types.is_null(before) else
+               "does not fit the values before it" if alone else
+               "cannot be stored in a column (an integer outside int64, or text that is not UTF-8)")
+        raise ValueError(f"column {name!r}, {where(bad)}: {shown} ({type(value).__name__}) {why}; "
+                         f"every row of a column needs values of one kind (e.g. all strings: "
+                         f"\"{name}\": \"12\", or all numbers), integers within int64 and valid "
+                         f"UTF-8 text")

@@ -350,6 +350,10 @@ class DeepSpeedLearner:
             AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
 
 
+#: how long the learners' placement group may wait for resources (an autoscaler adding nodes)
+PLACEMENT_TIMEOUT_S = 900.0
+
+
 class LearnerGroup:
     """N learners in a placement group (gang-scheduled), one process group among them."""
 
@@ -370,7 +374,16 @@ class LearnerGroup:
         self.pg, self._own_pg = current, current is None
         if self._own_pg:
             self.pg = placement_group([bundle] * num_learners, strategy="PACK")
-        ray.get(self.pg.ready())
+        try:
+            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            if self._own_pg:
+                ray.util.remove_placement_group(self.pg)
+            raise RuntimeError(
+                f"the {num_learners} learner(s) (each {bundle}) were not placed within "
+                f"{PLACEMENT_TIMEOUT_S:g} s: the cluster's free resources are "
+                f"{ray.available_resources()}; ask for less (learners.num_learners, "
+                f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
         cls = ray.remote(DeepSpeedLearner)
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
                             "cuda" if num_gpus_per_learner else "cpu"}}

@@ -150,8 +150,13 @@ def bind_params(fn: Callable[..., Any], params: dict, name: str) -> RewardFn:
     return functools.partial(fn, **params)
 
 
+#: the largest magnitude a reward may take: rewards are stored as float32 (DESIGN.md §3)
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def to_floats(values: Any, n: int, name: str) -> list[float]:
-    """Checks a reward function's result: n numbers or None (-> NaN)."""
+    """Checks a reward function's result: n numbers or None (-> NaN); a text, a value that is not
+    a number, an infinity or one beyond float32's range is refused naming the reward."""
     if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):  # numpy, torch
         values = values.tolist()
     if not isinstance(values, (list, tuple)) or len(values) != n:
@@ -160,8 +165,18 @@ def to_floats(values: Any, n: int, name: str) -> list[float]:
                          f"per completion); got {got}")
     out = []
     for v in values:
-        x = math.nan if v is None else float(v)
+        if isinstance(v, (str, bytes)):  # float("0.5") would pass a text off as a score
+            raise ValueError(f"reward {name!r} returned {v!r} (a {type(v).__name__}); return numbers, "
+                             f"or None where a value cannot be computed")
+        try:
+            x = math.nan if v is None else float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward {name!r} returned {v!r} ({type(v).__name__}), not a number; "
+                             f"return numbers, or None where a value cannot be computed") from None
         if math.isinf(x):
             raise ValueError(f"reward {name!r} returned {x}; use None for 'could not be computed'")
+        if abs(x) > FLOAT32_MAX:
+            raise ValueError(f"reward {name!r} returned {x:g}, beyond the float32 range (+-{FLOAT32_MAX:.4g}) "
+                             f"in which rewards are stored; scale the reward down")
         out.append(x)
     return out

@@ -87,6 +87,13 @@ def plain_declaration(reward: Any) -> Any:
     return reward
 
 
+#: the largest |weight| of a reward: weights are relative, and far larger ones overflow the
+#: weighted sums of rewards (GRPO) or of normalized advantages (GDPO) in float64
+MAX_WEIGHT = 1e6
+#: the longest per-sample timeout of a reward (an hour)
+MAX_TIMEOUT_S = 3600.0
+
+
 def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
     """Validates a reward list (before any worker starts); returns the resolved functions."""
     if not specs:
@@ -96,10 +103,16 @@ def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
     if dupes:
         raise ValueError(f"rewards: names must be unique; repeated: {dupes}")
     for s in specs:
-        if not math.isfinite(s.weight):
-            raise ValueError(f"reward {s.name!r}: weight must be a finite number; got {s.weight}")
-        if s.timeout_s is not None and not s.timeout_s > 0:
-            raise ValueError(f"reward {s.name!r}: timeout_s must be > 0; got {s.timeout_s}")
+        if not (math.isfinite(s.weight) and abs(s.weight) <= MAX_WEIGHT):
+            raise ValueError(f"reward {s.name!r}: weight must be a finite number within "
+                             f"+-{MAX_WEIGHT:g}; got {s.weight} (weights are relative: scale them "
+                             f"all down, e.g. 1 and 0.5; larger ones overflow the weighted sums)")
+        if s.timeout_s is not None and not (isinstance(s.timeout_s, (int, float))
+                                            and not isinstance(s.timeout_s, bool)
+                                            and 0 < s.timeout_s <= MAX_TIMEOUT_S):
+            raise ValueError(f"reward {s.name!r}: timeout_s must be a number of seconds in "
+                             f"(0, {MAX_TIMEOUT_S:g}]; got {s.timeout_s!r} (a reward that may take "
+                             f"longer stalls its whole group)")
         if s.condition is not None:
             if s.condition.on == s.name or s.condition.on not in names:
                 others = [n for n in names if n != s.name]

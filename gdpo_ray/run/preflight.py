@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 from pathlib import Path
 from typing import Any, Sequence
+
+from gdpo_ray.run.placement import check_placement
 
 BUILT_IN_MODELS = ("demo", "tiny", "smollm2")
 #: dataset rows scored on placeholders at start-up
 SAMPLE_ROWS = 4
 
 _PASSED: set[str] = set()
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -60,15 +64,18 @@ def fingerprint(config: Any) -> str:
 
 
 def ensure(config: Any) -> Report | None:
-    """``preflight`` unless an equal config passed it in this process."""
-    if fingerprint(config) in _PASSED:
-        return None
-    return preflight(config)
+    """Before a run's first actor starts: ``preflight`` unless an equal config passed it in this
+    process, then whether the cluster can hold the actors (``placement.check_placement``)."""
+    report = None if fingerprint(config) in _PASSED else preflight(config)
+    warning = check_placement(config)
+    if warning:
+        logger.warning(warning)
+    return report
 
 
 def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     from actors.prompts import PromptSource
-    from gdpo_ray.data import load_prompts
+    from gdpo_ray.data import check_column_types, load_prompts
     from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns
 
     c = config
@@ -77,6 +84,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     source = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0),
                           prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
+    check_column_types(source.rows, source.columns, source.dataset.where)
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
     fns = check_specs(specs)
     available = [*source.columns, *ROLLOUT_COLUMNS]

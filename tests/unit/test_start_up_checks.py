@@ -1,0 +1,103 @@
+"""Issue 29's items 9, 10 and 12 (reward values): data and settings that used to pass the
+start-up check and then trained on NaN or zeros, hung or crashed mid-run are refused by
+`gdpo-ray check` / `train` before Ray starts, naming the setting, the row or the reward."""
+
+import json
+import textwrap
+import uuid
+
+import pytest
+
+from gdpo_ray.run.cli import main
+from gdpo_ray.run.train import TrainingRun
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A user's folder: data.jsonl (ground_truth answers), a reward module, config.yaml."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+    module = f"rewards_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent('''
+        def correct(completions, ground_truth, **kwargs):
+            return [float(str(g) in c) for c, g in zip(completions, ground_truth)]
+
+        def as_text(completions, **kwargs):
+            return ["0.5" for _ in completions]
+
+        def too_big(completions, **kwargs):
+            return [1e39 for _ in completions]
+    '''))
+
+    def write(rows, rewards=("correct",), weight=1.0, **training):
+        (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 256},
+                  "generation": {"max_tokens": 16},
+                  "data": {"prompts": "data.jsonl"},
+                  "training": {"group_size": 2, "prompts_per_step": 2, **training, "rewards": [
+                      {"name": r, "fn": f"{module}:{r}", "weight": weight} for r in rewards]},
+                  "run": {"steps": 1, "output_dir": "runs"}}
+        (tmp_path / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
+        return "config.yaml"
+
+    return write
+
+
+ROWS = [{"prompt": f"What is {a} + 1?", "ground_truth": str(a + 1)} for a in range(6)]
+
+
+def refused(capsys, *args, match):
+    assert main(["check", *args]) == 2
+    err = capsys.readouterr().err
+    assert match in " ".join(err.split()), err
+    return err
+
+
+def test_a_column_mixing_strings_and_numbers_is_refused_naming_the_line(folder, capsys):
+    rows = [dict(r) for r in ROWS]
+    rows[3]["ground_truth"] = 4  # a number among strings: ArrowTypeError in the record batch mid-run
+    refused(capsys, folder(rows), match="column 'ground_truth', data.jsonl, line 4: 4 (int) does not "
+                                        "fit the type string of the rows before it")
+
+
+def test_an_integer_beyond_int64_is_refused_naming_the_line(folder, capsys):
+    rows = [{"prompt": p["prompt"], "ground_truth": i} for i, p in enumerate(ROWS)]
+    rows[5]["ground_truth"] = 2 ** 63  # OverflowError in the record batch mid-run
+    refused(capsys, folder(rows), match="column 'ground_truth', data.jsonl, line 6: 9223372036854775808 "
+                                        "(int) cannot be stored in a column")
+
+
+@pytest.mark.parametrize("override, match", [
+    ("training.kl_coef=.inf", "training.kl_coef must be a finite number; got inf"),
+    ("training.lr=.inf", "training.lr must be a finite number; got inf"),
+    ("training.eps=.inf", "training.eps must be a finite number; got inf"),
+    ("training.eps=.nan", "training.eps must be a finite number; got nan"),
+    ("training.weight_decay=.nan", "training.weight_decay must be a finite number; got nan"),
+    ("generation.stop=['']", "generation.stop must be a list of non-empty strings"),
+    ("data.num_prompts=1000000000000", "data.num_prompts must be an integer >= 1 and <= 1e+06"),
+])
+def test_settings_that_trained_on_nan_or_zeros_hung_or_crashed_are_refused(folder, capsys, override, match):
+    refused(capsys, folder(ROWS), override, match=match)
+
+
+@pytest.mark.parametrize("weight", [1e300, 1e200, float("inf")])
+def test_reward_weights_that_overflow_the_sums_are_refused(folder, capsys, weight):
+    # GRPO with 1e300 trained on NaN, GDPO with 1e200 on zeros (exit 0 both)
+    refused(capsys, folder(ROWS, weight=weight), match="reward 'correct': weight must be a finite "
+                                                       "number within +-1e+06")
+
+
+def test_an_infinite_reward_timeout_is_refused(folder, capsys):
+    path = folder(ROWS)
+    config = json.loads(open(path).read())
+    config["training"]["rewards"][0]["timeout_s"] = float("inf")
+    open(path, "w").write(json.dumps(config).replace("Infinity", ".inf"))
+    refused(capsys, path, match="reward 'correct': timeout_s must be a number of seconds in (0, 3600]")
+
+
+@pytest.mark.parametrize("reward, match", [
+    ("as_text", "reward 'as_text' returned '0.5' (a str); return numbers"),
+    ("too_big", "reward 'too_big' returned 1e+39, beyond the float32 range"),
+])
+def test_a_reward_returning_text_or_beyond_float32_is_named(folder, capsys, reward, match):
+    refused(capsys, folder(ROWS, rewards=("correct", reward)), match=match)
