@@ -135,6 +135,8 @@ def _list_ok(value: list, allowed: Sequence[Any]) -> bool:
 
 
 def _dict_ok(value: dict, allowed: Sequence[Any]) -> bool:
+    if not isinstance(value, dict):  # an item of a list of dicts that is not one
+        return False
     for alternative in allowed:
         if alternative == "":
             continue
@@ -236,12 +238,13 @@ def relevance_valid(calls: Any, category: str) -> bool:
 
 def decode(completion: str) -> list[dict] | None:
     """The calls of a completion (``gdpo_ray.rewards.toolrl.calls_in``) as the checker's
-    input; None when it has no tool-call block or one that does not parse."""
+    input; None when it has no tool-call block or one that does not parse (not JSON, or nested
+    past ``toolrl.MAX_DEPTH``: so the checker's recursion is bounded)."""
     from gdpo_ray.rewards.toolrl import Unparsable, calls_in
 
     try:
         calls = calls_in(completion)
-    except (Unparsable, ValueError):
+    except Unparsable:
         return None
     return None if calls is None else [{name: args} for name, args in calls]
 

@@ -13,8 +13,9 @@ with no token count): it is left out of that metric's means and counted under ``
 The report (``build_report``) is one JSON object: ``suite``, ``policy``, ``settings``,
 ``overall`` (metric -> value), ``categories`` (category -> metric -> value, plus ``items``),
 ``items`` (id -> category, metric values and its samples), ``counts`` (items, samples, and the
-samples not generated because their prompt was over the actors' max_prompt_tokens) and
-``missing``.
+samples not generated because their prompt was over the actors' max_prompt_tokens),
+``missing`` and ``errors`` (the samples whose scoring failed, each ``{"item", "sample",
+"error"}``: they score 0, see ``gdpo_ray.run.eval_runner.score``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def build_report(suite: Any, scored: Mapping[str, Sequence[Mapping[str, Any]]], 
     per_category = category_metrics(items, metrics)
     overall = suite.overall(items, per_category)
     missing = {m: sum(math.isnan(float(s[m])) for ss in scored.values() for s in ss) for m in metrics}
+    errors = [{"item": item_id, "sample": k, "error": s["error"]}
+              for item_id, samples in scored.items() for k, s in enumerate(samples) if "error" in s]
     return {"suite": suite.name, "policy": policy, "settings": dict(settings), "overall": overall,
-            "categories": per_category, "items": items, "missing": missing,
+            "categories": per_category, "items": items, "missing": missing, "errors": errors,
             "counts": {"items": len(items), "samples": sum(len(s) for s in scored.values()),
                        "prompt_too_long": sum(s.get("finish_reason") == "prompt_too_long"
                                               for ss in scored.values() for s in ss)}}
@@ -121,11 +124,18 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    """The overall metrics, then one row per category."""
+    """The overall metrics, then one row per category; then how many samples could not be
+    scored (their scoring failed: they score 0), with the first reason."""
     metrics = list(report["overall"])
     rows = [["overall", *[report["overall"][m] for m in metrics], report["counts"]["items"]]]
     rows += [[cat, *[c.get(m) for m in metrics], c["items"]] for cat, c in report["categories"].items()]
-    return table(rows, [report["suite"], *metrics, "items"])
+    text = table(rows, [report["suite"], *metrics, "items"])
+    errors = report.get("errors") or []
+    if errors:
+        first = errors[0]
+        text += (f"\n{len(errors)} sample(s) scored 0 because scoring them failed (the report's "
+                 f"errors), e.g. {first['item']} sample {first['sample']}: {first['error']}")
+    return text
 
 
 def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:

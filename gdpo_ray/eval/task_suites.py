@@ -12,7 +12,8 @@ rewards score it, reported under the paper's metric names:
 - ``tool_calls``: ``accuracy`` (the calls equal the gold calls: same names and type-strictly
   equal arguments, in any order; or no call where none fits), ``format_ratio`` (ToolRL's format);
 - ``code``: ``pass@1`` (every test case passes), ``bug_ratio`` (a compile or runtime error),
-  ``exceed_ratio``: run in the code sandbox.
+  ``exceed_ratio``: run in the code sandbox; a program no UTF-8 file can hold (a lone
+  surrogate, from a completions file) does not compile, and is not run.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def calls_equal(completion: str, gold: Any) -> bool:
 
     try:
         pred = calls_in(completion) or []
-    except (Unparsable, ValueError):
+    except Unparsable:
         return False
     want = calls_in(gold) or []
     if Counter(name for name, _ in pred) != Counter(name for name, _ in want):
@@ -125,14 +126,18 @@ class CodeTaskSuite(TaskSuite):
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
         from gdpo_ray.rewards import get
         from gdpo_ray.rewards.adapters import RewardInfraError
+        from gdpo_ray.rewards.code import extract_program
 
         passrate, bug_free = get("code_passrate"), get("code_bug")
         out = []
         for c in completions:
             try:
+                extract_program(c.text).encode("utf-8")
                 rate = passrate([item.prompt], [c.text], ground_truth=[item.reference])[0]
                 bug = 1.0 - bug_free([item.prompt], [c.text], ground_truth=[item.reference])[0]
                 passed = float(rate == 1.0)
+            except UnicodeEncodeError:  # a lone surrogate: no source file holds the program
+                passed, bug = 0.0, 1.0
             except RewardInfraError:  # the sandbox, not the program: not scored
                 passed = bug = float("nan")
             out.append({"pass@1": passed, "bug_ratio": bug, "exceed_ratio": exceeds(c, self.length_limit)})

@@ -14,8 +14,11 @@ each input is the list of arguments of ``fn_name`` (a function, or a method of c
 
 Every run happens in ``gdpo_ray.rewards.sandbox``. A program that fails, crashes, loops, hits a
 limit or attacks the sandbox has failed its test cases; whether it has a bug is ``has_error``.
-Only a failure of the sandbox itself makes the reward NaN: ``SandboxUnavailable`` is raised as a
-``RewardInfraError``, which the reward pool retries and then records as an ``infra`` failure.
+Only a failure of the sandbox before the program started makes the reward NaN:
+``SandboxUnavailable`` is raised as a ``RewardInfraError``, which the reward pool retries and
+then records as an ``infra`` failure. Once the program has started, whatever ends the sandbox
+call early is the program's doing (``RunResult.aborted``): the run fails its test, as a limit
+kill does.
 """
 
 from __future__ import annotations
@@ -152,15 +155,15 @@ def call_matches(result: RunResult, expected: Any, equality: str = "python") -> 
     of APPS outputs). ``"strict"``: ``same_typed``, no unwrapping."""
     if not result.ok or _RESULT_MARK not in result.stdout:
         return False
-    try:
-        value = json.loads(result.stdout.rsplit(_RESULT_MARK, 1)[1])
-    except ValueError:
-        return False
     expected = json.loads(json.dumps(expected))  # tuples -> lists, as the program's JSON
-    if equality == "strict":
-        return same_typed(value, expected)
-    return value == expected or (isinstance(expected, list) and len(expected) == 1
-                                 and value == expected[0])
+    try:  # what the program printed: not JSON, or nested past the recursion limit, is no answer
+        value = json.loads(result.stdout.rsplit(_RESULT_MARK, 1)[1])
+        if equality == "strict":
+            return same_typed(value, expected)
+        return value == expected or (isinstance(expected, list) and len(expected) == 1
+                                     and value == expected[0])
+    except (ValueError, RecursionError):
+        return False
 
 
 class _Executions:
@@ -211,12 +214,13 @@ def has_error(result: RunResult, timeouts_are_bugs: bool = False) -> bool:
 
     Not a bug unless ``timeouts_are_bugs`` (the paper counts only runtime and compilation
     errors): a wall timeout (``timed_out``: the sandbox stops waiting, no exit status), too much
-    output (``output_exceeded``), or a CPU-time kill (RLIMIT_CPU with soft = hard limit: the
-    kernel sends SIGKILL; SIGXCPU where the soft limit is lower). With ``timeouts_are_bugs``
-    every run that is not ``RunResult.ok`` is a bug."""
+    output (``output_exceeded``), a CPU-time or memory kill (RLIMIT_CPU with soft = hard limit
+    and the call's OOM killer send SIGKILL; SIGXCPU where the soft limit is lower), or a sandbox
+    call the program ended early (``aborted``: a limit of the call, never NaN). With
+    ``timeouts_are_bugs`` every run that is not ``RunResult.ok`` is a bug."""
     if timeouts_are_bugs:
         return not result.ok
-    if result.timed_out or result.output_exceeded:
+    if result.timed_out or result.output_exceeded or result.aborted:
         return False
     if result.signal is not None:
         return result.signal not in (SIGKILL, SIGXCPU)

@@ -1,4 +1,9 @@
-"""Math correctness (the paper's §4.2): the final answer checked with HF's math-verify."""
+"""Math correctness (the paper's §4.2): the final answer checked with HF's math-verify.
+
+The answer is found by scans linear in the completion's length (``last_boxed``,
+``final_answer``): model output is hostile input, and 210 KB of unclosed ``\\boxed{`` must not
+cost minutes. math-verify's own parsing and comparison are bounded by ``timeout_s``.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,43 @@ import re
 from gdpo_ray.rewards.adapters import completion_text
 
 
+_BOXED = re.compile(r"\\boxed\s*\{")  # \boxed, optional whitespace, its opening brace
+_BRACE = re.compile(r"[{}]")
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """Position of each "{" -> position of the "}" that closes it, for the braces that close."""
+    opened, closes = [], {}
+    for m in _BRACE.finditer(text):
+        if m.group() == "{":
+            opened.append(m.start())
+        elif opened:
+            closes[opened.pop()] = m.start()
+    return closes
+
+
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (braces balanced), or None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        i = text.find("{", start)
-        if i != -1 and text[start + len("\\boxed"):i].strip() == "":
-            depth = 0
-            for j in range(i, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[j], 0)
-                if depth == 0:
-                    return text[i + 1:j]
-        start = text.rfind("\\boxed", 0, start)
+    """Content of the last \\boxed{...} whose braces balance, or None (one pass over the text)."""
+    opens = [m.end() - 1 for m in _BOXED.finditer(text)]
+    if not opens:
+        return None
+    closes = _closing_braces(text)
+    return next((text[i + 1:closes[i]] for i in reversed(opens) if i in closes), None)
+
+
+def last_tagged(text: str, tag: str) -> str | None:
+    """The content of the last ``<tag>…</tag>`` (each opening tag with the first closing tag
+    after it, left to right, as ``re.findall(r"<tag>(.*?)</tag>", text, re.DOTALL)[-1]``), or
+    None; each closing tag, from the last, looks for an opening one since the closing tag
+    before it, so the scan is linear."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    end = text.rfind(closing)
+    while end != -1:
+        before = text.rfind(closing, 0, end)
+        start = text.find(opening, 0 if before == -1 else before + len(closing), end)
+        if start != -1:
+            return text[start + len(opening):end]
+        end = before
     return None
 
 
@@ -39,9 +69,8 @@ def final_answer(completion: str, answer_tag: str | None = None,
         if completion is None:
             return None
     if answer_tag:
-        found = re.findall(rf"<{answer_tag}>(.*?)</{answer_tag}>", completion, re.DOTALL)
-        if found:
-            inner = found[-1]
+        inner = last_tagged(completion, answer_tag)
+        if inner is not None:
             return last_boxed(inner) or inner.strip()
     return last_boxed(completion)
 

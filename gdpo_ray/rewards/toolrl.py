@@ -3,6 +3,10 @@
 Ground truth: the gold output text (ToolRL's data: ``<think>…</think>\\n<tool_call>\\n{json per
 line}\\n</tool_call>`` and/or ``<response>…</response>``), or a JSON list of calls
 ``[{"name": ..., "parameters": {...}}, ...]`` (a tool-call-only answer).
+
+Model output is hostile input: every scan here is linear in its length (no regex that
+backtracks over it), and a call that is not JSON, or nests lists and objects deeper than
+``MAX_DEPTH``, is ``Unparsable`` (correctness -3), never an exception of another kind.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import numpy as np
 
 from gdpo_ray.rewards.adapters import completion_text
 
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>")
+#: the deepest nesting of lists and objects a call may have (the call object is level 1, its
+#: parameters level 2): deeper, it is unparsable, as the matching and checkers recurse over it
+MAX_DEPTH = 100
 
 
 class Unparsable(ValueError):
-    """A tool-call block that is not one JSON call object per line."""
+    """Tool calls that are not one JSON call object per line (or a JSON list of them)."""
 
 
 def _gold_parts(ground_truth: Any) -> tuple[bool, bool]:
@@ -58,12 +65,27 @@ def format_matches(completion: str, ground_truth: Any, strict: bool = False) -> 
     occurs exactly once if the case requires it and not at all otherwise."""
     pattern, tags = _format_parts(ground_truth)
     text = completion if strict else completion.strip()
-    if re.fullmatch(pattern, text, re.DOTALL) is None:
-        return False
     if strict:
         tags |= {"<think>", "</think>"}
-        return all(text.count(tag) == (1 if tag in tags else 0) for tag in _TAGS)
-    return all(text.count(tag) == 1 for tag in tags)
+        counts_ok = all(text.count(tag) == (1 if tag in tags else 0) for tag in _TAGS)
+    else:
+        counts_ok = all(text.count(tag) == 1 for tag in tags)
+    # the counts first: with each required tag once, the pattern's lazy parts cannot backtrack
+    # over the text quadratically
+    return counts_ok and re.fullmatch(pattern, text, re.DOTALL) is not None
+
+
+def _depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists and dicts at most ``limit`` levels deep (iteratively: it
+    may be as deep as the JSON parser allows)."""
+    stack = [(value, 1)]
+    while stack:
+        v, level = stack.pop()
+        if isinstance(v, (list, tuple, dict)):
+            if level > limit:
+                return False
+            stack.extend((c, level + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return True
 
 
 def parse_calls(block: str) -> list[tuple[str, dict]]:
@@ -74,8 +96,10 @@ def parse_calls(block: str) -> list[tuple[str, dict]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser's limit
             raise Unparsable(f"not JSON: {line[:80]!r}") from err
+        if not _depth_ok(obj):
+            raise Unparsable(f"nested deeper than {MAX_DEPTH} levels: {line[:80]!r}")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise Unparsable(f"not a call object with a name: {line[:80]!r}")
         params = obj.get("parameters", obj.get("arguments", {}))
@@ -85,14 +109,41 @@ def parse_calls(block: str) -> list[tuple[str, dict]]:
     return calls
 
 
+def _blocks(text: str) -> list[str]:
+    """The contents of the <tool_call>…</tool_call> blocks: each opening tag with the first
+    closing tag after it, left to right (``re.findall(r"<tool_call>(.*?)</tool_call>", text,
+    re.DOTALL)``, without its quadratic search when closing tags are missing)."""
+    out, start = [], text.find(_OPEN)
+    while start != -1:
+        end = text.find(_CLOSE, start + len(_OPEN))
+        if end == -1:  # no closing tag after this opening one, so none after any later one
+            break
+        out.append(text[start + len(_OPEN):end])
+        start = text.find(_OPEN, end + len(_CLOSE))
+    return out
+
+
+def _list_calls(values: list) -> list[tuple[str, dict]]:
+    try:
+        lines = [json.dumps(c) for c in values]
+    except (TypeError, ValueError, RecursionError) as err:
+        raise Unparsable(f"not a list of JSON call objects: {str(values)[:80]!r}") from err
+    return parse_calls("\n".join(lines))
+
+
 def calls_in(text_or_calls: Any) -> list[tuple[str, dict]] | None:
-    """Calls of a gold answer or a completion; None when there is no tool-call block."""
+    """Calls of a gold answer or a completion; None when there is no tool-call block.
+    Raises ``Unparsable`` (and nothing else) when the calls do not parse."""
     if isinstance(text_or_calls, list):
-        return parse_calls("\n".join(json.dumps(c) for c in text_or_calls))
+        return _list_calls(text_or_calls)
     text = str(text_or_calls)
     if "<tool_call>" not in text and text.lstrip()[:1] == "[":
-        return calls_in(json.loads(text))
-    blocks = _TOOL_BLOCK.findall(text)
+        try:
+            values = json.loads(text)
+        except (ValueError, RecursionError) as err:
+            raise Unparsable(f"not a JSON list of calls: {text[:80]!r}") from err
+        return _list_calls(values)
+    blocks = _blocks(text)
     if not blocks:
         return None
     return [call for block in blocks for call in parse_calls(block)]

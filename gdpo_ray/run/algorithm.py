@@ -179,8 +179,7 @@ class GDPO(Algorithm):
         # RLlib's setup() would build env runners and an RLModule learner group: not ours.
         self.callbacks = [cls() for cls in force_list(self.config.callbacks_class)]
         self.env_runner_group = self.eval_env_runner_group = None
-        self.evaluation_config = None
-        self.offline_data = None
+        self.evaluation_config = self.offline_data = None
         self._set_up_metrics()
         c = self.config
         preflight.ensure(c)  # model, dataset, rewards on sample rows: before any actor starts
@@ -475,6 +474,7 @@ class GDPO(Algorithm):
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
         Checkpointable.restore_from_path(self, path, *args, **kwargs)
         self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
+        self._last_checkpoint = str(path)  # a learner's death goes back here, not to the start
         self._push_weights(self.policy_version)
 
     def export_policy(self, path: str) -> str:

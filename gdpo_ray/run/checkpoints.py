@@ -1,14 +1,21 @@
-"""gdpo-ray checkpoints on disk: what makes one complete, and what a resumed run may change.
+"""gdpo-ray checkpoints on disk: what makes one complete and intact, where a run's latest one is,
+and what a resumed run may change.
 
-``save_atomically`` (``GDPO.save_to_path``) writes a checkpoint aside, then ``COMPLETE_MARKER``,
-then renames it into place; only a directory holding the marker is a checkpoint
-(``check_checkpoint``).
-``resume_changes`` compares a new run's config with the checkpoint's, before anything starts.
+``save_atomically`` (``GDPO.save_to_path``) writes a checkpoint aside, then ``MANIFEST`` (every
+file's size and sha256), then ``COMPLETE_MARKER``, then renames it into place; only a directory
+holding the marker is a checkpoint (``check_checkpoint``), and ``verify_checkpoint`` (run by
+``gdpo-ray train --resume`` before Ray starts) refuses one whose files differ from its manifest.
+``latest_checkpoint`` finds the one a run resumes from; ``resume_changes`` compares a new run's
+config with the checkpoint's, before anything starts. ``WriteFailed``: a run's file (a
+checkpoint, its metrics, ...) could not be written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pathlib
+import re
 import shutil
 import uuid
 from typing import Any, Callable
@@ -17,17 +24,50 @@ from gdpo_ray import config as fields
 
 #: written last into a checkpoint: only a directory holding it is a complete checkpoint
 COMPLETE_MARKER = "gdpo_checkpoint_complete"
+#: written before the marker: {"files": {relative path: {"size": bytes, "sha256": hex}}}, every
+#: file of the checkpoint (RLlib's state and constructor pickles, the learners' DeepSpeed files)
+MANIFEST = "gdpo_manifest.json"
+
+
+class WriteFailed(Exception):
+    """A run's file could not be written: ``what`` (metrics, checkpoint, policy, ...), ``path``
+    and the OS's reason (``OSError``, also one raised on an actor)."""
+
+    def __init__(self, what: str, path: str | pathlib.Path, err: BaseException | str) -> None:
+        super().__init__(what, str(path), err if isinstance(err, str) else os_reason(err))
+        self.what, self.path, self.reason = self.args
+
+    def __str__(self) -> str:
+        return f"cannot write the {self.what} {self.path}: {self.reason}"
+
+
+def os_reason(err: BaseException) -> str:
+    """``[Errno 28] No space left on device`` of an OSError, or of one an actor raised (it
+    arrives as a RayTaskError whose ``cause`` is the OSError)."""
+    cause = getattr(err, "cause", None) or err
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"[Errno {cause.errno}] {cause.strerror}"
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[-1]
 
 
 def save_atomically(path: str | pathlib.Path, write: Callable[[pathlib.Path], None], note: str) -> str:
     """A checkpoint at ``path``, atomically: ``write(aside)`` fills a directory beside it, then
-    ``COMPLETE_MARKER`` (holding ``note``) marks it complete, then it is renamed to ``path`` (an
-    older checkpoint there is replaced only then). A save cut short leaves a ``.partial-*``
-    directory, which nothing counts or resumes from."""
+    ``MANIFEST`` records every file's size and digest, then ``COMPLETE_MARKER`` (holding
+    ``note``) marks it complete, then it is renamed to ``path`` (an older checkpoint there is
+    replaced only then). A save cut short leaves a ``.partial-*`` directory, which nothing counts
+    or resumes from; one that fails to write (a full disk, a quota) is removed, its space freed,
+    and raises ``WriteFailed`` naming ``path`` (the older checkpoint there stays)."""
     final = pathlib.Path(path).resolve()
     aside = final.with_name(f"{final.name}.partial-{uuid.uuid4().hex[:8]}")
-    write(aside)
-    (aside / COMPLETE_MARKER).write_text(f"{note}\n")
+    try:
+        write(aside)
+        files = {p.relative_to(aside).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+                 for p in sorted(aside.rglob("*")) if p.is_file()}
+        (aside / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+        (aside / COMPLETE_MARKER).write_text(f"{note}\n")
+    except OSError as err:  # a learner's OSError arrives as a RayTaskError that is one too
+        shutil.rmtree(aside, ignore_errors=True)
+        raise WriteFailed("checkpoint", final, err) from None
     if final.exists() and any(final.iterdir()):
         old = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:8]}")
         final.rename(old)
@@ -40,8 +80,17 @@ def save_atomically(path: str | pathlib.Path, write: Callable[[pathlib.Path], No
     return str(final)
 
 
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def check_checkpoint(checkpoint: str) -> None:
-    """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint."""
+    """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint (its marker;
+    ``verify_checkpoint`` also reads every file)."""
     root = pathlib.Path(checkpoint)
     if not (root / "class_and_ctor_args.pkl").is_file():
         raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
@@ -50,6 +99,76 @@ def check_checkpoint(checkpoint: str) -> None:
         raise ValueError(f"--resume {checkpoint}: an incomplete checkpoint (its save was cut short: "
                          f"no {COMPLETE_MARKER}); resume from a complete one"
                          + (f" beside it: {siblings}" if siblings else ""))
+
+
+def verify_checkpoint(checkpoint: str) -> list[str]:
+    """Every file a restore reads, checked before anything starts: the marker, then each file of
+    ``MANIFEST`` present, readable, of its recorded size and sha256. Raises ValueError naming
+    every file that is missing, truncated or changed. A checkpoint written before manifests
+    existed gets the files the restore reads checked for presence only: returned as a warning."""
+    root = pathlib.Path(checkpoint)
+    if not ((root / COMPLETE_MARKER).is_file() and (root / MANIFEST).is_file()):
+        check_checkpoint(checkpoint)  # not a checkpoint, an incomplete one, or an older one
+    fix = "resume from another checkpoint of the run, or start a new run"
+    if not (root / MANIFEST).is_file():
+        learner = root / "learner"
+        tag = (learner / "latest").read_text().strip() if (learner / "latest").is_file() else ""
+        needed = ["class_and_ctor_args.pkl", "learner/latest"]
+        missing = [n for n in needed if not (root / n).is_file() or (root / n).stat().st_size == 0]
+        if not any((root / f"algorithm_state.{kind}").is_file() for kind in ("pkl", "msgpack")):
+            missing.append("algorithm_state.pkl")
+        if tag and not any((learner / tag).glob("*model_states.pt")):
+            missing.append(f"learner/{tag}/*model_states.pt")
+        if missing:
+            raise ValueError(f"--resume {checkpoint}: the checkpoint is damaged: missing or empty: "
+                             f"{', '.join(missing)}; {fix}")
+        return [f"checkpoint {checkpoint} has no {MANIFEST} (written by an older gdpo-ray): its "
+                f"files are there, but their contents cannot be verified"]
+    try:
+        files = json.loads((root / MANIFEST).read_text())["files"]
+        if not all(isinstance(w, dict) and {"size", "sha256"} <= w.keys() for w in files.values()):
+            raise ValueError("an entry lacks its size or sha256")
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:
+        raise ValueError(f"--resume {checkpoint}: its {MANIFEST} is unreadable ({err}); {fix}") from None
+    wrong = []
+    for name, want in files.items():
+        path = root / name
+        try:
+            size = path.stat().st_size
+            if size != want["size"]:
+                wrong.append(f"{name} ({size} bytes, {want['size']} when saved)")
+            elif _sha256(path) != want["sha256"]:
+                wrong.append(f"{name} (its contents changed since the save: sha256 differs)")
+        except FileNotFoundError:
+            wrong.append(f"{name} (missing)")
+        except OSError as err:
+            wrong.append(f"{name} (unreadable: {err.strerror or err})")
+    if wrong:
+        shown = "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise ValueError(f"--resume {checkpoint}: the checkpoint is damaged, {len(wrong)} of its "
+                         f"{len(files)} files differ from its {MANIFEST}: {shown}; {fix}")
+    return []
+
+
+def checkpoint_version(checkpoint: str | pathlib.Path) -> int | None:
+    """The policy version a complete checkpoint holds (from its marker's note), else None."""
+    try:
+        found = re.search(r"policy_version (\d+)", (pathlib.Path(checkpoint) / COMPLETE_MARKER).read_text())
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
+def latest_checkpoint(*folders: str | pathlib.Path | None) -> str | None:
+    """The complete checkpoint with the highest policy version among those directly in
+    ``folders`` (the latest written among equals), or None."""
+    found = []
+    for folder in folders:
+        root = pathlib.Path(folder) if folder else None
+        if root is not None and root.is_dir():
+            found += [(v, p.stat().st_mtime, str(p)) for p in root.iterdir()
+                      if p.is_dir() and (v := checkpoint_version(p)) is not None]
+    return max(found)[2] if found else None
 
 
 def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
@@ -75,8 +194,12 @@ def saved_config(checkpoint: str) -> dict:
     import pickle
 
     check_checkpoint(checkpoint)
-    with open(pathlib.Path(checkpoint) / "class_and_ctor_args.pkl", "rb") as f:
-        return pickle.load(f)["ctor_args_and_kwargs"][0][0]
+    try:
+        with open(pathlib.Path(checkpoint) / "class_and_ctor_args.pkl", "rb") as f:
+            return pickle.load(f)["ctor_args_and_kwargs"][0][0]
+    except Exception as err:  # noqa: BLE001 - whatever a damaged pickle raises
+        raise ValueError(f"--resume {checkpoint}: its class_and_ctor_args.pkl cannot be read "
+                         f"({type(err).__name__}: {err}); resume from another checkpoint") from None
 
 
 def export_checkpoint_policy(checkpoint: str, out: str) -> str:

@@ -58,16 +58,20 @@ def _load_run(args: argparse.Namespace, command: str):
 def _train(args: argparse.Namespace) -> int:
     from actors.rollout import PromptsExhausted
     from gdpo_ray.reward_watch import RewardFailure
+    from gdpo_ray.run.checkpoints import WriteFailed
 
     try:  # a bad config, model, dataset or reward fails here, before Ray or any actor starts
         run = _load_run(args, "train")
-        return run.run()
+        return run.run()  # SIGINT / SIGTERM: handled in the run (130 / 143)
     except ValueError as err:
         print(f"gdpo-ray train: {err}", file=sys.stderr)
         return 2
-    except (RewardFailure, PromptsExhausted) as err:
+    except (RewardFailure, PromptsExhausted, WriteFailed) as err:
         print(f"gdpo-ray train: stopped: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # before the run set its own handlers (loading the config)
+        print("gdpo-ray train: interrupted before the run started", file=sys.stderr)
+        return 130
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -165,10 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Train with GDPO. CONFIG is a packaged preset ({presets}) or a YAML file; "
         "overrides are OmegaConf dotlist items such as training.lr=1e-5 run.steps=10, before or "
         "after the options. The start-up checks of `gdpo-ray check` run first. Outputs go under "
-        "one run directory, printed at start and end.")
+        "one run directory, printed at start and end. Ctrl-C (SIGINT) or SIGTERM stops the run "
+        "after the step in progress, saves a checkpoint and prints the command that resumes it "
+        "(exit 130 / 143); a second one stops at once.")
     _add_run_arguments(train)
-    train.add_argument("--resume", metavar="CHECKPOINT",
-                       help="continue from a checkpoint directory (e.g. runs/x/checkpoints/final)")
+    train.add_argument("--resume", metavar="RUN_DIR|CHECKPOINT",
+                       help="continue a run: a run directory (its latest checkpoint; the run goes on "
+                       "in it, appending its metrics) or a checkpoint (e.g. runs/x/checkpoints/"
+                       "step_000040); with a new run.name, a new run from that state")
     train.set_defaults(run=_train)
 
     check = commands.add_parser(

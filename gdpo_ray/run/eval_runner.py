@@ -14,15 +14,20 @@ warm-started starting point, for a baseline). The model's files are shipped to a
 that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
 ``{"id": <item id>, "completions": [str, ...]}``, optionally ``"tokens": [int, ...]`` and
-``"finish_reasons": [...]`` (else lengths come from ``tokenizer``, when one is given, and
-``exceed_ratio`` is left out without one).
+``"finish_reasons": [...]`` (null, or a null entry: not known; unknown lengths come from
+``tokenizer``, when one is given, and ``exceed_ratio`` is left out without one).
+A sample whose scoring raises or hangs scores 0 with the reason in the report (``score``).
 """
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
+import contextlib
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -30,7 +35,7 @@ from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
 from gdpo_ray import model_files
 from gdpo_ray.eval.report import build_report
-from gdpo_ray.eval.suite import Completion, EvalItem, Suite
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
 
 def resolve_policy(policy: str) -> str:
@@ -58,7 +63,8 @@ def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None
                      suite_ids: Sequence[str] | None = None) -> dict[str, list[Completion]]:
     """Completions of ``items`` from a file (the module docstring's format), in their order;
     every line is checked and a bad one named (an id must be one of ``suite_ids``, by default
-    the items'; lines of other suite items, e.g. past --limit, are left out)."""
+    the items'; lines of other suite items, e.g. past --limit, are left out). ``tokens`` and
+    ``finish_reasons`` may be null, or hold nulls: those lengths and reasons are not known."""
     known = set(suite_ids) if suite_ids is not None else {it.id for it in items}
     by_id: dict[str, list[Completion]] = {}
     with open(path, encoding="utf-8") as lines:
@@ -68,7 +74,7 @@ def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None
             where = f"{path}, line {number}"
             try:
                 row = json.loads(line)
-            except ValueError as err:
+            except (ValueError, RecursionError) as err:
                 raise ValueError(f"{where}: not JSON ({err})") from None
             texts = row.get("completions") if isinstance(row, dict) else None
             if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
@@ -79,15 +85,21 @@ def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None
                                  f"(ids look like {sorted(known)[:3]})")
             if item_id in by_id:
                 raise ValueError(f"{where}: id {item_id!r} appears twice")
-            tokens = row.get("tokens")
-            reasons = row.get("finish_reasons")
-            for name, values in (("tokens", tokens), ("finish_reasons", reasons)):
-                if values is not None and (not isinstance(values, list) or len(values) != len(texts)):
+            unknown = [None] * len(texts)
+            tokens = unknown if row.get("tokens") is None else row["tokens"]
+            reasons = unknown if row.get("finish_reasons") is None else row["finish_reasons"]
+            for name, values, valid, want in (
+                    ("tokens", tokens, lambda v: type(v) is int and v >= 0, "an integer >= 0 or null"),
+                    ("finish_reasons", reasons, lambda v: isinstance(v, str), 'a string ("stop", "length") or null')):
+                if not isinstance(values, list) or len(values) != len(texts):
                     raise ValueError(f"{where}: {name} must be a list with one entry per completion")
-            if tokens is None and tokenizer is not None:
-                tokens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
-            by_id[item_id] = [Completion(t, None if tokens is None else int(tokens[i]),
-                                         None if reasons is None else reasons[i]) for i, t in enumerate(texts)]
+                bad = next((i for i, v in enumerate(values) if v is not None and not valid(v)), None)
+                if bad is not None:
+                    raise ValueError(f"{where}: {name}[{bad}] must be {want}; got {values[bad]!r}")
+            if tokenizer is not None:
+                tokens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) if n is None else n
+                          for t, n in zip(texts, tokens)]
+            by_id[item_id] = [Completion(*sample) for sample in zip(texts, tokens, reasons)]
     return {it.id: by_id[it.id] for it in items if it.id in by_id}
 
 
@@ -121,16 +133,82 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
             for it, done in zip(items, samples)}
 
 
+#: the longest one sample's scoring may take: far above the scorers' own limits (math-verify's
+#: 5 s per parse, a sandbox call's ``Limits.total_s``), so past it the scorer hangs
+SAMPLE_TIMEOUT_S = 300.0
+
+
+class ScoringTimeout(BaseException):
+    """An item's scoring ran past its time limit (a BaseException, so that no ``except
+    Exception`` of a scorer swallows it)."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raises ``ScoringTimeout`` in the block once ``seconds`` have passed (a timer thread
+    interrupts the main thread, between two bytecodes: a C call that never returns, such as a
+    catastrophic regex, is not interrupted, which is why the scans of model output are linear).
+    Off the main thread, no limit (a suite with ``parallel_scoring`` waits on the sandbox, whose
+    calls have their own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    armed = True
+
+    def expire(signum: int, frame: Any) -> None:
+        if armed:
+            raise ScoringTimeout(f"timed out after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGUSR2, expire)
+    timer = threading.Timer(seconds, _thread.interrupt_main, (signal.SIGUSR2,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        armed = False
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR2, previous)
+
+
 def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Sequence[Completion]],
           score_threads: int | None = None, progress: bool = True) -> dict[str, list[dict]]:
-    """Item id -> its samples, each the completion (text, tokens, finish reason) and its metrics."""
+    """Item id -> its samples, each the completion (text, tokens, finish reason) and its metrics.
+
+    No completion stops the eval: when scoring an item raises or runs past ``SAMPLE_TIMEOUT_S``
+    per sample, its samples are scored one by one, and a sample whose scoring still fails
+    scores 0 on every metric (``exceed_ratio`` still from its length) with the reason under
+    ``error``; its siblings keep their scores."""
     from tqdm import tqdm
 
     todo = [it for it in items if it.id in completions]
 
+    def attempt(it: EvalItem, samples: Sequence[Completion]) -> list[dict] | str:
+        """The metrics of ``samples``, or why they could not be scored."""
+        try:
+            with _time_limit(SAMPLE_TIMEOUT_S * len(samples)):
+                values = suite.score(it, samples)
+            if len(values) != len(samples):
+                raise ValueError(f"{type(suite).__name__}.score returned {len(values)} results for "
+                                 f"{len(samples)} completions")
+            return [dict(v) for v in values]
+        except ScoringTimeout as err:
+            return str(err)
+        except Exception as err:  # noqa: BLE001 - any failure of the scorer is the sample's 0
+            return f"{type(err).__name__}: {err}"
+
+    def failed(c: Completion, reason: str) -> dict:
+        zero = {m: 0.0 for m in suite.metrics}
+        if "exceed_ratio" in zero:
+            zero["exceed_ratio"] = exceeds(c, suite.length_limit)
+        return {**zero, "error": reason}
+
     def one(it: EvalItem) -> list[dict]:
         samples = completions[it.id]
-        values = suite.score(it, samples)
+        values = attempt(it, samples)
+        if isinstance(values, str):  # one by one: a sample's failure is its own
+            values = [v[0] if isinstance(v := attempt(it, [c]), list) else failed(c, v) for c in samples]
         return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason, **v}
                 for c, v in zip(samples, values)]
 

@@ -3,12 +3,18 @@ event files, and at the end a PNG plot of every reward's curve.
 
 The run directory is ``<run.output_dir>/<run.name>``: a local or shared-filesystem path, or
 storage (a URI that ``pyarrow.fs`` opens: ``s3://``, ``gs://``, ``hdfs://``, ``file://``), in
-which case the run writes a local staging copy and uploads it when it ends. An existing run
-directory is never written into: a named run refuses it, an unnamed one gets a fresh name.
+which case the run writes a local staging copy and uploads it when it ends. A run takes its
+directory atomically (``OutputDir.create``: ``RUN_LOCK`` created with O_EXCL, then held with
+``flock`` while the run writes), so two runs never share one: a named run refuses a directory in
+use or used before, an unnamed one gets a fresh name; only ``--resume`` continues a run in its
+own directory (appending its metrics), and only when no other process holds it.
 
     <run_dir>/metrics.jsonl      one JSON object per step: {"step": s, "time": t, "rewards/format/mean": ...}
     <run_dir>/tensorboard/       the same scalars (``tensorboard --logdir <run_dir>``)
     <run_dir>/rewards.png        rewards/<name>/mean against the step, one panel per reward
+
+A file that cannot be written (a full disk, a quota, a read-only mount) raises ``WriteFailed``
+naming it, which ``gdpo-ray train`` reports without a traceback.
 """
 
 from __future__ import annotations
@@ -16,39 +22,68 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gdpo_ray.run.checkpoints import WriteFailed, latest_checkpoint
+
+#: in every run directory: created exclusively by the run that takes it, locked while one writes
+RUN_LOCK = ".gdpo-run"
+
+
+def is_run_dir(path: str | Path) -> bool:
+    """A directory that a ``gdpo-ray train`` run wrote (its lock, or the metrics of an older one)."""
+    return (Path(path) / RUN_LOCK).is_file() or (Path(path) / "metrics.jsonl").is_file()
+
+
+def checkpoint_run_dir(checkpoint: str | Path) -> Path | None:
+    """The run directory a checkpoint belongs to (``<run>/checkpoints/<name>``), or None (one
+    saved elsewhere, by the Python API or to ``training.checkpoint_dir``)."""
+    path = Path(checkpoint)
+    run = path.parent.parent
+    return run if path.parent.name == "checkpoints" and is_run_dir(run) else None
+
 
 class OutputDir:
-    """A run's directory (see the module docstring)."""
+    """A run's directory (see the module docstring). ``continuing``: the directory of the run
+    that ``--resume`` continues."""
 
-    def __init__(self, output_dir: str, name: str | None, stem: str) -> None:
-        self.storage = "://" in output_dir
-        base = output_dir.rstrip("/") if self.storage else str(Path(output_dir).expanduser().resolve())
-        chosen = name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        self._set(base, chosen)
+    def __init__(self, output_dir: str, name: str | None, stem: str,
+                 continuing: str | Path | None = None) -> None:
+        self._lock_fd: int | None = None
+        self.continuing = continuing is not None
+        if continuing is not None:
+            self.storage, self.named = False, True
+            self.remote, self.local, self.name = None, Path(continuing), Path(continuing).name
+            return
+        self.storage, self.named = "://" in output_dir, name is not None
+        self._base = output_dir.rstrip("/") if self.storage else str(Path(output_dir).expanduser().resolve())
+        self._chosen = name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self._set(self._base, self._chosen)
         if name is None:
-            suffix = 2
-            while self.exists():  # two unnamed runs in one second
-                self._set(base, f"{chosen}-{suffix}")
-                suffix += 1
+            self._next_free_name()
         elif self.exists():
             raise ValueError(
                 f"run directory {self} exists already (run.name={name!r}): its metrics, "
                 f"checkpoints and policy would be overwritten; choose another run.name, delete it, "
-                f"or continue its training as a new run with --resume {self}/checkpoints/final "
-                f"run.name=<new name>")
+                f"or continue that run in it with --resume {self}")
 
     def _set(self, base: str, name: str) -> None:
         self.name = name
-        if self.storage:
+        if self.storage:  # a staging copy of its own: two runs never share one
             self.remote = f"{base}/{name}"
-            self.local = Path(tempfile.gettempdir()) / "gdpo-ray-staging" / name
+            self.local = Path(tempfile.gettempdir()) / "gdpo-ray-staging" / f"{name}-{uuid.uuid4().hex[:8]}"
         else:
             self.remote, self.local = None, Path(base) / name
+
+    def _next_free_name(self, suffix: int = 2) -> None:
+        while self.exists():  # two unnamed runs in one second
+            self._set(self._base, f"{self._chosen}-{suffix}")
+            suffix += 1
 
     def exists(self) -> bool:
         if self.remote is not None:
@@ -59,11 +94,57 @@ class OutputDir:
         return self.local.exists() and any(self.local.iterdir())
 
     def create(self) -> None:
-        if self.remote is not None and self.local.exists():
-            import shutil
+        """Takes the directory for this process: ``RUN_LOCK`` created exclusively (a fresh run;
+        the one of two runs that comes second is refused, or renamed when unnamed), then locked
+        for as long as the run writes (``release``). Raises ValueError when another run has it.
+        Storage: the URI was checked at start-up only (object stores have no exclusive create)."""
+        import fcntl
+        import socket
 
-            shutil.rmtree(self.local)  # a stale staging copy
-        self.local.mkdir(parents=True, exist_ok=True)
+        while True:
+            self.local.mkdir(parents=True, exist_ok=True)
+            try:
+                flags = os.O_RDWR | os.O_CREAT | (0 if self.continuing else os.O_EXCL)
+                fd = os.open(self.local / RUN_LOCK, flags, 0o644)
+                break
+            except FileExistsError:
+                if self.named:
+                    raise ValueError(f"run directory {self} was taken by another run that started "
+                                     f"meanwhile (run.name={self.name!r}); choose another run.name") from None
+                self._next_free_name()
+            except OSError as err:  # a full disk, a read-only mount
+                raise WriteFailed("run directory", self.local, err) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ValueError(f"run directory {self} is in use by a running gdpo-ray train ({owner}); "
+                             f"wait for it to end or stop it (Ctrl-C) first") from None
+        self._lock_fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except OSError:  # the owner's name is for messages only
+            pass
+
+    def release(self) -> None:
+        """The lock back (the directory stays this run's: ``RUN_LOCK`` is kept)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def discard_if_empty(self) -> bool:
+        """A fresh run that ended before its first step (nothing logged, no checkpoint): its
+        directory removed, so its name can be used again. True if removed."""
+        import shutil
+
+        metrics = self.local / "metrics.jsonl"
+        logged = metrics.is_file() and metrics.stat().st_size > 0
+        if self.continuing or logged or latest_checkpoint(self.local / "checkpoints"):
+            return False
+        shutil.rmtree(self.local, ignore_errors=True)
+        return True
 
     def upload(self) -> None:
         """Storage: the local staging copy to the run's URI."""
@@ -99,37 +180,76 @@ SOME_STEPS = ("eval/", "timing/eval_s")
 
 
 class RunLog:
-    """Appends one step's scalars to metrics.jsonl and TensorBoard."""
+    """Appends one step's scalars to metrics.jsonl and TensorBoard. Written synchronously (no
+    writer thread), so a write that fails raises ``WriteFailed`` naming the file, at that step."""
 
     def __init__(self, run_dir: str | Path) -> None:
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = self.path.open("a")
-        self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self._file = self._tb = None
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a")
+            (self.run_dir / "tensorboard").mkdir(exist_ok=True)
+            self._tb = EventsWriter(str(self.run_dir / "tensorboard" / "events"))
+        except OSError as err:
+            raise WriteFailed("metrics", self.path if self._file is None else self.run_dir / "tensorboard",
+                              err) from None
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        from tensorboardX.proto import event_pb2, summary_pb2
+
         # metrics of some steps only (the evals): RLlib reports NaN for them in between, left out
         scalars = {k: v for k, v in scalars.items() if not (k.startswith(SOME_STEPS) and math.isnan(v))}
         # "time": the wall clock (Unix seconds) when the step ended
         row = {"step": step, "time": round(time.time(), 3)} | {k: v for k, v in scalars.items()
                                                               if k not in ("step", "time")}
-        self._file.write(json.dumps(row, allow_nan=True) + "\n")
-        self._file.flush()
-        for key, value in scalars.items():
-            if key != "step" and math.isfinite(value):
-                self._tb.add_scalar(key, value, step)
-        self._tb.flush()
+        try:
+            self._file.write(json.dumps(row, allow_nan=True) + "\n")
+            self._file.flush()
+        except OSError as err:
+            raise WriteFailed("metrics", self.path, err) from None
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()
+                  if k != "step" and math.isfinite(v)]
+        try:
+            self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                                 summary=summary_pb2.Summary(value=values)))
+            self._tb.flush()
+        except OSError as err:
+            raise WriteFailed("TensorBoard events", self._tb._file_name, err) from None
 
     def close(self) -> None:
-        self._file.close()
-        self._tb.close()
+        """Closes both files; a failure to write was raised by ``log`` already."""
+        for writer in (self._file, self._tb):
+            try:
+                if writer is not None:
+                    writer.close()
+            except OSError:
+                pass
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of metrics.jsonl (a step redone after a learner recovery or a resume appears
+    again, later); a line cut short is left out, a file that cannot be read gives []."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut short (the disk filled up while it was written)
+            pass
+    return rows
+
+
+def latest_rows(rows: Sequence[Mapping[str, float]]) -> list[Mapping[str, float]]:
+    """One row per step, the last one logged for it (a redone step replaces its first run),
+    in step order: the run's history as it stands."""
+    return sorted({r["step"]: r for r in rows}.values(), key=lambda r: r["step"])
 
 
 def plot_rewards(rows: Sequence[Mapping[str, float]], reward_names: Sequence[str], png: str | Path) -> Path:
@@ -146,6 +266,7 @@ def plot_rewards(rows: Sequence[Mapping[str, float]], reward_names: Sequence[str
         suites.setdefault(suite, []).append(metric)
     panels = len(reward_names) + len(suites)
     fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2), squeeze=False)
+    rows = latest_rows(rows)
     steps = [r["step"] for r in rows]
     for ax, name in zip(axes[0], reward_names):
         ax.plot(steps, [r.get(f"rewards/{name}/mean", float("nan")) for r in rows], marker=".")

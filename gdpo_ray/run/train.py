@@ -10,8 +10,11 @@ authentication off (``RAY_AUTH_MODE=disabled``, the local-cluster setting).
 from __future__ import annotations
 
 import logging
+import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,18 +58,68 @@ def in_temporary_working_dir(path: Path) -> bool:
     return "runtime_resources" in path.parts and any(p.startswith("session_") for p in path.parts)
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM that stops a run at once (a ``BaseException``, like KeyboardInterrupt:
+    no ``except Exception`` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM while a run is up. While it trains (``soft``), the first
+    one asks it to stop after the step in progress (``received``); a second one, or one before
+    training starts, stops it at once (``Interrupted``). ``restore`` puts back the handlers that
+    were there before; ``install`` again after ``ray.init``, which sets a SIGTERM handler of its
+    own. Python runs handlers in the main thread only: elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.soft = False
+        self._before: dict = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._before.setdefault(sig, signal.signal(sig, self._handle))
+
+    def restore(self) -> None:
+        for sig, handler in self._before.items():
+            signal.signal(sig, handler)
+        self._before = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if not self.soft or self.received is not None:
+            raise Interrupted(signum)
+        self.received = signum
+        name = signal.Signals(signum).name
+        print(f"\ngdpo-ray: {name} received: stopping after the step in progress, with a checkpoint "
+              f"of it ({name} again stops at once, without one)", file=sys.stderr, flush=True)
+
+
 class TrainingRun:
-    def __init__(self, config: Any, run: dict, preset: str, resume: str | None = None) -> None:
+    def __init__(self, config: Any, run: dict, preset: str, resume: str | None = None,
+                 continuing: Path | None = None, overrides: Sequence[str] = ()) -> None:
         from gdpo_ray.run.outputs import OutputDir
 
         self.config, self.run_settings, self.preset, self.resume = config, run, preset, resume
+        self.overrides = list(overrides)  # as typed: the resume command repeats them
         self.changes: list = []  # settings that differ from the resumed checkpoint's
-        self.outputs = OutputDir(run["output_dir"], run["name"], Path(preset).stem)
+        self.warnings: list[str] = []
+        self.outputs = OutputDir(run["output_dir"], run["name"], Path(preset).stem, continuing)
         self.run_dir = self.outputs.local
 
     @classmethod
     def from_args(cls, config: str | None, overrides: Sequence[str] = (), resume: str | None = None):
+        """A run from the command line. ``resume``: a checkpoint, or a run directory (its latest
+        complete checkpoint); the run goes on in that checkpoint's run directory, appending to
+        its metrics, unless ``run.name`` names another directory (a new run from that state).
+        The checkpoint is verified here (every file against its manifest), before Ray starts."""
         from gdpo_ray.run.algorithm import GDPOConfig
+        from gdpo_ray.run.checkpoints import resume_changes, verify_checkpoint
         from gdpo_ray.run.presets import apply_sections, load_preset
 
         if config is not None and "=" in config:  # `gdpo-ray train training.lr=1e-4`
@@ -74,17 +127,15 @@ class TrainingRun:
         sections = load_preset(config, overrides)
         run = run_settings(sections)
         gdpo = apply_sections(GDPOConfig(), sections)
+        continuing = None
         if resume:  # relative to where the command runs, as the user typed it
-            resume = str(Path(resume).expanduser().resolve())
-        self = cls(gdpo, run, config or "demo", resume)
+            resume, continuing = resume_target(Path(resume).expanduser().resolve(), run, gdpo.checkpoint_dir)
+        self = cls(gdpo, run, config or "demo", resume, continuing, overrides)
         if gdpo.checkpoint_dir is None:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
         gdpo.validate()
         if resume:
-            from gdpo_ray.run.checkpoints import resume_changes
-
-            if not Path(resume).is_dir():
-                raise ValueError(f"--resume {resume}: no such checkpoint directory")
+            self.warnings = verify_checkpoint(resume)
             self.changes = resume_changes(gdpo, resume)
         return self
 
@@ -107,6 +158,7 @@ class TrainingRun:
         """With an eval suite: the final policy's report in the run's eval/ (the last scheduled
         eval when it was of this version, else one now), for ``gdpo-ray eval --compare``."""
         from gdpo_ray.eval.report import format_report, report_path, write_report
+        from gdpo_ray.run.checkpoints import WriteFailed
 
         if algo.eval_suite is None:
             return
@@ -115,66 +167,227 @@ class TrainingRun:
             report = algo.evaluate_policy()
         if report is not None:
             report["policy"] = str(self.run_dir / "policy")
-            path = write_report(report, report_path(self.run_dir, report["suite"]))
+            path = report_path(self.run_dir, report["suite"])
+            try:
+                path = write_report(report, path)
+            except OSError as err:
+                raise WriteFailed("eval report", path, err) from None
             print(format_report(report))
             print(f"gdpo-ray: eval report {path}")
 
+    def resume_command(self) -> str:
+        """The command that continues this run in its directory (from its latest checkpoint)."""
+        import shlex
+
+        return shlex.join(["gdpo-ray", "train", self.preset, *self.overrides, "--resume", str(self.run_dir)])
+
+    def last_checkpoint(self) -> str | None:
+        """The latest complete checkpoint of this run (its own, or the one it resumed from)."""
+        from gdpo_ray.run.checkpoints import checkpoint_version, latest_checkpoint
+
+        found = latest_checkpoint(self.run_dir / "checkpoints", self.config.checkpoint_dir)
+        resumed = checkpoint_version(self.resume) if self.resume else None
+        if resumed is not None and (found is None or checkpoint_version(found) < resumed):
+            return self.resume
+        return found
+
+    def where_to_resume(self) -> list[str]:
+        """The lines that say from which checkpoint, and with which command, the run resumes."""
+        last = self.last_checkpoint()
+        if last is None:
+            return ["gdpo-ray: no checkpoint was written: nothing to resume from"]
+        if Path(last).parent in (self.run_dir / "checkpoints", Path(self.config.checkpoint_dir)):
+            command = self.resume_command()
+        else:  # the checkpoint this run resumed from, outside its directory: a new run from it
+            command = self.resume_command().rpartition(" --resume ")[0]
+            command += f" --resume {last} run.name=<new name>"
+        return [f"gdpo-ray: last complete checkpoint {last}", f"gdpo-ray: resume with: {command}"]
+
     def run(self) -> int:
-        from tqdm import tqdm
+        """The run, start to end. Exit codes: 0 done, 1 stopped by a failure (a file that
+        cannot be written), 128 + the signal when SIGINT (130) or SIGTERM (143) stopped it."""
+        stop = StopSignals()
+        stop.install()
+        try:
+            self.check()  # before the run directory, Ray or any actor
+            if in_temporary_working_dir(self.run_dir):
+                print(f"gdpo-ray: warning: outputs go to {self.run_dir}, inside Ray's temporary copy "
+                      f"of the job's working dir, which Ray deletes; set run.output_dir to a shared "
+                      f"path (run.output_dir=/mnt/shared/runs) or to storage (s3://bucket/runs)",
+                      file=sys.stderr, flush=True)
+            self.outputs.create()  # taken atomically: a second run of this name is refused here
+            try:
+                return self._train(stop)
+            finally:
+                if self.outputs.discard_if_empty():
+                    print(f"gdpo-ray: no step was completed: run directory {self.outputs} removed",
+                          file=sys.stderr, flush=True)
+                self.outputs.release()
+        except Interrupted as err:
+            print(f"gdpo-ray train: stopped by {signal.Signals(err.signum).name}"
+                  + ("" if stop.soft else " before the first step"), file=sys.stderr, flush=True)
+            return 128 + err.signum
+        finally:
+            stop.restore()
 
-        from gdpo_ray.run.outputs import RunLog, flat_scalars, plot_rewards, read_metrics
+    def _train(self, stop: StopSignals) -> int:
+        from gdpo_ray.run.checkpoints import WriteFailed
+        from gdpo_ray.run.outputs import RunLog, latest_rows, plot_rewards, read_metrics
 
-        steps = self.run_settings["steps"]
-        self.check()  # before the run directory, Ray or any actor
-        if in_temporary_working_dir(self.run_dir):
-            print(f"gdpo-ray: warning: outputs go to {self.run_dir}, inside Ray's temporary copy "
-                  f"of the job's working dir, which Ray deletes; set run.output_dir to a shared "
-                  f"path (run.output_dir=/mnt/shared/runs) or to storage (s3://bucket/runs)",
-                  file=sys.stderr, flush=True)
-        self.outputs.create()
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         if self.resume:
-            print(f"gdpo-ray: resuming from {self.resume}", flush=True)
+            print(f"gdpo-ray: resuming from {self.resume}"
+                  + (" (continuing the run in its directory)" if self.outputs.continuing else ""), flush=True)
+        for warning in self.warnings:
+            print(f"gdpo-ray: warning: {warning}", file=sys.stderr, flush=True)
         self._start_ray()
-        algo = self.config.build_algo()
-        if self.resume:  # this run's config, the checkpoint's state (weights, optimizer, prompts)
-            for name, old, new in self.changes:
-                print(f"gdpo-ray: resuming with {name} {old!r} -> {new!r}")
-            algo.restore_from_path(self.resume)
-        names = algo.reward_names
-        log = RunLog(self.run_dir)
+        stop.install()  # ray.init set a SIGTERM handler of its own
+        algo = log = None
+        names: list[str] = []
+        code, closing = 0, []  # closing: how the run stopped and how to resume it, said last
         try:
-            bar = tqdm(total=steps, initial=algo.policy_version, desc="gdpo", unit="step",
-                       dynamic_ncols=True, file=sys.stderr)
-            placed = None  # (actors, nodes) of the rollout group: elastic runs change it
-            while algo.policy_version < steps:
-                scalars = flat_scalars(algo.train())
-                log.log(algo.policy_version, scalars)
-                now = (int(scalars.get("rollout/actors", 0)), int(scalars.get("rollout/nodes", 0)))
-                if now != placed:
-                    bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
-                    placed = now
-                bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
-                bar.update(algo.policy_version - bar.n)
-            bar.close()
-            if self.run_settings["checkpoint_at_end"]:
-                print(f"gdpo-ray: checkpoint {algo.save_to_path(str(self.run_dir / 'checkpoints' / 'final'))}")
-            if self.run_settings["export_policy"]:
-                print(f"gdpo-ray: policy (Hugging Face format) {algo.export_policy(str(self.run_dir / 'policy'))}")
-            self._final_eval(algo)
+            algo = self.config.build_algo()
+            if self.resume:  # this run's config, the checkpoint's state (weights, optimizer, prompts)
+                for name, old, new in self.changes:
+                    print(f"gdpo-ray: resuming with {name} {old!r} -> {new!r}")
+                algo.restore_from_path(self.resume)
+            names = algo.reward_names
+            log = RunLog(self.run_dir)
+            stop.soft = True  # from now on a signal stops the run after a step, with a checkpoint
+            self._loop(algo, log, stop)
+            if stop.received is not None:
+                code, closing = 128 + stop.received, self._save_on_signal(algo, stop.received)
+            else:
+                self._finish(algo, stop)
+                if stop.received is not None:  # during the final checkpoint, export or eval
+                    code, closing = 128 + stop.received, self.where_to_resume()
+        except Interrupted as err:  # a second signal: no checkpoint of the step in progress
+            closing = [f"gdpo-ray train: stopped at once by {signal.Signals(err.signum).name}",
+                       *self.where_to_resume()]
+            code = 128 + err.signum
+        except WriteFailed as err:  # a full disk: the run cannot go on without its record
+            closing = [f"gdpo-ray train: stopped: {err}; a run that cannot write its metrics or "
+                       f"checkpoints stops rather than train on without them", *self.where_to_resume()]
+            code = 1
         finally:
-            log.close()
-            algo.stop()
-            rows = read_metrics(log.path)
+            if log is not None:
+                log.close()
+            if algo is not None:
+                algo.stop()
+            rows = read_metrics(self.run_dir / "metrics.jsonl")
             if rows:
-                plot_rewards(rows, names, self.run_dir / "rewards.png")
+                try:
+                    plot_rewards(rows, names, self.run_dir / "rewards.png")
+                except OSError as err:
+                    print(f"gdpo-ray: warning: cannot write the plot {self.run_dir / 'rewards.png'}: "
+                          f"{err.strerror or err}", file=sys.stderr)
             self.outputs.upload()
         if rows:
-            print(summary(rows, names))
+            print(summary(latest_rows(rows), names))
         print(f"gdpo-ray: metrics {self.outputs / 'metrics.jsonl'}, plot "
               f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
-        return 0
+        for line in closing:
+            print(line, file=sys.stderr, flush=True)
+        return code
+
+    def _loop(self, algo: Any, log: Any, stop: StopSignals) -> None:
+        """Steps until ``run.steps`` or a signal. A step in which a learner died trained
+        nothing (the algorithm restored its last checkpoint, or the start): no row is logged,
+        and the steps after the restored one are run again."""
+        from tqdm import tqdm
+
+        from gdpo_ray.run.outputs import flat_scalars
+
+        steps, names = self.run_settings["steps"], algo.reward_names
+        bar = tqdm(total=steps, initial=algo.policy_version, desc="gdpo", unit="step",
+                   dynamic_ncols=True, file=sys.stderr)
+        placed = None  # (actors, nodes) of the rollout group: elastic runs change it
+        try:
+            while algo.policy_version < steps and stop.received is None:
+                recoveries = algo.counters["learner_recoveries"]
+                scalars = flat_scalars(algo.train())
+                if algo.counters["learner_recoveries"] != recoveries:
+                    bar.write(f"gdpo-ray: a learner died; new learners took over from step "
+                              f"{algo.policy_version} (the last checkpoint, or the start)", file=sys.stderr)
+                else:
+                    log.log(algo.policy_version, scalars)
+                    now = (_count(scalars, "rollout/actors"), _count(scalars, "rollout/nodes"))
+                    if None not in now and now != placed:
+                        bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
+                        placed = now
+                    bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
+                bar.n = algo.policy_version
+                bar.refresh()
+        finally:
+            bar.close()
+
+    def _save_on_signal(self, algo: Any, signum: int) -> list[str]:
+        """A checkpoint of the last completed step (whatever ``checkpoint_every`` says; the
+        automatic one of that step when there is one), its path and the resume command."""
+        from gdpo_ray.run.checkpoints import checkpoint_version
+
+        path = self.run_dir / "checkpoints" / f"step_{algo.policy_version:06d}"
+        if checkpoint_version(path) != algo.policy_version:
+            path = algo.save_to_path(str(path))
+        return [f"gdpo-ray train: stopped by {signal.Signals(signum).name} after step "
+                f"{algo.policy_version}; checkpoint {path}",
+                f"gdpo-ray: resume with: {self.resume_command()}"]
+
+    def _finish(self, algo: Any, stop: StopSignals) -> None:
+        """The final checkpoint, then (unless a signal came meanwhile) the policy in Hugging
+        Face format and the final eval."""
+        from gdpo_ray.run.checkpoints import WriteFailed
+
+        if self.run_settings["checkpoint_at_end"]:
+            print(f"gdpo-ray: checkpoint {algo.save_to_path(str(self.run_dir / 'checkpoints' / 'final'))}")
+        if stop.received is not None:
+            return
+        if self.run_settings["export_policy"]:
+            try:
+                policy = algo.export_policy(str(self.run_dir / "policy"))
+            except OSError as err:  # a learner's, raised on its actor
+                raise WriteFailed("policy", self.run_dir / "policy", err) from None
+            print(f"gdpo-ray: policy (Hugging Face format) {policy}")
+        if stop.received is None:
+            self._final_eval(algo)
+
+
+def _count(scalars: dict, key: str) -> int | None:
+    """A count among the metrics, None when missing or not finite (a step that failed)."""
+    value = scalars.get(key, 0.0)
+    return int(value) if math.isfinite(value) else None
+
+
+def resume_target(given: Path, run: dict, checkpoint_dir: str | None) -> tuple[str, Path | None]:
+    """``--resume``'s checkpoint (``given`` itself, or a run directory's latest complete one)
+    and the run directory to continue in: the checkpoint's own, unless ``run.name`` names
+    another (then None: a new run from that state). Refused (ValueError): a path that is
+    neither, a run directory without a checkpoint, and going on in a run directory from a
+    checkpoint older than its latest (two histories in one directory)."""
+    from gdpo_ray.run.checkpoints import checkpoint_version, latest_checkpoint
+    from gdpo_ray.run.outputs import checkpoint_run_dir, is_run_dir
+
+    if not given.is_dir():
+        raise ValueError(f"--resume {given}: no such checkpoint or run directory")
+    checkpoint, run_dir = str(given), checkpoint_run_dir(given)
+    if is_run_dir(given) or (given / "checkpoints").is_dir():  # a run directory
+        run_dir, checkpoint = given, latest_checkpoint(given / "checkpoints", checkpoint_dir)
+        if checkpoint is None:
+            raise ValueError(f"--resume {given}: the run directory holds no complete checkpoint "
+                             f"(it stopped before its first one): nothing to resume from; start "
+                             f"the run again under a new run.name")
+    storage = "://" in run["output_dir"]
+    named = run["name"] and not storage and Path(run["output_dir"]).expanduser().resolve() / run["name"]
+    if run_dir is None or storage or (named and named != run_dir):
+        return checkpoint, None  # a new run directory
+    latest = latest_checkpoint(run_dir / "checkpoints", checkpoint_dir)
+    if latest is not None and checkpoint_version(latest) > (checkpoint_version(checkpoint) or 0):
+        raise ValueError(f"--resume {given}: run directory {run_dir} went on past this checkpoint "
+                         f"(to {latest}); going on from here in it would mix two histories: add "
+                         f"run.name=<new name> to start a new run from this checkpoint, or resume "
+                         f"the run's latest with --resume {run_dir}")
+    return checkpoint, run_dir
 
 
 def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None:
@@ -226,10 +439,14 @@ def user_modules(config: Any) -> list[str]:
 
 def summary(rows: Sequence[dict], names: Sequence[str], window: int = 3) -> str:
     """Each reward's mean over the first and the last ``window`` steps."""
+    import warnings
+
     import numpy as np
 
     lines = [f"{'reward':<12} {'first':>7} {'last':>7}"]
-    for name in names:
-        values = [r.get(f"rewards/{name}/mean", float("nan")) for r in rows]
-        lines.append(f"{name:<12} {np.nanmean(values[:window]):>7.3f} {np.nanmean(values[-window:]):>7.3f}")
+    with warnings.catch_warnings():  # all NaN (a reward that never computed): nan, no warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for name in names:
+            values = [r.get(f"rewards/{name}/mean", float("nan")) for r in rows]
+            lines.append(f"{name:<12} {np.nanmean(values[:window]):>7.3f} {np.nanmean(values[-window:]):>7.3f}")
     return "\n".join(lines)

@@ -46,3 +46,50 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     assert main(["train", "demo", "run.steps=1", "run.name=first", *common]) == 2
     assert "exists already (run.name='first')" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_a_learner_death_and_a_full_disk_under_gdpo_ray_train(ray_cluster, tmp_path, capsys, monkeypatch):
+    """Issue 29 items 2, 11 and 12, as `gdpo-ray train` meets them: `--resume RUN_DIR` goes on in
+    that directory, appending its metrics; a learner killed there makes the algorithm restore
+    the checkpoint the run resumed from (not the start of the run) and the command goes on (the
+    step that trained nothing logs no row, and NaN metrics stop nothing); then the final
+    checkpoint meets a full disk: a message naming it, exit 1, no traceback, the older
+    checkpoint at that path intact."""
+    import errno
+    import os
+
+    from gdpo_ray.run.algorithm import GDPO
+    from gdpo_ray.run.checkpoints import checkpoint_version, verify_checkpoint
+    from learners.deepspeed_learner import LearnerGroup
+
+    monkeypatch.chdir(tmp_path)
+    common = [f"run.output_dir={tmp_path}", "training.prompts_per_step=4", "training.group_size=4",
+              "generation.max_tokens=32", "run.export_policy=false"]
+    assert main(["train", "demo", "run.steps=2", "run.name=a", *common]) == 0
+    run, final = tmp_path / "a", tmp_path / "a" / "checkpoints" / "final"
+    capsys.readouterr()
+    update, killed = GDPO._update, []
+
+    def update_after_a_learner_died(self, groups, advantages):  # in step 4 (policy version 3)
+        if self.policy_version == 3 and not killed:
+            killed.append(ray_cluster.kill(self.learners.learners[0]))
+        return update(self, groups, advantages)
+
+    def full_disk(self, path):  # what a learner's save raises when the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(GDPO, "_update", update_after_a_learner_died)
+    monkeypatch.setattr(LearnerGroup, "save_checkpoint", full_disk)
+    assert main(["train", "demo", "run.steps=4", *common, "--resume", "a"]) == 1
+    captured = capsys.readouterr()
+    assert f"resuming from {final} (continuing the run in its directory)" in captured.out
+    assert "a learner died; new learners took over from step 2" in captured.err
+    assert f"cannot write the checkpoint {final}: [Errno 28] No space left on device" in captured.err
+    assert f"last complete checkpoint {final}" in captured.err
+    assert f"--resume {run}" in captured.err and "Traceback" not in captured.err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # 1, 2 (the first run); 3, then 4 failed and went back to 2 (no row); 3 again, 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 3, 4]
+    assert [r["learner_recoveries"] for r in rows] == [0, 0, 0, 1, 1]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final"]  # no partial save
+    assert verify_checkpoint(str(final)) == [] and checkpoint_version(final) == 2

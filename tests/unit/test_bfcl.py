@@ -213,3 +213,36 @@ def test_the_matcher_gives_bfcls_own_verdicts(suite):
     assert not differ, f"{len(differ)} of {len(cases)} verdicts differ, e.g. {differ[:3]}"
     assert 0.2 < sum(theirs) / len(theirs) < 0.8  # the perturbations pass and fail alike
     assert len(cases) > 20_000
+
+
+def hostile_calls(depth=5000):
+    """Completions no parser of model output may die or hang on."""
+    def nested(n):
+        return '<think></think>\n<tool_call>\n{"name": "f", "parameters": {"x": ' + "[" * n + "]" * n + "}}\n</tool_call>"
+
+    return [nested(depth), nested(100_000), nested(900), "[not json", "[" * depth, "[1, 2]",
+            '<tool_call>\n{"name": "f", "parameters": {"x": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}}\n</tool_call>",
+            "<tool_call>" * 20_000, "<think>" + "</think>\n<tool_call>\n" * 20_000]
+
+
+def test_hostile_calls_score_0_through_the_cli(tmp_path):
+    """Issue 29, item 5: a deeply nested call stopped the whole BFCL eval (RecursionError, exit
+    1); now every hostile completion is unparsable, 0, its gold sibling 1, the command exits 0,
+    and 400 KB of unclosed tags are no quadratic scan."""
+    import time
+
+    from gdpo_ray.eval.report import read_report
+    from gdpo_ray.run.cli import main
+
+    item = make_suite("bfcl:simple_python").items()[0]
+    texts = [as_completion(gold_calls(item.reference)), *hostile_calls()]
+    path, out = tmp_path / "c.jsonl", tmp_path / "r.json"
+    path.write_text(json.dumps({"id": item.id, "completions": texts}) + "\n")
+    start = time.monotonic()
+    assert main(["eval", "--suite", "bfcl:simple_python", "--completions", str(path), "--output", str(out)]) == 0
+    assert time.monotonic() - start < 30
+    samples = read_report(out)["items"][item.id]["samples"]
+    assert [s["accuracy"] for s in samples] == [1.0] + [0.0] * (len(texts) - 1)
+    assert not any("error" in s for s in samples)  # unparsable, not a scorer failure
+    for text in hostile_calls():
+        assert bfcl.decode(text) in (None, [])

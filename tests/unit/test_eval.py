@@ -230,3 +230,332 @@ def test_a_runs_eval_suite_leaves_out_its_training_prompts(tmp_path):
     assert not {it.prompt for it in suite.items()} & {r["prompt"] for r in trained}
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "What is 1 + 2?"}])  # a dataset file
     assert len(held_out_suite("task:addition", str(path)).items()) == 99
+
+
+# --- hostile completions (issue 29, items 3 and 5) ------------------------------------------
+
+#: HumanEval forgeries that pass without solving anything where the candidate runs in the
+#: harness's process; ENTRY is the problem's entry point
+FORGERIES = {
+    # read the nonce (the harness's global; else the parent's memory or stdin) and print the
+    # pass line on every stdout it can reach, then leave before the tests run
+    "nonce": '''
+import gc, os, re, sys
+found = []
+main = sys.modules.get("__main__")
+if isinstance(getattr(main, "nonce", None), str):
+    found.append(main.nonce)
+parent = os.getppid()
+try:
+    mem = open(f"/proc/{parent}/mem", "rb")
+    for line in open(f"/proc/{parent}/maps"):
+        span, perms = line.split()[:2]
+        if perms.startswith("rw"):
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(lo)
+                found += [m.decode() for m in re.findall(rb"([0-9a-f]{32})\\n", mem.read(min(hi - lo, 1 << 26)))]
+            except (OSError, ValueError, OverflowError):
+                pass
+except OSError:
+    pass
+outs = [sys.stdout]
+try:
+    outs.append(open(f"/proc/{parent}/fd/1", "w"))
+except OSError:
+    pass
+for out in outs:
+    for nonce in reversed(found):
+        out.write("\\n" + nonce + ":pass\\n")
+    out.flush()
+os._exit(0)
+''',
+    # make the harness's exec of the tests define a check that checks nothing
+    "exec": '''
+import builtins
+_exec = builtins.exec
+def _fake(code, namespace=None, *rest):
+    _exec(code, namespace, *rest)
+    if isinstance(namespace, dict) and "check" in namespace:
+        namespace["check"] = lambda candidate: None
+builtins.exec = _fake
+''',
+    # return an object equal (and close, and ordered) to everything
+    "equal": '''
+class Everything:
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    __lt__ = __le__ = __gt__ = __ge__ = __contains__ = __eq__
+    def __bool__(self): return True
+    def __hash__(self): return 0
+    def __abs__(self): return 0
+    def __float__(self): return 0.0
+    def __int__(self): return 0
+    __index__ = __int__
+    def __len__(self): return 0
+    def __iter__(self): return iter(())
+    def _self(self, *args): return self
+    __sub__ = __rsub__ = __add__ = __radd__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _self
+    __neg__ = __round__ = __getitem__ = __mod__ = __pow__ = _self
+def ENTRY(*args, **kwargs):
+    return Everything()
+''',
+    # a builtin type's subclass that is equal to everything
+    "equal_list": '''
+class Everything(list):
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+def ENTRY(*args, **kwargs):
+    return Everything()
+''',
+    # read the tests (the harness's test.py, else the parent's stdin) and answer from them
+    "tests": '''
+import ast, os
+source = ""
+for path in ("test.py", f"/proc/{os.getppid()}/fd/0"):
+    try:
+        source = open(path).read()
+        break
+    except OSError:
+        pass
+table = {}
+for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
+        call = node.left
+        if isinstance(call, ast.Call) and getattr(call.func, "id", "") == "candidate":
+            try:
+                table[repr(ast.literal_eval(ast.Tuple(call.args, ast.Load())))] = ast.literal_eval(node.comparators[0])
+            except ValueError:
+                pass
+def ENTRY(*args):
+    return table.get(repr(args))
+'''}
+
+#: a spread of HumanEval problems, with the ones whose tests use the prompt's helpers (32, 38,
+#: 50) or call the entry point by name (33)
+FORGED_PROBLEMS = [f"HumanEval/{i}" for i in sorted({*range(0, 164, 12), 32, 33, 38, 50, 53})]
+
+
+def test_humaneval_forgeries_score_0_through_the_cli(tmp_path):
+    """Each forgery of issue 29 (item 3) scores 0 on every problem: the candidate runs in a
+    child process that sees neither the nonce, the tests nor the harness's builtins, and only
+    values cross. (Where the candidate ran in the harness's process, the forgeries passed:
+    1.000, 1.000, 0.957 and 0.878 over the 164 problems.)"""
+    from gdpo_ray.run.cli import main
+
+    suite = make_suite("humaneval")
+    rows = []
+    for task_id in FORGED_PROBLEMS:
+        entry = suite.problems[task_id]["entry_point"]
+        rows.append({"id": task_id, "completions": [
+            "```python\n" + code.replace("ENTRY", entry) + "```" for code in FORGERIES.values()]})
+    path, out = write_jsonl(tmp_path / "forged.jsonl", rows), tmp_path / "r.json"
+    assert main(["eval", "--suite", "humaneval", "--completions", path, "--output", str(out)]) == 0
+    report = read_report(out)
+    passed = {name: [it["samples"][k]["pass@1"] for it in report["items"].values()]
+              for k, name in enumerate(FORGERIES)}
+    assert passed == {name: [0.0] * len(FORGED_PROBLEMS) for name in FORGERIES}
+    assert report["overall"]["pass@1"] == 0.0 and report["counts"]["items"] == len(FORGED_PROBLEMS)
+
+
+class Hostile(Suite):
+    """Scores "1" as a pass; raises on "raise", loops forever on "hang" (a scorer's bug, not the
+    completion's merit)."""
+
+    name, metrics, length_limit = "hostile", ("pass@1", "exceed_ratio"), 4
+
+    def all_items(self):
+        return [EvalItem(i, "p", "x", None) for i in "ab"]
+
+    def score(self, item, completions):
+        for c in completions:
+            if c.text == "raise":
+                raise ZeroDivisionError("division by zero")
+            while c.text == "hang":
+                pass
+        return [{"pass@1": float(c.text == "1"), "exceed_ratio": exceeds(c, self.length_limit)}
+                for c in completions]
+
+
+def test_a_scorer_that_raises_or_hangs_costs_only_that_sample(tmp_path, monkeypatch):
+    """Issue 29, item 5: any exception or hang while scoring is that sample's 0 (exceed_ratio
+    still from its length) with the reason in the report; its siblings keep their scores."""
+    from gdpo_ray.eval.suites import SUITES
+    from gdpo_ray.run import eval_runner
+    from gdpo_ray.run.cli import main
+
+    monkeypatch.setattr(SUITES, "_entries", dict(SUITES._entries))
+    SUITES.register("hostile")(lambda argument, **options: Hostile())
+    monkeypatch.setattr(eval_runner, "SAMPLE_TIMEOUT_S", 1.0)
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "completions": ["1", "raise", "0"], "tokens": [1, 9, 1]},
+                                              {"id": "b", "completions": ["hang", "1"], "tokens": [1, 1]}])
+    out = tmp_path / "r.json"
+    assert main(["eval", "--suite", "hostile", "--completions", path, "--output", str(out)]) == 0
+    report = read_report(out)
+    a, b = report["items"]["a"]["samples"], report["items"]["b"]["samples"]
+    assert [s["pass@1"] for s in a] == [1.0, 0.0, 0.0] and [s["exceed_ratio"] for s in a] == [0.0, 1.0, 0.0]
+    assert [s["pass@1"] for s in b] == [0.0, 1.0]
+    assert a[1]["error"] == "ZeroDivisionError: division by zero" and "error" not in a[0]
+    assert b[0]["error"].startswith("timed out after 1 s")
+    assert report["errors"] == [{"item": "a", "sample": 1, "error": a[1]["error"]},
+                                {"item": "b", "sample": 0, "error": b[0]["error"]}]
+    assert report["overall"]["pass@1"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert format_report(report).splitlines()[-1] == (
+        "2 sample(s) scored 0 because scoring them failed (the report's errors), e.g. a sample 1: "
+        "ZeroDivisionError: division by zero")
+
+
+def test_the_math_eval_scans_210_kb_of_unclosed_boxes_at_once(tmp_path):
+    """Issue 29, item 5: 210 KB of unclosed \\boxed{ (and of unclosed <answer>) took a
+    quadratic scan (minutes); now linear, scored 0 in well under a second of scanning."""
+    import time
+
+    from gdpo_ray.run.cli import main
+
+    data = write_jsonl(tmp_path / "q.jsonl", [{"problem": "6 x 7?", "answer": "42", "id": "q"}])
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": "q", "completions": ["\\boxed{" * 30_000, "\\boxed{42}"]}])
+    out = tmp_path / "r.json"
+    start = time.monotonic()
+    assert main(["eval", "--suite", f"math:{data}", "--completions", path, "--output", str(out)]) == 0
+    assert time.monotonic() - start < 20
+    assert [s["pass@1"] for s in read_report(out)["items"]["q"]["samples"]] == [0.0, 1.0]
+    addition = make_suite("task:addition")
+    it = addition.items()[0]
+    start = time.monotonic()
+    (hostile, gold) = addition.score(it, [Completion("<answer>" * 26_000), Completion(f"<answer>{it.reference}</answer>")])
+    assert time.monotonic() - start < 10
+    assert hostile["pass@1"] == 0.0 and gold["pass@1"] == 1.0
+
+
+def test_completions_files_take_unknown_lengths_and_name_bad_entries(tmp_path, capsys):
+    """Issue 29, item 5: ``tokens: null`` (or a null entry) is an unknown length; a bad entry is
+    refused with its line and position."""
+    from gdpo_ray.run.cli import main
+
+    items = [EvalItem("a", "p", "c", None), EvalItem("b", "p", "c", None)]
+    rows = [{"id": "a", "completions": ["x", "y"], "tokens": None, "finish_reasons": None},
+            {"id": "b", "completions": ["x", "y"], "tokens": [None, 3], "finish_reasons": ["length", None]}]
+    assert read_completions(write_jsonl(tmp_path / "ok.jsonl", rows), items) == {
+        "a": [Completion("x"), Completion("y")], "b": [Completion("x", None, "length"), Completion("y", 3)]}
+    cases = [({"id": "a", "completions": ["x"], "tokens": ["3"]}, r"line 1: tokens\[0\] must be"),
+             ({"id": "a", "completions": ["x"], "tokens": [-1]}, r"line 1: tokens\[0\] must be"),
+             ({"id": "a", "completions": ["x"], "tokens": [True]}, r"line 1: tokens\[0\] must be"),
+             ({"id": "a", "completions": ["x"], "finish_reasons": [5]}, r"line 1: finish_reasons\[0\] must be")]
+    for row, message in cases:
+        with pytest.raises(ValueError, match=message):
+            read_completions(write_jsonl(tmp_path / "bad.jsonl", [row]), items)
+    suite = make_suite("task:addition")
+    it = suite.items()[0]
+    path = write_jsonl(tmp_path / "c.jsonl", [{"id": it.id, "completions": ["?"], "tokens": [None]}])
+    assert main(["eval", "--suite", "task:addition", "--completions", path, "--output", str(tmp_path / "r.json")]) == 0
+    assert read_report(tmp_path / "r.json")["items"][it.id]["samples"][0]["tokens"] is None
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": it.id, "completions": ["?"]},
+                                               {"id": suite.items()[1].id, "completions": ["?"], "tokens": [{}]}])
+    assert main(["eval", "--suite", "task:addition", "--completions", bad]) == 2
+    assert "bad.jsonl, line 2: tokens[0] must be" in capsys.readouterr().err
+
+
+def test_a_lone_surrogate_costs_only_its_own_sample(tmp_path):
+    """Issue 29, item 5: a program with a lone surrogate cannot be a UTF-8 source file, so it
+    does not compile (a bug); its siblings are scored as usual (they were NaN: the sandbox call
+    of the whole item failed)."""
+    from gdpo_ray.run.cli import main
+
+    suite = make_suite("humaneval")
+    p = suite.problems["HumanEval/0"]
+    rows = [{"id": "HumanEval/0", "completions": [p["canonical_solution"], "    return '\ud800'\n"]}]
+    out = tmp_path / "r.json"
+    assert main(["eval", "--suite", "humaneval", "--completions", write_jsonl(tmp_path / "c.jsonl", rows),
+                 "--output", str(out)]) == 0
+    samples = read_report(out)["items"]["HumanEval/0"]["samples"]
+    assert [(s["pass@1"], s["bug_ratio"]) for s in samples] == [(1.0, 0.0), (0.0, 1.0)]
+    code = make_suite("task:code")
+    it = code.items()[0]
+    values = code.score(it, [Completion("```python\nprint(1/0)\n```"), Completion("```python\nprint('\ud800')\n```")])
+    assert [(v["pass@1"], v["bug_ratio"]) for v in values] == [(0.0, 1.0), (0.0, 1.0)]
+
+
+def _typed(value):
+    """A value with the type of every part written out (so equal means equal types too)."""
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [_typed(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return type(value).__name__, sorted(map(repr, value))
+    if isinstance(value, dict):
+        return "dict", sorted((repr(_typed(k)), _typed(v)) for k, v in value.items())
+    return type(value).__name__, repr(value)
+
+
+def test_humaneval_values_cross_by_value_with_their_types():
+    """What the tests pass and the candidates return crosses the process boundary as JSON with
+    its builtin types; a subclass crosses as its base type's value; any other object as an
+    Opaque stand-in equal only to itself (so an object equal to everything equals nothing)."""
+    import collections
+    import enum
+
+    from gdpo_ray.eval.humaneval import Opaque, decode, encode
+
+    def cross(value):
+        return decode(json.loads(json.dumps(encode(value))))
+
+    values = [None, True, 0, -7, 10 ** 400, 1.5, -0.0, float("inf"), "s\u00e9\ud800", [1, [2.0, "x"]],
+              (1, (2,), ()), {1, 2}, frozenset({"a"}), {"a": 1, (1, 2): [3], 4: None, 2.5: (1,)}, b"\x00\xff", 3 + 4j]
+    for value in values:
+        assert _typed(cross(value)) == _typed(value)
+    assert math.isnan(cross(float("nan")))
+    Point = collections.namedtuple("Point", "x y")
+    Level = enum.IntEnum("Level", "LOW HIGH")
+
+    class Liar(str):
+        def __eq__(self, other):
+            return True
+
+    assert _typed(cross([collections.Counter("aab"), Point(1, 2), Level.HIGH, Liar("x")])) == \
+        _typed([{"a": 2, "b": 1}, (1, 2), 2, "x"])
+    assert cross(Liar("x")) != "y"
+
+    class Everything:
+        def __eq__(self, other):
+            return True
+
+    back = cross([Everything(), iter([])])
+    assert all(isinstance(v, Opaque) for v in back) and back[0] != back[1] and back[0] == back[0]
+    assert repr(back[0]) == "<Everything object>" and back[0] != 0 and not (back[0] == [])
+    deep = []
+    for _ in range(5000):
+        deep = [deep]
+    json.dumps(encode(deep))  # nested past the recursion limit: an opaque part, no error
+    for data in ({"tuple": 5}, {"x": 1}, {"tuple": [], "set": []}, {"set": [[1]]}, {"dict": [[[1], 2]]}, {"dict": [1]}):
+        with pytest.raises(ValueError):
+            decode(data)
+
+
+def test_humaneval_candidate_process_reaches_nothing_of_the_harness():
+    """The candidate's process cannot read the harness's memory, maps, stdin or environment,
+    write its stdout, or read the tests (no file holds them), and holds no descriptor but
+    /dev/null and its two pipes: each probe returns "denied", which the problem's check wants."""
+    suite = make_suite("humaneval")
+    reach = {
+        "memory": "open(f'/proc/{os.getppid()}/mem', 'rb').read(1)",
+        "maps": "open(f'/proc/{os.getppid()}/maps').read(1)",
+        "stdin": "open(f'/proc/{os.getppid()}/fd/0').read(1)",
+        "stdout": "open(f'/proc/{os.getppid()}/fd/1', 'w').write('x')",
+        "descriptors": "os.listdir(f'/proc/{os.getppid()}/fd')",
+        "environment": "open(f'/proc/{os.getppid()}/environ').read(1)",
+        "tests": "open('test.py').read(1)",
+        "own stdin": "assert sys.stdin.read() != ''",
+        "own descriptors": "assert sum(link != '/dev/null' for link in links()) > 2",  # more than its pipes
+    }
+    controls = {  # the same probes where they reach: what /proc shows anyone, more than 2 links
+        "parent's status": "open(f'/proc/{os.getppid()}/status').read(1)",
+        "own pipes": "assert sum(link != '/dev/null' for link in links()) > 1",
+    }
+    suite.problems["Probe/0"] = {"prompt": "import os, sys\n", "entry_point": "probe",
+                                 "test": "def check(candidate):\n    assert candidate() == 'denied'\n"}
+    helper = ("def links():\n    out = []\n    for fd in os.listdir('/proc/self/fd'):\n        try:\n"
+              "            out.append(os.readlink('/proc/self/fd/' + fd))\n        except OSError:\n"
+              "            pass\n    return out\n")
+    programs = [helper + f"def probe():\n    try:\n        {probe}\n    except BaseException:\n        return 'denied'\n"
+                "    return 'reached'\n" for probe in [*reach.values(), *controls.values()]]
+    outcomes = dict(zip([*reach, *controls], suite.outcomes("Probe/0", programs)))
+    assert outcomes == {**{name: "pass" for name in reach}, **{name: "wrong" for name in controls}}

@@ -82,3 +82,28 @@ def test_a_pair_that_cancels_in_only_some_groups_is_not_named():
     # group 0: b = 1 - a (cancel); group 1: a varies, b is constant (no cancellation)
     r = [[1, 0], [0, 1], [1, 0.5], [0, 0.5]]
     assert cancelling_pairs(details(r, [0, 0, 1, 1]), ["a", "b"]) == []
+
+
+def test_the_training_loop_logs_a_step_whose_metrics_are_nan_or_missing(tmp_path):
+    # issue 29 item 2: `gdpo-ray train` died on a step whose metrics were NaN (int(NaN) for the
+    # rollout actors' count). A step with NaN and missing (None) values is logged as it is: NaN
+    # in metrics.jsonl, left out of TensorBoard, and the next step runs
+    from gdpo_ray.run.outputs import RunLog, read_metrics
+    from gdpo_ray.run.train import StopSignals, TrainingRun
+
+    class Algo:  # what the command's loop reads of a GDPO algorithm
+        reward_names, counters, policy_version = ["a"], {"learner_recoveries": 0}, 0
+
+        def train(self):
+            self.policy_version += 1
+            return {"step": float(self.policy_version), "rewards": {"a": {"mean": float("nan")}},
+                    "rollout": {"actors": float("nan"), "nodes": None}, "learner": {"lr": None}}
+
+    run = TrainingRun(None, {"steps": 2, "output_dir": str(tmp_path), "name": "x"}, "demo")
+    log = RunLog(tmp_path / "x")
+    run._loop(Algo(), log, StopSignals())
+    log.close()
+    rows = read_metrics(tmp_path / "x" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isnan(r["rewards/a/mean"]) and math.isnan(r["rollout/actors"]) for r in rows)
+    assert not any("rollout/nodes" in r or "learner/lr" in r for r in rows)

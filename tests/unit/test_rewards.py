@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -406,3 +407,111 @@ def test_regex_format_reward():
                      "<think>a</think><answer>7</answer> more"]) == [1.0, 1.0, 0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="bad pattern"):
         rewards.get("regex", pattern="(")
+
+
+# ------------------------------------------------------------------------------------------
+# hostile model output (issue 29, item 6; the scans of item 5)
+
+
+def _nested(depth, inner="1"):
+    return tool_output('{"name": "f", "parameters": {"a": ' + "[" * depth + inner + "]" * depth + "}}")
+
+
+@pytest.mark.parametrize("completion", [
+    "[not json", "[" * 5000, "[1, 2]", '[{"name": 5}]', "[" + "{" * 3000, _nested(5000), _nested(100_000),
+    _nested(900), _nested(101), tool_output('{"name": "f", "parameters": ' + '{"a": ' * 900 + "1" + "}" * 901),
+    tool_output("[" * 100_000), tool_output('"just a string"'), tool_output('{"name": "f", "parameters": [1]}'),
+], ids=lambda c: repr(c[:24]) + f"..{len(c)}")
+@pytest.mark.parametrize("matching", ["optimal", "greedy"])
+def test_toolrl_correctness_is_minus_3_for_any_unparsable_call(completion, matching):
+    """Not JSON after "[", nesting past the parser's recursion limit, or past MAX_DEPTH (100)
+    levels, where the matching would recurse: all -3, as documented (they raised: NaN)."""
+    fn = rewards.get("toolrl_correctness", matching=matching)
+    assert fn([""], [completion], ground_truth=[tool_output(call("f", a=1))]) == [-3.0]
+
+
+def test_toolrl_calls_nested_to_max_depth_still_parse():
+    # the call object is level 1, its parameters 2, "a"'s outer list 3: 97 + 1 lists reach
+    # level 100. S_max = 1 + 1 + 1 = 3; names 1, keys 1, value unequal 0: R_max = 2 -> 6 * 2 / 3 - 3
+    assert correctness(_nested(97, inner="[]"), tool_output(call("f", a=1))) == pytest.approx(1.0)
+    assert correctness(_nested(98, inner="[]"), tool_output(call("f", a=1))) == -3.0
+
+
+def test_scans_of_model_output_are_linear():
+    """400 KB of unclosed tags and boxes: each scan well under a second (they were quadratic:
+    minutes)."""
+    import time
+
+    from gdpo_ray.rewards.toolrl import calls_in
+
+    gold = tool_output(call("f", a=1))
+    for scan in (lambda: last_boxed("\\boxed{" * 60_000), lambda: final_answer("<answer>" * 50_000, "answer"),
+                 lambda: calls_in("<tool_call>" * 40_000), lambda: calls_in("<tool_call></tool_call>" * 20_000),
+                 lambda: format_matches("<think>" + "</think>\n<tool_call>\n" * 20_000, gold),
+                 lambda: format_matches("<think>" + "</think>\n<tool_call>\n" * 20_000 + "</tool_call>", gold, True)):
+        start = time.monotonic()
+        scan()
+        assert time.monotonic() - start < 2
+
+
+def _old_last_boxed(text):
+    start = text.rfind("\\boxed")
+    while start != -1:
+        i = text.find("{", start)
+        if i != -1 and text[start + len("\\boxed"):i].strip() == "":
+            depth = 0
+            for j in range(i, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[j], 0)
+                if depth == 0:
+                    return text[i + 1:j]
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def _old_format_matches(completion, gold, strict):
+    from gdpo_ray.rewards.toolrl import _TAGS, _format_parts
+
+    pattern, tags = _format_parts(gold)
+    text = completion if strict else completion.strip()
+    if re.fullmatch(pattern, text, re.DOTALL) is None:
+        return False
+    if strict:
+        tags |= {"<think>", "</think>"}
+        return all(text.count(tag) == (1 if tag in tags else 0) for tag in _TAGS)
+    return all(text.count(tag) == 1 for tag in tags)
+
+
+def test_linear_scans_equal_the_plain_ones_on_random_text():
+    """The linear scans give what the plain (quadratic) ones gave, on 20,000 random strings of
+    their tokens."""
+    import random
+
+    from gdpo_ray.rewards.toolrl import _blocks
+
+    rng = random.Random(0)
+    box = ["\\boxed", "{", "}", " ", "x", "\\boxedx", "\n"]
+    tags = ["<answer>", "</answer>", "a", "<", "/answer>", "<answer", "\n"]
+    tool = ["<think>", "</think>", "\n", "<tool_call>", "</tool_call>", "<response>", "</response>", "x", " "]
+    golds = [tool_output(call("f")), "<think>g</think>\n<response>r</response>", "<think>g</think>",
+             tool_output(call("f")) + "\n<response>r</response>"]
+    seen = {"boxed": 0, "tagged": 0, "blocks": 0, "format": 0}
+    for _ in range(20_000):
+        text = "".join(rng.choice(box) for _ in range(rng.randint(0, 14)))
+        assert last_boxed(text) == _old_last_boxed(text), text
+        seen["boxed"] += last_boxed(text) is not None
+        text = "".join(rng.choice(tags) for _ in range(rng.randint(0, 10)))
+        found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+        assert final_answer(text, "answer") == (last_boxed(found[-1]) or found[-1].strip() if found else last_boxed(text))
+        seen["tagged"] += bool(found)
+        text = "".join(rng.choice(tool) for _ in range(rng.randint(0, 12)))
+        assert _blocks(text) == re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL), text
+        seen["blocks"] += bool(_blocks(text))
+        gold, strict = rng.choice(golds), rng.random() < 0.5
+        if rng.random() < 0.5:  # a gold answer with a few tokens inserted: the shape nearly right
+            text = rng.choice(golds)
+            for _ in range(rng.randint(0, 2)):
+                at = rng.randint(0, len(text))
+                text = text[:at] + rng.choice(tool) + text[at:]
+        assert format_matches(text, gold, strict) == _old_format_matches(text, gold, strict), (text, gold)
+        seen["format"] += format_matches(text, gold, strict)
+    assert min(seen.values()) > 500, seen  # each scan found something often (seed 0: 998 or more)

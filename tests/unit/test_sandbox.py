@@ -2,8 +2,11 @@
 state or a marker (no file, connection, secret or process gets out), with a sanity half showing
 that the probe itself works where it is allowed to; then the code rewards on real runs."""
 
+import ctypes
+import glob
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from gdpo_ray import rewards
-from gdpo_ray.rewards import code, sandbox
+from gdpo_ray.rewards import _sandbox_init, code, sandbox
 from gdpo_ray.rewards.sandbox import Limits, SandboxUnavailable, run_program
 
 try:
@@ -94,7 +97,17 @@ def unchanged_machine():
     yield
     # a whole adversarial test stays within its bound (at most three runs: wall + margins)
     assert time.monotonic() - start < Limits(**LIMITS).total_s(3) + 2
-    assert sandbox_leftovers() == before
+    # nothing new is left behind; another session's sandbox run on this machine (same uid
+    # range) may come and go meanwhile, so what is new must still be there after 3 s
+    deadline = time.monotonic() + 3
+    while any((new := _new_leftovers(before)).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert new == {"files": [], "procs": []}
+
+
+def _new_leftovers(before: dict) -> dict:
+    now = sandbox_leftovers()
+    return {kind: sorted(set(now[kind]) - set(before[kind])) for kind in now}
 
 
 def test_honest_program_passes(unchanged_machine):
@@ -559,3 +572,316 @@ def test_call_based_equality_rules():
     assert strict([""] * 4, programs, ground_truth=[tests] * 4) == [1.0, 0.0, 0.0, 0.0]
     assert lenient([""], ["def f(x):\n    return True"], ground_truth=[bools]) == [1.0]
     assert strict([""], ["def f(x):\n    return True"], ground_truth=[bools]) == [0.0]
+
+
+# ------------------------------------------------------------------------------------------
+# a wrong program cannot turn its 0 into NaN (NaN is left out of the group statistics, so it
+# would pay: advantage 0 instead of -0.5 for one failure in a group of 4 with one pass), nor
+# reach anything run-scoped of an earlier run or of the trainer
+
+# fills 16 memfds of 16 MiB (one file_mb each, so under every per-process cap) from small
+# processes, held by a small shell: 256 MiB, past the call's cap of 128 + 2 * 8 + 64 = 208 MiB
+MEMFD_FILL = (
+    "import os\n"
+    "fds = [os.memfd_create(f'm{i}', 0) for i in range(16)]\n"
+    "for fd in fds:\n"
+    "    os.set_inheritable(fd, True)\n"
+    "paths = ' '.join(f'/dev/fd/{fd}' for fd in fds)\n"
+    "TAIL = 'exec sleep 5'\n"
+    "os.execv('/bin/sh', ['sh', '-c', f'for f in {paths}; do head -c 16M /dev/zero > $f; done; '\n"
+    "                     f'cat {paths} | wc -c; {TAIL}'])"
+)
+MEMFD_LIMITS = dict(memory_mb=128, disk_mb=8)
+
+
+def test_a_memfd_filled_call_scores_0_not_nan(unchanged_machine):
+    # unconfined (no cap), the probe really holds 256 MiB = 268435456 bytes
+    assert run_on_host(MEMFD_FILL.replace("exec sleep 5", "")) == f"{256 << 20}\n"
+    tests = json.dumps({"inputs": ["21\n", "21\n"], "outputs": ["42\n", "42\n"]})
+    completion = [f"```python\n{MEMFD_FILL}\n```"]
+    scores = [rewards.get(name, **{**LIMITS, **MEMFD_LIMITS, **params})(
+        ["p"], completion, ground_truth=[tests])[0]
+        for name, params in (("code_passrate", {}), ("code_bug", {}),
+                             ("code_bug", {"timeouts_are_bugs": True}))]
+    # the call's OOM killer or the wall limit stops it: pass rate 0, not NaN; a limit kill is
+    # no bug in the paper's reading (1), and a bug with timeouts_are_bugs (0)
+    assert scores == [0.0, 1.0, 0.0]
+    # the sandbox's init was never at risk: it is outside the cgroup, and runs the next program
+    filled, honest = run_alone(MEMFD_FILL, HONEST, **MEMFD_LIMITS)
+    assert not filled.ok and filled.aborted is None
+    assert honest.ok and honest.stdout == "42\n" and honest.aborted is None
+    # how: a program process is the OOM killer's first choice (1000), in a cgroup the init
+    # (process 1) is not in (where this machine gives the call a cgroup)
+    (where,) = run_alone("print(open('/proc/self/oom_score_adj').read().strip(),\n"
+                         "      open('/proc/self/cgroup').read() != open('/proc/1/cgroup').read())")
+    assert where.stdout == f"1000 {sandbox.cgroup_support() is None}\n"
+
+
+DEEP_TMP = (
+    "import os\n"
+    "BASE = '/tmp'\n"
+    "print(os.path.exists(BASE + '/d'))  # left by an earlier run?\n"
+    "os.chdir(BASE)\n"
+    "depth = 0\n"
+    "for _ in range(1500):\n"
+    "    os.mkdir('d')\n"
+    "    os.chdir('d')\n"
+    "    depth += 1\n"
+    "print(depth)"
+)
+
+
+def test_a_deep_directory_left_in_tmp_scores_0_not_nan(unchanged_machine):
+    base = tempfile.mkdtemp()
+    try:  # unconfined, the probe really leaves a 1,500-deep directory
+        assert run_on_host(DEEP_TMP.replace("'/tmp'", repr(base))) == "False\n1500\n"
+        deepest = subprocess.run(["find", base, "-mindepth", "1500", "-type", "d"], text=True,
+                                 capture_output=True, check=True).stdout
+        assert deepest.count("\n") == 1
+    finally:
+        subprocess.run(["rm", "-rf", base], check=True)  # shutil.rmtree recurses past its limit
+    tests = json.dumps({"inputs": ["21\n", "21\n", "21\n"], "outputs": ["42\n"] * 3})
+    assert passrate(DEEP_TMP, tests) == 0.0  # a wrong answer on each of 3 runs, not NaN
+    # every run starts with a new /tmp: none sees the directory of the run before
+    results = run_program({"p.py": DEEP_TMP}, [{"argv": [sys.executable, "-I", "p.py"]}] * 3,
+                          Limits(**LIMITS))
+    assert [r.stdout for r in results] == ["False\n1500\n"] * 3
+
+
+def test_a_message_queue_does_not_outlive_its_test_run(unchanged_machine):
+    key = random.randrange(1 << 20, 1 << 30)
+    probe = (
+        "import ctypes, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"queue = libc.msgget({key}, 0o1600)  # IPC_CREAT | 0600\n"
+        "if sys.stdin.readline().strip() == 'send':\n"
+        "    message = ctypes.create_string_buffer(b'\\1' + bytes(7) + b'hello', 13)  # mtype 1\n"
+        "    print('sent' if libc.msgsnd(queue, message, ctypes.c_size_t(5), 0o4000) == 0 else 'no')\n"
+        "else:\n"
+        "    buffer = ctypes.create_string_buffer(8 + 64)\n"
+        "    n = libc.msgrcv(queue, buffer, ctypes.c_size_t(64), ctypes.c_long(0), 0o4000)\n"
+        "    print(buffer.raw[8:8 + n].decode() if n > 0 else 'nothing')"
+    )
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:  # unconfined, a message sent by one run is received by the next
+        on_host = [subprocess.run([sys.executable, "-I", "-c", probe], input=word, text=True,
+                                  capture_output=True, timeout=30).stdout for word in ("send\n", "receive\n")]
+    finally:
+        libc.msgctl(libc.msgget(key, 0), 0, None)  # IPC_RMID
+    assert on_host == ["sent\n", "hello\n"]
+    # in the sandbox every test run has its own IPC namespace: test 1 passes (it only sends),
+    # test 2 would need run 1's message and finds nothing: 1 of 2 = 0.5 (1.0 if it leaked)
+    tests = json.dumps({"inputs": ["send\n", "receive\n"], "outputs": ["sent\n", "hello\n"]})
+    assert passrate(probe, tests) == 0.5
+
+
+def test_the_trainers_session_keyring_is_out_of_reach(unchanged_machine):
+    # a subprocess with a session keyring of its own (never the machine's) holds a secret
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("keyring_probe.py")),
+                           json.dumps(LIMITS)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    if "skip" in report:
+        pytest.skip(report["skip"])
+    # unconfined, the probe reads the secret, adds a key and clears the keyring
+    assert report["host_stdout"] == report["secret"] + "\n"
+    assert "add_key -1" not in report["host_stderr"] and report["after_host"] == []
+    # in the sandbox it reads nothing (pass rate 0, not NaN) and the keyring is as it was:
+    # the secret alone, intact
+    assert report["score"] == 0.0
+    assert report["after_sandbox"] == [report["serial"]] and report["payload"] == report["secret"]
+
+
+#: small pure-Python packages often found in a system's dist-packages, tried first
+PURE_PYTHON = ("yaml", "six", "toml", "distro", "idna", "certifi", "chardet", "pyparsing", "jwt")
+
+
+def _system_packages() -> list[tuple[str, str]]:
+    """Up to 5 (folder, module) in the system's site/dist-packages folders (Debian's
+    /usr/lib/python3/dist-packages, say), which this interpreter does not use."""
+    folders = sorted({os.path.realpath(folder) for root in sandbox.SYSTEM_DIRS
+                      for pattern in ("python*/*-packages", "lib*/python*/*-packages",
+                                      "local/lib*/python*/*-packages")
+                      for folder in glob.glob(os.path.join(root, pattern))})
+    found = []
+    for folder in folders:
+        for entry in sorted(os.listdir(folder)):
+            name = entry.removesuffix(".py")
+            if name.isidentifier() and not name.startswith("_") and (
+                    os.path.isfile(os.path.join(folder, entry, "__init__.py")) or entry.endswith(".py")):
+                found.append((folder, name))
+    rank = {name: i for i, name in enumerate(PURE_PYTHON)}
+    return sorted(found, key=lambda item: rank.get(item[1], len(rank)))[:5]
+
+
+def test_every_site_packages_is_hidden_whatever_the_prefix(unchanged_machine):
+    candidates = _system_packages()
+    if not candidates:
+        pytest.skip("no package in a system site/dist-packages folder on this machine")
+    probe = (
+        "import os, subprocess, sys\n"
+        f"for folder, name in {candidates!r}:\n"
+        "    sys.path.insert(0, folder)\n"
+        "    try:\n"
+        "        __import__(name)\n"
+        "        print('imported', name)\n"
+        "        break\n"
+        "    except Exception:\n"
+        "        sys.path.remove(folder)\n"
+        "if os.path.exists('/usr/bin/python3'):  # the system's own interpreter, its own path\n"
+        f"    for _, name in {candidates!r}:\n"
+        "        if subprocess.run(['/usr/bin/python3', '-c', f'import {name}'],\n"
+        "                          capture_output=True).returncode == 0:\n"
+        "            print('system python imported', name)\n"
+        "            break"
+    )
+    on_host = run_on_host(probe)
+    if not on_host:
+        pytest.skip(f"none of {candidates} imports here, even unconfined")
+    assert on_host.startswith("imported ")  # unconfined, the system's packages are there
+    tests = json.dumps({"inputs": [""], "outputs": [on_host]})
+    assert passrate(probe, tests) == 0.0  # in the sandbox neither way finds one
+    (r,) = run_alone(probe)
+    assert r.ok and r.stdout == ""
+
+
+REACH = (
+    "import ctypes, os\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "for name, number, args in CALLS:\n"
+    "    ret = libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) for a in args])\n"
+    "    print(name, 'ENOSYS' if ret == -1 and ctypes.get_errno() == 38 else 'reached')"
+)
+
+
+def _calls(args_by_name: dict) -> list:
+    """(name, number, args) of calls of _sandbox_init.DENIED on this machine."""
+    column = _sandbox_init.ARCHES[os.uname().machine][0]
+    return [(name, _sandbox_init.DENIED[name][column], args) for name, args in args_by_name.items()
+            if _sandbox_init.DENIED[name][column] is not None]
+
+
+#: name: ((x86_64, aarch64) number, arguments no kernel accepts, so that the unconfined half
+#: (root, on this machine) does nothing: an errno other than ENOSYS shows the kernel was reached)
+REACHABLE = {"io_uring_setup": ((425, 425), (0, 0)), "bpf": ((321, 280), (-1, 0, 0)),
+             "perf_event_open": ((298, 241), (0, 0, -1, -1, 0)), "userfaultfd": ((323, 282), (-1,)),
+             "keyctl": ((250, 219), (-1,)), "ptrace": ((101, 117), (-1, -1)),
+             "process_vm_readv": ((310, 270), (-1, 0, 0, 0, 0, 0))}
+
+
+def test_seccomp_denies_what_a_test_program_never_needs(unchanged_machine):
+    column = {"x86_64": 0, "aarch64": 1}[os.uname().machine]
+    calls = [(name, numbers[column], args) for name, (numbers, args) in REACHABLE.items()]
+    probe = f"CALLS = {calls!r}\n" + REACH
+    on_host = run_on_host(probe)
+    missing = [line.split()[0] for line in on_host.splitlines() if line.endswith("ENOSYS")]
+    if {"io_uring_setup", "bpf"} & set(missing):
+        pytest.skip(f"this kernel has no {missing}: the unconfined half cannot show them")
+    assert on_host == "".join(f"{name} reached\n" for name in REACHABLE if name not in missing)
+    assert passrate(probe, json.dumps({"inputs": [""], "outputs": [on_host]})) == 0.0
+    # every call of the list, with arguments that are harmless anyway for an unprivileged
+    # process, is refused with ENOSYS; the calls of another ABI too (x32), others still work
+    listed = _calls({name: (-1,) * 6 for name in _sandbox_init.DENIED})
+    everything = f"CALLS = {listed!r}\n" + REACH
+    if os.uname().machine == "x86_64":
+        everything += "\nprint('x32 getpid', libc.syscall(0x40000000 | 39), ctypes.get_errno())"
+    everything += "\nprint('getpid', libc.syscall(39 if os.uname().machine == 'x86_64' else 172) > 0)"
+    (r,) = run_alone(everything)
+    lines = r.stdout.splitlines()
+    assert lines[:len(listed)] == [f"{name} ENOSYS" for name, _, _ in listed]
+    assert lines[len(listed):] == (["x32 getpid -1 38"] if os.uname().machine == "x86_64" else []) + [
+        "getpid True"]
+
+
+def test_ordinary_programs_still_work_under_the_filter(unchanged_machine):
+    program = (
+        "import asyncio, concurrent.futures, json, mmap, multiprocessing, os, socket, subprocess, sys\n"
+        "def square(x):\n"
+        "    return x * x\n"
+        "async def later():\n"
+        "    await asyncio.sleep(0.01)\n"
+        "    return 42\n"
+        "if __name__ == '__main__':\n"
+        "    with multiprocessing.Pool(2) as pool:\n"
+        "        processes = pool.map(square, range(4))\n"
+        "    with concurrent.futures.ThreadPoolExecutor(2) as threads:\n"
+        "        threaded = list(threads.map(square, range(4)))\n"
+        "    shared = mmap.mmap(-1, 4096)\n"
+        "    shared[:2] = b'ok'\n"
+        "    a, b = socket.socketpair()\n"
+        "    a.send(b'x')\n"
+        "    child = subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True, text=True)\n"
+        "    print(json.dumps([processes, threaded, asyncio.run(later()), shared[:2].decode(),\n"
+        "                      b.recv(1).decode(), child.stdout, os.cpu_count() > 0]))"
+    )
+    (r,) = run_alone(program)
+    assert r.ok, r.stderr
+    assert json.loads(r.stdout) == [[0, 1, 4, 9], [0, 1, 4, 9], 42, "ok", "x", "7\n", True]
+
+
+# the verdict itself, whatever ends a call: the init is made to break on request
+# (dying_sandbox_init.py) where no program can make it break any more
+
+def test_a_call_that_breaks_after_the_program_started_is_the_programs_failure(unchanged_machine, monkeypatch):
+    monkeypatch.setattr(sandbox, "INIT", Path(__file__).with_name("dying_sandbox_init.py"))
+    argv = [sys.executable, "-I", "main.py"]
+
+    def call(*stdins, **limits):
+        return run_program({"main.py": HONEST}, [{"argv": argv, "stdin": s} for s in stdins],
+                           Limits(**{**LIMITS, **limits}))
+
+    # the init dies while run 1's program runs: run 1 is aborted (not ok), run 0 keeps its
+    # result, and run 2 is run in a fresh sandbox
+    first, broken, rest = call("21\n", "crash-during", "21\n")
+    assert first.ok and first.stdout == "42\n" and first.aborted is None
+    assert not broken.ok and "the init broke while the program ran" in broken.aborted
+    assert rest.ok and rest.stdout == "42\n"
+    # it dies before run 1 starts, after run 0's program ran: the program's too
+    first, broken, rest = call("21\n", "crash-before", "21\n")
+    assert first.ok and broken.aborted and not broken.ok and rest.ok
+    # it hangs: the call's time bound (total_s) ends it, the run in progress is aborted
+    (hung,) = call("hang-during", wall_s=0.5)
+    assert "did not finish" in hung.aborted
+    # before the program's first run starts, it is the sandbox's failure: NaN upstream
+    with pytest.raises(SandboxUnavailable, match="the init broke before the program started"):
+        call("crash-before", "21\n")
+    with pytest.raises(SandboxUnavailable, match="No such file"):  # the exec itself fails
+        run_program({"main.py": HONEST}, [{"argv": ["/nonexistent/python3", "main.py"]}],
+                    Limits(**LIMITS))
+    # scored: the aborted test fails (1 of 2 = 0.5), a limit kill, not a bug (1; 0 with
+    # timeouts_are_bugs); never NaN
+    tests = json.dumps({"inputs": ["21\n", "crash-during\n"], "outputs": ["42\n", "42\n"]})
+    scores = [rewards.get(name, **LIMITS, **params)(["p"], [HONEST], ground_truth=[tests])[0]
+              for name, params in (("code_passrate", {}), ("code_bug", {}),
+                                   ("code_bug", {"timeouts_are_bugs": True}))]
+    assert scores == [0.5, 1.0, 0.0]
+
+
+def test_a_program_that_is_not_utf8_fails_as_a_program(unchanged_machine):
+    # a lone surrogate (from a completions file, say) is written as is: a SyntaxError of the
+    # program (pass rate 0, a bug), not a failure of the sandbox (NaN)
+    program = "print('\ud800 ' + str(int(input()) * 2))"
+    assert passrate(program) == 0.0
+    assert rewards.get("code_bug", **LIMITS)(["p"], [program], ground_truth=[TESTS]) == [0.0]
+
+
+def test_a_result_nested_past_the_recursion_limit_scores_0_not_nan(unchanged_machine):
+    # a call-based program prints the harness's result mark itself, then 100,000 nested lists:
+    # decoding it on the host would exceed the recursion limit; it is simply a wrong answer
+    tests = json.dumps({"inputs": [[1]], "outputs": [1], "fn_name": "f"})
+    program = ("import os, sys\n"
+               f"sys.stdout.write('\\n' + {code._RESULT_MARK!r} + '[' * 100000 + ']' * 100000)\n"
+               "sys.stdout.flush()\n"
+               "os._exit(0)")
+    (r,) = run_program({"main.py": program}, [{"argv": [sys.executable, "-I", "main.py"]}],
+                       Limits(**LIMITS))
+    with pytest.raises(RecursionError):  # what scoring it used to meet
+        json.loads(r.stdout.rsplit(code._RESULT_MARK, 1)[1])
+    assert passrate(program, tests) == 0.0
+    assert rewards.get("code_bug", **LIMITS)(["p"], [program], ground_truth=[tests]) == [1.0]
+
+
+def test_has_error_counts_an_aborted_run_as_a_limit():
+    aborted = sandbox.RunResult(None, None, False, False, "", "", 0.0, aborted="init killed")
+    assert not aborted.ok
+    assert code.has_error(aborted) is False and code.has_error(aborted, timeouts_are_bugs=True)

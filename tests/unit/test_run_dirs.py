@@ -1,0 +1,219 @@
+"""Run directories and checkpoints on disk, through `gdpo-ray train` where a user meets them, all
+before Ray starts (issue 29): a run directory is taken atomically (two runs of one name cannot
+share it, even when both passed the start-up check), `--resume` refuses a damaged checkpoint
+naming what is wrong (every file against the manifest written at save time), and a full disk is
+a message naming the file, not a traceback."""
+
+import errno
+import json
+import multiprocessing
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from gdpo_ray.run.checkpoints import (MANIFEST, WriteFailed, latest_checkpoint, save_atomically,
+                                      verify_checkpoint)
+from gdpo_ray.run.cli import main
+from gdpo_ray.run.outputs import RUN_LOCK, OutputDir, RunLog
+from gdpo_ray.run.train import TrainingRun
+
+COMMON = ["training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32"]
+
+
+@pytest.fixture
+def no_ray(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+
+
+def fake_checkpoint(run_dir: Path, version: int, name: str | None = None) -> Path:
+    """A checkpoint laid out as GDPO.save_to_path writes one (RLlib's files, the learner's
+    DeepSpeed files), of the demo preset's config, saved by ``save_atomically``."""
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    config = apply_sections(GDPOConfig(), load_preset("demo", COMMON))
+    config.checkpoint_dir = str(run_dir / "checkpoints")
+
+    def write(aside: Path) -> None:
+        (aside / "learner" / f"step{version}").mkdir(parents=True)
+        with open(aside / "class_and_ctor_args.pkl", "wb") as f:
+            pickle.dump({"class": None, "ctor_args_and_kwargs": ((config.get_state(),), {})}, f)
+        (aside / "algorithm_state.pkl").write_bytes(pickle.dumps({"policy_version": version}))
+        (aside / "rllib_checkpoint.json").write_text("{}")
+        (aside / "learner" / "latest").write_text(f"step{version}")
+        (aside / "learner" / f"step{version}" / "mp_rank_00_model_states.pt").write_bytes(os.urandom(4096))
+        (aside / "learner" / f"step{version}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(8192))
+
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_LOCK).touch()
+    path = run_dir / "checkpoints" / (name or f"step_{version:06d}")
+    return Path(save_atomically(path, write, f"policy_version {version}"))
+
+
+def take(base: str, name: str | None, barrier, results) -> None:
+    """One of several runs starting at once: each passes the start-up check (the name is free),
+    then they take their directories at the same moment."""
+    try:
+        out = OutputDir(base, name, "demo")
+        barrier.wait()
+        out.create()
+        (out.local / "metrics.jsonl").write_text(f"{os.getpid()}\n")
+        results.put("took")
+    except ValueError as err:
+        results.put(str(err))
+
+
+def race(base: Path, name: str | None, runs: int = 6) -> list[str]:
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(runs), ctx.Queue()
+    procs = [ctx.Process(target=take, args=(str(base), name, barrier, results)) for _ in range(runs)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join()
+    return outcomes
+
+
+def test_racing_runs_never_share_a_directory(tmp_path):
+    # six runs of one name: exactly one gets the directory, the others are refused; six unnamed
+    # runs in the same second get six directories
+    named = race(tmp_path, "same")
+    assert named.count("took") == 1, named
+    assert all("taken by another run that started meanwhile" in r for r in named if r != "took")
+    assert race(tmp_path / "unnamed", None) == ["took"] * 6
+    assert len(list((tmp_path / "unnamed").iterdir())) == 6
+
+
+def test_a_name_taken_while_the_run_checked_is_refused_before_ray(no_ray, tmp_path, capsys, monkeypatch):
+    # both runs pass the start-up check (the name was free), then the other takes the directory
+    # first: this one is refused before Ray, and the other's files stay untouched
+    check = TrainingRun.check
+    rival = OutputDir(str(tmp_path / "runs"), "same", "demo")
+
+    def check_while_another_starts(self, *args, **kwargs):
+        report = check(self, *args, **kwargs)
+        rival.create()
+        (rival.local / "metrics.jsonl").write_text('{"step": 1}\n')
+        return report
+
+    monkeypatch.setattr(TrainingRun, "check", check_while_another_starts)
+    assert main(["train", "demo", "run.name=same", "run.output_dir=runs", *COMMON]) == 2
+    assert "was taken by another run that started meanwhile (run.name='same')" in capsys.readouterr().err
+    assert (rival.local / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_resume_continues_in_the_run_directory_unless_renamed_or_in_use(no_ray, tmp_path, capsys):
+    run = tmp_path / "runs" / "first"
+    fake_checkpoint(run, 2)
+    latest = fake_checkpoint(run, 3, "final")
+    # the run directory: its latest checkpoint, the same directory (named or not)
+    for extra in ([], ["run.name=first", "run.output_dir=runs"]):
+        resumed = TrainingRun.from_args("demo", [*COMMON, *extra], resume="runs/first")
+        assert resumed.resume == str(latest) and resumed.run_dir == run and resumed.outputs.continuing
+    # a checkpoint in it with a new name: a new run from that state
+    renamed = TrainingRun.from_args("demo", [*COMMON, "run.name=second", "run.output_dir=runs"],
+                                    resume="runs/first/checkpoints/step_000002")
+    assert renamed.run_dir == tmp_path / "runs" / "second" and not renamed.outputs.continuing
+    # an older checkpoint in a run that went on past it: two histories in one directory, refused
+    assert main(["train", "demo", *COMMON, "--resume", "runs/first/checkpoints/step_000002"]) == 2
+    assert f"went on past this checkpoint (to {latest})" in capsys.readouterr().err
+    # a run still running holds its directory: a second process cannot continue it meanwhile
+    holder = OutputDir("runs", None, "demo", continuing=run)
+    holder.create()
+    try:
+        assert main(["train", "demo", *COMMON, "--resume", "runs/first"]) == 2
+        assert f"run directory {run} is in use by a running gdpo-ray train (pid {os.getpid()}" in \
+            capsys.readouterr().err
+    finally:
+        holder.release()
+    # a run directory with no checkpoint: nothing to resume, said so
+    (tmp_path / "runs" / "empty" / "checkpoints").mkdir(parents=True)
+    assert main(["train", "demo", *COMMON, "--resume", "runs/empty"]) == 2
+    assert "holds no complete checkpoint" in capsys.readouterr().err
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(b"\x80garbage" + b"\0" * (path.stat().st_size - 8))  # the same size
+
+
+# the six damaged checkpoints of issue 29 item 8, and what the refusal names
+DAMAGE = {
+    "truncated model": (lambda c: truncate(next(c.glob("learner/step*/mp_rank_00_model_states.pt"))),
+                        "learner/step3/mp_rank_00_model_states.pt (2048 bytes, 4096 when saved)"),
+    "truncated optimizer": (lambda c: truncate(next(c.glob("learner/step*/*optim_states.pt"))),
+                            "zero_pp_rank_0_mp_rank_00_optim_states.pt (4096 bytes, 8192 when saved)"),
+    "truncated algorithm state": (lambda c: truncate(c / "algorithm_state.pkl"), "algorithm_state.pkl ("),
+    "empty learner directory": (lambda c: [p.unlink() for p in c.glob("learner/**/*") if p.is_file()],
+                                "3 of its 6 files differ from its gdpo_manifest.json: learner/latest (missing)"),
+    "deleted learner directory": (lambda c: __import__("shutil").rmtree(c / "learner"),
+                                  "3 of its 6 files differ from its gdpo_manifest.json: learner/latest (missing)"),
+    "garbage constructor args": (lambda c: garbage(c / "class_and_ctor_args.pkl"),
+                                 "class_and_ctor_args.pkl (its contents changed since the save"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_is_refused_before_ray(no_ray, tmp_path, capsys, damage):
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3)
+    assert verify_checkpoint(str(checkpoint)) == []  # intact: every file as saved
+    harm, named = DAMAGE[damage]
+    harm(checkpoint)
+    assert main(["train", "demo", *COMMON, "--resume", str(checkpoint), "run.name=new"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {checkpoint}: the checkpoint is damaged" in err and named in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs" / "new").exists()
+
+
+def test_the_manifest_lists_every_file_and_older_checkpoints_are_checked_for_presence(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path / "run", 1)
+    files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+    assert sorted(files) == ["algorithm_state.pkl", "class_and_ctor_args.pkl", "learner/latest",
+                             "learner/step1/mp_rank_00_model_states.pt",
+                             "learner/step1/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                             "rllib_checkpoint.json"]
+    assert files["learner/latest"]["size"] == 5  # "step1"
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") == str(checkpoint)
+    # written by an older gdpo-ray (no manifest): its files are checked for presence, with a warning
+    (checkpoint / MANIFEST).unlink()
+    assert "cannot be verified" in verify_checkpoint(str(checkpoint))[0]
+    (checkpoint / "learner" / "latest").unlink()
+    with pytest.raises(ValueError, match="missing or empty: learner/latest"):
+        verify_checkpoint(str(checkpoint))
+
+
+def test_a_full_disk_names_the_file_and_frees_a_partial_checkpoint(tmp_path):
+    # /dev/full answers every write with ENOSPC, as a full disk does
+    full = Path("/dev/full")
+    if not full.exists():
+        pytest.skip("no /dev/full")
+    log_dir = tmp_path / "run"
+    log_dir.mkdir()
+    (log_dir / "metrics.jsonl").symlink_to(full)
+    log = RunLog(log_dir)
+    with pytest.raises(WriteFailed) as caught:
+        log.log(1, {"rewards/a/mean": 0.5})
+    log.close()  # no second error
+    assert str(caught.value) == f"cannot write the metrics {log_dir / 'metrics.jsonl'}: [Errno 28] No space left on device"
+    # a checkpoint whose files cannot be written: refused with its path, the partial save removed,
+    # the older checkpoint at that path kept
+    old = fake_checkpoint(tmp_path / "run", 1, "final")
+
+    def write(aside: Path) -> None:
+        aside.mkdir()
+        (aside / "algorithm_state.pkl").write_bytes(b"x" * 100)
+        with open(full, "wb") as f:
+            f.write(b"x" * 100)
+            f.flush()
+
+    with pytest.raises(WriteFailed, match=rf"cannot write the checkpoint {old}: \[Errno {errno.ENOSPC}\]"):
+        save_atomically(old, write, "policy_version 2")
+    assert sorted(p.name for p in old.parent.iterdir()) == ["final"]
+    assert verify_checkpoint(str(old)) == []
