@@ -50,6 +50,9 @@ def run_settings(sections: dict) -> dict:
                              f"got {run[key]!r}")
     if run["steps"] < 1:
         raise ValueError(f"run.steps must be an integer >= 1; got {run['steps']!r}")
+    if run["num_cpus"] < 1:  # a local Ray without CPUs holds no actor: the run would wait forever
+        raise ValueError(f"run.num_cpus must be an integer >= 1 (the logical CPUs of the local Ray "
+                         f"the run starts); got {run['num_cpus']!r}")
     return run
 
 

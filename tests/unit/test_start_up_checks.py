@@ -101,3 +101,22 @@ def test_an_infinite_reward_timeout_is_refused(folder, capsys):
 ])
 def test_a_reward_returning_text_or_beyond_float32_is_named(folder, capsys, reward, match):
     refused(capsys, folder(ROWS, rewards=("correct", reward)), match=match)
+
+
+def test_a_local_ray_without_cpus_is_refused_before_ray(folder, capsys):
+    refused(capsys, folder(ROWS), "run.num_cpus=0", match="run.num_cpus must be an integer >= 1")
+
+
+def test_fenced_blocks_equal_the_fence_regex_and_stay_linear():
+    import random
+    import re
+
+    from gdpo_ray.rewards.code import fenced_blocks
+
+    fence = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)  # the rule it implements
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice(["`", "``", "```", "````", "\n", "py", "python ", " ", "\t", "x", "é"])
+                       for _ in range(rng.randrange(30)))
+        assert fenced_blocks(text) == fence.findall(text), repr(text)
+    assert fenced_blocks("`" * 600_000) == []  # one pass (the regex took minutes here: quadratic)
