@@ -35,7 +35,7 @@ from ray.rllib.utils.checkpoints import Checkpointable
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files
-from gdpo_ray.advantages import compute_advantage_details, informative_groups
+from gdpo_ray.advantages import compute_advantage_details
 from gdpo_ray.data import load_prompts
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix
 from gdpo_ray.losses import PolicyLossConfig
@@ -43,10 +43,13 @@ from gdpo_ray.model_files import resolve_model_path
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, validation
-from gdpo_ray.run.checkpoints import save_atomically
+from gdpo_ray.run.checkpoints import save_atomically, verify_checkpoint
 from gdpo_ray.run.presets import section_settings
+from gdpo_ray.run.sampling import take_groups
 
 logger = logging.getLogger(__name__)
+
+MAX_RECOVERIES_PER_STEP = 3  # learner deaths in one step before the run stops
 
 
 def _section(self: "GDPOConfig", section: str, values: dict) -> "GDPOConfig":
@@ -272,36 +275,44 @@ class GDPO(Algorithm):
     # the training step
 
     def training_step(self) -> None:
+        """One step; a step in which a learner died is redone on new learners from the last
+        checkpoint (or the start), so every ``train()`` returns a trained step's metrics."""
         import ray
 
+        for _ in range(MAX_RECOVERIES_PER_STEP):
+            try:
+                return self._step()
+            except ray.exceptions.RayActorError as err:  # from the update, push or checkpoint
+                self._recover(err)
+        raise RuntimeError(f"the learners died {MAX_RECOVERIES_PER_STEP} times in a row on step "
+                           f"{self.policy_version + 1}; check the learners' logs (memory, the device)")
+
+    def _step(self) -> None:
         c, timers, step = self.config, {}, self.policy_version
         with _timed(timers, "take_groups"):
             self.rollouts.fit_to_cluster(*fields.env_runner_range(c))
-            groups, filtered = self._take_groups()
+            groups, filtered = take_groups(c, self.rollouts, self.buffer, self.prompts, self.reward_weights)
+            self.counters["filtered_groups"] += filtered
         with _timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
             rewards, index = rewards_matrix(groups)
             errors = reward_errors(groups)
             self.reward_watch.check_failures(step, rewards, errors)  # stops a run whose reward always fails
             details = compute_advantage_details(rewards, index, estimator=c.estimator,
                                                 weights=self.reward_weights, eps=c.eps)
-        try:
-            with _timed(timers, "update"):
-                learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
-            with _timed(timers, "push_weights"):
-                self._push_weights(self.policy_version + 1)
-            with _timed(timers, "metrics"):
-                self.prompts.mark_trained([g.group_id for g in groups])
-                self.counters["trained_groups"] += len(groups)
-                values = self._step_metrics(step, groups, rewards, details, filtered)
-                values |= step_metrics.failure_metrics(errors, self.reward_names)
-                values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
-                if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
-                    # counts only once complete (save_to_path writes aside, then renames)
-                    self._last_checkpoint = self.save_to_path(
-                        str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
-        except ray.exceptions.RayActorError as err:  # a learner died: this step is redone
-            self._recover(err)
-            return None
+        with _timed(timers, "update"):
+            learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
+        with _timed(timers, "push_weights"):
+            self._push_weights(self.policy_version + 1)
+        with _timed(timers, "metrics"):
+            self.prompts.mark_trained([g.group_id for g in groups])
+            self.counters["trained_groups"] += len(groups)
+            values = self._step_metrics(step, groups, rewards, details, filtered)
+            values |= step_metrics.failure_metrics(errors, self.reward_names)
+            values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+            if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
+                # counts only once complete (save_to_path writes aside, then renames)
+                self._last_checkpoint = self.save_to_path(
+                    str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
         if c.eval_every and self.policy_version % c.eval_every == 0:
             with _timed(timers, "eval"):
                 values |= self._eval_metrics()
@@ -339,35 +350,6 @@ class GDPO(Algorithm):
         if report is None:
             return {}
         return {f"eval/{report['suite']}/{m}": v for m, v in report["overall"].items() if not np.isnan(v)}
-
-    def _take_groups(self):
-        """B groups (fewer only if dynamic sampling ran out of refills), as references with
-        their metadata (the learners read the payloads)."""
-        c = self.config
-        kept, filtered = [], 0
-        for _ in range(c.max_refills + 1):
-            need = c.prompts_per_step - len(kept)
-            self.rollouts.wait_for(need)
-            taken = self.buffer.take(need)
-            if c.dynamic_sampling:
-                informative = informative_groups(*rewards_matrix(taken), estimator=c.estimator,
-                                                 weights=self.reward_weights, eps=c.eps)
-                for g, ok in zip(taken, informative):
-                    if not ok:
-                        self.prompts.mark_filtered(g.group_id, "no training signal in the group "
-                                                   "(no weighted reward varies)")
-                self.buffer.release(int((~informative).sum()))
-                filtered += int((~informative).sum())
-                taken = [g for g, ok in zip(taken, informative) if ok]
-            kept += taken
-            if len(kept) == c.prompts_per_step or not c.dynamic_sampling:
-                break
-        self.counters["filtered_groups"] += filtered
-        if not kept:
-            raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
-                               "rounds: no weighted reward varies within any group; raise max_refills, "
-                               "group_size or temperature, or turn dynamic_sampling off")
-        return kept, filtered
 
     def _update(self, groups, advantages: np.ndarray) -> dict:
         """The learner update; the rollout group is pumped while it runs (overlap)."""
@@ -470,7 +452,17 @@ class GDPO(Algorithm):
         final = path or tempfile.mkdtemp(prefix="gdpo-ckpt-")
         return save_atomically(final, write, f"policy_version {self.policy_version}")
 
-    def restore_from_path(self, path, *args, **kwargs) -> None:
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "GDPO":
+        """A GDPO from a checkpoint; every file is verified against the checkpoint's manifest
+        before any actor starts (``checkpoints.verify_checkpoint``)."""
+        _verify(path, filesystem)
+        return super().from_checkpoint(path, filesystem=filesystem, verified=True, **kwargs)
+
+    def restore_from_path(self, path, *args, verified: bool = False, **kwargs) -> None:
+        """The checkpoint's state (verified first, unless it just was), then its weights out."""
+        if not verified:
+            _verify(path, kwargs.get("filesystem"))
         self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
         Checkpointable.restore_from_path(self, path, *args, **kwargs)
         self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
@@ -485,6 +477,13 @@ class GDPO(Algorithm):
 
 # --------------------------------------------------------------------------------------------
 # helpers
+
+
+def _verify(path: Any, filesystem: Any) -> None:
+    """A local checkpoint's files against its manifest (ValueError naming what differs)."""
+    if filesystem is None and isinstance(path, (str, pathlib.Path)) and "://" not in str(path):
+        for warning in verify_checkpoint(str(path), what="restoring"):
+            logger.warning(warning)
 
 
 class _timed:

@@ -88,27 +88,27 @@ def _sha256(path: pathlib.Path) -> str:
     return digest.hexdigest()
 
 
-def check_checkpoint(checkpoint: str) -> None:
+def check_checkpoint(checkpoint: str, what: str = "--resume") -> None:
     """Raises ValueError unless ``checkpoint`` is a complete gdpo-ray checkpoint (its marker;
-    ``verify_checkpoint`` also reads every file)."""
+    ``verify_checkpoint`` also reads every file); ``what`` starts the message."""
     root = pathlib.Path(checkpoint)
     if not (root / "class_and_ctor_args.pkl").is_file():
-        raise ValueError(f"--resume {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
+        raise ValueError(f"{what} {checkpoint}: not a gdpo-ray checkpoint (no class_and_ctor_args.pkl)")
     if not (root / COMPLETE_MARKER).is_file():
         siblings = sorted(p.name for p in root.parent.iterdir() if (p / COMPLETE_MARKER).is_file())
-        raise ValueError(f"--resume {checkpoint}: an incomplete checkpoint (its save was cut short: "
+        raise ValueError(f"{what} {checkpoint}: an incomplete checkpoint (its save was cut short: "
                          f"no {COMPLETE_MARKER}); resume from a complete one"
                          + (f" beside it: {siblings}" if siblings else ""))
 
 
-def verify_checkpoint(checkpoint: str) -> list[str]:
+def verify_checkpoint(checkpoint: str, what: str = "--resume") -> list[str]:
     """Every file a restore reads, checked before anything starts: the marker, then each file of
     ``MANIFEST`` present, readable, of its recorded size and sha256. Raises ValueError naming
     every file that is missing, truncated or changed. A checkpoint written before manifests
     existed gets the files the restore reads checked for presence only: returned as a warning."""
     root = pathlib.Path(checkpoint)
     if not ((root / COMPLETE_MARKER).is_file() and (root / MANIFEST).is_file()):
-        check_checkpoint(checkpoint)  # not a checkpoint, an incomplete one, or an older one
+        check_checkpoint(checkpoint, what)  # not a checkpoint, an incomplete one, or an older one
     fix = "resume from another checkpoint of the run, or start a new run"
     if not (root / MANIFEST).is_file():
         learner = root / "learner"
@@ -120,7 +120,7 @@ def verify_checkpoint(checkpoint: str) -> list[str]:
         if tag and not any((learner / tag).glob("*model_states.pt")):
             missing.append(f"learner/{tag}/*model_states.pt")
         if missing:
-            raise ValueError(f"--resume {checkpoint}: the checkpoint is damaged: missing or empty: "
+            raise ValueError(f"{what} {checkpoint}: the checkpoint is damaged: missing or empty: "
                              f"{', '.join(missing)}; {fix}")
         return [f"checkpoint {checkpoint} has no {MANIFEST} (written by an older gdpo-ray): its "
                 f"files are there, but their contents cannot be verified"]
@@ -129,7 +129,7 @@ def verify_checkpoint(checkpoint: str) -> list[str]:
         if not all(isinstance(w, dict) and {"size", "sha256"} <= w.keys() for w in files.values()):
             raise ValueError("an entry lacks its size or sha256")
     except (ValueError, KeyError, TypeError, AttributeError, OSError) as err:
-        raise ValueError(f"--resume {checkpoint}: its {MANIFEST} is unreadable ({err}); {fix}") from None
+        raise ValueError(f"{what} {checkpoint}: its {MANIFEST} is unreadable ({err}); {fix}") from None
     wrong = []
     for name, want in files.items():
         path = root / name
@@ -145,7 +145,7 @@ def verify_checkpoint(checkpoint: str) -> list[str]:
             wrong.append(f"{name} (unreadable: {err.strerror or err})")
     if wrong:
         shown = "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
-        raise ValueError(f"--resume {checkpoint}: the checkpoint is damaged, {len(wrong)} of its "
+        raise ValueError(f"{what} {checkpoint}: the checkpoint is damaged, {len(wrong)} of its "
                          f"{len(files)} files differ from its {MANIFEST}: {shown}; {fix}")
     return []
 

@@ -253,7 +253,7 @@ class TrainingRun:
             if self.resume:  # this run's config, the checkpoint's state (weights, optimizer, prompts)
                 for name, old, new in self.changes:
                     print(f"gdpo-ray: resuming with {name} {old!r} -> {new!r}")
-                algo.restore_from_path(self.resume)
+                algo.restore_from_path(self.resume, verified=True)  # in from_args
             names = algo.reward_names
             log = RunLog(self.run_dir)
             stop.soft = True  # from now on a signal stops the run after a step, with a checkpoint
@@ -295,9 +295,9 @@ class TrainingRun:
         return code
 
     def _loop(self, algo: Any, log: Any, stop: StopSignals) -> None:
-        """Steps until ``run.steps`` or a signal. A step in which a learner died trained
-        nothing (the algorithm restored its last checkpoint, or the start): no row is logged,
-        and the steps after the restored one are run again."""
+        """Steps until ``run.steps`` or a signal. A step in which a learner died is redone by the
+        algorithm from its last checkpoint (or the start): the step after the restored one is
+        logged again, said once here."""
         from tqdm import tqdm
 
         from gdpo_ray.run.outputs import flat_scalars
@@ -312,14 +312,13 @@ class TrainingRun:
                 scalars = flat_scalars(algo.train())
                 if algo.counters["learner_recoveries"] != recoveries:
                     bar.write(f"gdpo-ray: a learner died; new learners took over from step "
-                              f"{algo.policy_version} (the last checkpoint, or the start)", file=sys.stderr)
-                else:
-                    log.log(algo.policy_version, scalars)
-                    now = (_count(scalars, "rollout/actors"), _count(scalars, "rollout/nodes"))
-                    if None not in now and now != placed:
-                        bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
-                        placed = now
-                    bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
+                              f"{algo.policy_version - 1} (the last checkpoint, or the start)", file=sys.stderr)
+                log.log(algo.policy_version, scalars)
+                now = (_count(scalars, "rollout/actors"), _count(scalars, "rollout/nodes"))
+                if None not in now and now != placed:
+                    bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
+                    placed = now
+                bar.set_postfix({n: f"{scalars.get(f'rewards/{n}/mean', float('nan')):.2f}" for n in names})
                 bar.n = algo.policy_version
                 bar.refresh()
         finally:

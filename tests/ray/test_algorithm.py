@@ -241,18 +241,28 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
 
 
 def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp_path):
+    """The step in which a learner died is redone on new learners from the last checkpoint:
+    ``train()`` returns that redone step's metrics (finite, as every step's), never NaN."""
     algo = demo_config("training.checkpoint_every=1",
                        f"training.checkpoint_dir={tmp_path}").build_algo()
     try:
         algo.train()
         algo.train()
-        digest = learner_digest(algo)
+        digest, restored = learner_digest(algo), []
+        recover = algo._recover
+
+        def recover_and_look(err):
+            recover(err)
+            restored.append((algo.policy_version, learner_digest(algo)))
+
+        algo._recover = recover_and_look
         ray_cluster.kill(algo.learners.learners[0])
-        algo.train()  # the update fails: new learners, state of step 2 restored
-        assert algo.counters["learner_recoveries"] == 1
-        assert algo.policy_version == 2 and learner_digest(algo) == digest
-        result = algo.train()
+        result = algo.train()  # the update fails: new learners, step 2 restored, step 3 redone
+        assert restored == [(2, digest)]
+        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 3
         assert result["step"] == 3 and result["learner_recoveries"] == 1
+        assert all(np.isfinite(result[f"rewards/{name}/mean"]) for name in algo.reward_names)
+        assert (tmp_path / "step_000003").is_dir()
     finally:
         algo.stop()
 
@@ -274,18 +284,18 @@ def test_a_learner_dying_in_the_checkpoint_loses_nothing(ray_cluster, tmp_path, 
 
         def die_while_saving(path):  # the driver's state is written, then a learner dies
             ray_cluster.kill(learners.learners[0])
+            monkeypatch.setattr(learners, "save_checkpoint", real)  # once
             return real(path)
 
         monkeypatch.setattr(learners, "save_checkpoint", die_while_saving)
-        algo.train()  # update ok, then the checkpoint of step 3 fails: recovered from step 2
-        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 2
+        # update ok, then the checkpoint of step 3 fails: recovered from step 2, step 3 redone
+        result = algo.train()
+        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 3
         assert algo.rollouts.stats["actor_restarts"] >= restarts  # not rolled back
         partial = [p for p in tmp_path.iterdir() if ".partial-" in p.name]
         assert partial and not (partial[0] / COMPLETE_MARKER).exists()
         with pytest.raises(ValueError, match="an incomplete checkpoint"):
             check_checkpoint(str(partial[0]))
-        assert not (tmp_path / "step_000003").exists()
-        result = algo.train()  # step 3 again, checkpointed this time
         assert result["step"] == 3 and (tmp_path / "step_000003" / COMPLETE_MARKER).exists()
         assert result["rollout/actor_restarts"] >= restarts
     finally:

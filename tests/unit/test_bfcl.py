@@ -229,18 +229,16 @@ def test_hostile_calls_score_0_through_the_cli(tmp_path):
     """Issue 29, item 5: a deeply nested call stopped the whole BFCL eval (RecursionError, exit
     1); now every hostile completion is unparsable, 0, its gold sibling 1, the command exits 0,
     and 400 KB of unclosed tags are no quadratic scan."""
-    import time
-
     from gdpo_ray.eval.report import read_report
     from gdpo_ray.run.cli import main
+    from tests.hang import hang_guard
 
     item = make_suite("bfcl:simple_python").items()[0]
     texts = [as_completion(gold_calls(item.reference)), *hostile_calls()]
     path, out = tmp_path / "c.jsonl", tmp_path / "r.json"
     path.write_text(json.dumps({"id": item.id, "completions": texts}) + "\n")
-    start = time.monotonic()
-    assert main(["eval", "--suite", "bfcl:simple_python", "--completions", str(path), "--output", str(out)]) == 0
-    assert time.monotonic() - start < 30
+    with hang_guard(120, "scoring hostile BFCL calls"):
+        assert main(["eval", "--suite", "bfcl:simple_python", "--completions", str(path), "--output", str(out)]) == 0
     samples = read_report(out)["items"][item.id]["samples"]
     assert [s["accuracy"] for s in samples] == [1.0] + [0.0] * (len(texts) - 1)
     assert not any("error" in s for s in samples)  # unparsable, not a scorer failure

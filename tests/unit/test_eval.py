@@ -407,23 +407,21 @@ def test_a_scorer_that_raises_or_hangs_costs_only_that_sample(tmp_path, monkeypa
 
 def test_the_math_eval_scans_210_kb_of_unclosed_boxes_at_once(tmp_path):
     """Issue 29, item 5: 210 KB of unclosed \\boxed{ (and of unclosed <answer>) took a
-    quadratic scan (minutes); now linear, scored 0 in well under a second of scanning."""
-    import time
-
+    quadratic scan (minutes); now linear, scored 0."""
     from gdpo_ray.run.cli import main
+    from tests.hang import hang_guard
 
     data = write_jsonl(tmp_path / "q.jsonl", [{"problem": "6 x 7?", "answer": "42", "id": "q"}])
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "q", "completions": ["\\boxed{" * 30_000, "\\boxed{42}"]}])
     out = tmp_path / "r.json"
-    start = time.monotonic()
-    assert main(["eval", "--suite", f"math:{data}", "--completions", path, "--output", str(out)]) == 0
-    assert time.monotonic() - start < 20
+    with hang_guard(120, "scoring 210 KB of unclosed boxes"):
+        assert main(["eval", "--suite", f"math:{data}", "--completions", path, "--output", str(out)]) == 0
     assert [s["pass@1"] for s in read_report(out)["items"]["q"]["samples"]] == [0.0, 1.0]
     addition = make_suite("task:addition")
     it = addition.items()[0]
-    start = time.monotonic()
-    (hostile, gold) = addition.score(it, [Completion("<answer>" * 26_000), Completion(f"<answer>{it.reference}</answer>")])
-    assert time.monotonic() - start < 10
+    with hang_guard(60, "scoring 208 KB of unclosed answer tags"):
+        (hostile, gold) = addition.score(it, [Completion("<answer>" * 26_000),
+                                              Completion(f"<answer>{it.reference}</answer>")])
     assert hostile["pass@1"] == 0.0 and gold["pass@1"] == 1.0
 
 

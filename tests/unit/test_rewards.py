@@ -438,20 +438,17 @@ def test_toolrl_calls_nested_to_max_depth_still_parse():
 
 
 def test_scans_of_model_output_are_linear():
-    """400 KB of unclosed tags and boxes: each scan well under a second (they were quadratic:
-    minutes)."""
-    import time
-
+    """400 KB of unclosed tags and boxes: each scan finishes (they were quadratic: minutes)."""
     from gdpo_ray.rewards.toolrl import calls_in
+    from tests.hang import hang_guard
 
     gold = tool_output(call("f", a=1))
     for scan in (lambda: last_boxed("\\boxed{" * 60_000), lambda: final_answer("<answer>" * 50_000, "answer"),
                  lambda: calls_in("<tool_call>" * 40_000), lambda: calls_in("<tool_call></tool_call>" * 20_000),
                  lambda: format_matches("<think>" + "</think>\n<tool_call>\n" * 20_000, gold),
                  lambda: format_matches("<think>" + "</think>\n<tool_call>\n" * 20_000 + "</tool_call>", gold, True)):
-        start = time.monotonic()
-        scan()
-        assert time.monotonic() - start < 2
+        with hang_guard(60, "a scan of 400 KB"):
+            scan()
 
 
 def _old_last_boxed(text):

@@ -217,3 +217,21 @@ def test_a_full_disk_names_the_file_and_frees_a_partial_checkpoint(tmp_path):
         save_atomically(old, write, "policy_version 2")
     assert sorted(p.name for p in old.parent.iterdir()) == ["final"]
     assert verify_checkpoint(str(old)) == []
+
+
+@pytest.mark.parametrize("damage", ["truncated model", "deleted learner directory"])
+def test_the_python_api_verifies_a_checkpoint_before_any_actor_starts(tmp_path, monkeypatch, damage):
+    """``GDPO.from_checkpoint`` (and Tune's restore, ``restore_from_path``) refuse a damaged
+    checkpoint as ``--resume`` does, before the algorithm (and its actors) is built."""
+    from gdpo_ray.run.algorithm import GDPO
+
+    monkeypatch.setattr(GDPO, "setup", lambda self, config: pytest.fail("actors were started"))
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3)
+    harm, named = DAMAGE[damage]
+    harm(checkpoint)
+    with pytest.raises(ValueError, match="restoring .*: the checkpoint is damaged") as err:
+        GDPO.from_checkpoint(str(checkpoint))
+    assert named in str(err.value)
+    algo = object.__new__(GDPO)  # restore_from_path reads nothing of a damaged checkpoint
+    with pytest.raises(ValueError, match="the checkpoint is damaged"):
+        algo.restore_from_path(str(checkpoint))
