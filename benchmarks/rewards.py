@@ -106,13 +106,15 @@ def pool_costs(rows: int, timeout_s: float) -> tuple[float, float]:
     for i in range(rows):
         fn(prompts=[""], completions=["x"], response_length=[i])
     direct = (time.perf_counter() - start) / rows
-    with RewardPool([{"name": "length", "params": {"limit": 10}}], num_workers=1) as pool:
+    # one row per call (the default batches a score()'s rows into one call per worker): the cost
+    # of a call, not of a row in a batch
+    with RewardPool([{"name": "length", "params": {"limit": 10}}], num_workers=1, rows_per_call=1) as pool:
         pool.score([""], ["x"], {"response_length": [1]})  # workers started
         start = time.perf_counter()
         pool.score([""] * rows, ["x"] * rows, {"response_length": list(range(rows))})
         pooled = (time.perf_counter() - start) / rows
     hang = {"name": "hang", "fn": "benchmarks.rewards:sleep_on_odd", "timeout_s": timeout_s}
-    with RewardPool([hang], num_workers=1) as pool:
+    with RewardPool([hang], num_workers=1, rows_per_call=1) as pool:
         pool.score([""], ["0"])
         start = time.perf_counter()
         pool.score([""] * 32, [str(i) for i in range(32)])
