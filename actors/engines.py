@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from gdpo_ray.config import check_value, default
 from gdpo_ray.weights.channels import AsyncWeightReceiver, WeightReceiver
@@ -77,7 +77,9 @@ class BatchEngine(Protocol):
     """What ``RolloutActor`` (``generation.mode='batched'``) calls of its engine, synchronously.
 
     The actor builds it as ``Engine(model_path, seed=seed, **generation.engine_kwargs)``
-    (``model_path`` a local Hugging Face model directory) and calls one method at a time. New
+    (``model_path`` a local Hugging Face model directory; with ``llm.lora`` also ``lora=``, the
+    PEFT settings: it then serves the base model plus the pushed adapter, the base model alone
+    before the first push) and calls one method at a time. New
     weights arrive through ``load_weights`` (the object store, and the gloo or NCCL bucket
     broadcast); with ``weight_transfer`` True the engine is a ``WeightReceiver`` too.
     """
@@ -101,7 +103,15 @@ class BatchEngine(Protocol):
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """New weights: (checkpoint name, tensor) of every parameter (tied ones under each
         name), an iterable read once (buckets behind it are fetched as it is read, so hold no
-        more than the tensor in hand)."""
+        more than the tensor in hand). With ``llm.lora`` (the engine built with ``lora=``, the
+        PEFT settings) only the adapter's tensors, under the names PEFT saves them with."""
+
+    def weight_digests(self, sent: Mapping[str, str]) -> dict[str, int]:
+        """What the engine holds now, for the attestation of a push: for each pushed tensor
+        name (``sent``: name -> the dtype it was sent in) the digest
+        (``gdpo_ray.weights.digest.digest_as``) of the tensor the engine actually computes with,
+        read back from it, not the bytes it was given; tensors it holds fused into one under
+        their names joined by ``digest.FUSED``."""
 
     def sleep(self) -> None:
         """Frees its accelerator memory while colocated learners update (a no-op where none)."""
@@ -151,6 +161,9 @@ class StreamingEngine(Protocol):
         """New weights (as ``BatchEngine.load_weights`` takes them) written where ``push`` reads
         them; returns that path. A plain method: the actor runs it in a thread while the engine
         keeps generating."""
+
+    async def weight_digests(self, sent: Mapping[str, str]) -> dict[str, int]:
+        """As ``BatchEngine.weight_digests``, of the weights of the latest push."""
 
     async def push(self, path: str, version: int) -> float:
         """Loads the weights ``write_weights`` wrote at ``path`` (and removes them) as policy

@@ -1,8 +1,14 @@
-"""The HF transformers engine (``generate``): the CPU default, also one GPU."""
+"""The HF transformers engine (``generate``): the CPU default, also one GPU.
+
+With ``llm.lora`` the model is wrapped in PEFT's LoRA layers, as the learners' is: the pushed
+adapter tensors go into them, and generation computes exactly what the learners compute (the
+base weight's product plus the adapter's, each as PEFT computes it; merging the adapter into the
+base weights would round differently). Before the first push the adapter's B matrices are zero,
+so the engine computes the base model, as a fresh adapter does."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -29,13 +35,21 @@ class HFEngine:
         pass  # nothing outlives the actor
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
-                 seed: int = 0) -> None:
+                 seed: int = 0, lora: Mapping[str, Any] | None = None) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+        self.lora = lora or None
+        if self.lora:
+            from peft import get_peft_model
+
+            from gdpo_ray.lora import peft_config
+
+            torch.manual_seed(seed)  # the adapter's A matrices (B is zero until the first push)
+            self.model = get_peft_model(self.model, peft_config(self.lora))
         self.model.to(device).eval()
         self.device = device
         self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
@@ -91,15 +105,17 @@ class HFEngine:
         """New weights by reference, never written in place: a tensor already on the right
         device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
         push through the object store, the read-only shared-memory buffer, which generation only
-        reads); anything else is converted into fresh memory."""
+        reads); anything else is converted into fresh memory. With LoRA: the adapter's tensors,
+        under the names PEFT saves them with."""
         import warnings
 
-        params = self.model.state_dict(keep_vars=True)  # tied weights appear under both names
+        params = self._held()
         with self.torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer
             for name, tensor in named_tensors:
                 if name not in params:
-                    raise ValueError(f"the model has no parameter {name!r}")
+                    raise ValueError(f"the model has no {'adapter tensor' if self.lora else 'parameter'} "
+                                     f"{name!r}" + (" (is llm.lora the learners'?)" if self.lora else ""))
                 target, source = params[name], self.torch.as_tensor(tensor)
                 if tuple(source.shape) != tuple(target.shape):
                     raise ValueError(f"{name}: shape {tuple(source.shape)} does not match the "
@@ -108,6 +124,23 @@ class HFEngine:
                     target.data = source
                 else:
                     target.data = source.to(device=target.device, dtype=target.dtype)
+
+    def weight_digests(self, sent: Mapping[str, str]) -> dict[str, int]:
+        """The digest of every pushed tensor as the model holds it (``BatchEngine``)."""
+        from gdpo_ray.weights.digest import digest_as
+
+        params = self._held()
+        return {name: digest_as(params[name].data, dtype) for name, dtype in sent.items() if name in params}
+
+    def _held(self) -> dict[str, Any]:
+        """The tensors a push replaces, by the names it sends: every state-dict entry (tied
+        weights under both names), or with LoRA the adapter's, under PEFT's saved names."""
+        held = self.model.state_dict(keep_vars=True)
+        if not self.lora:
+            return held
+        from gdpo_ray.lora import adapter_key
+
+        return {adapter_key(n): p for n, p in held.items() if "lora_" in n}
 
 
 def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:

@@ -50,6 +50,8 @@ class RolloutActor:
         num_threads: torch threads in this actor.
         model_files: ``model_path``'s files in the object store (``gdpo_ray.model_files.pack``),
             used when this node cannot read ``model_path``.
+        lora: ``llm.lora``'s PEFT settings (the engine serves the base model plus the pushed
+            adapter), or None (full weights).
     """
 
     mode = "batched"  # generation.mode: which of an engine's classes, and its protocol
@@ -59,7 +61,7 @@ class RolloutActor:
                  sampling: Mapping[str, Any] | None = None, chat_template: bool = default("chat_template"),
                  max_prompt_tokens: int = default("max_prompt_tokens"),
                  reward_workers: int = default("reward_workers"), num_threads: int = default("num_threads"),
-                 seed: int = 0, model_files: Any = None) -> None:
+                 seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -72,7 +74,9 @@ class RolloutActor:
         self.max_prompt_tokens = max_prompt_tokens
         self.sampling = SamplingParams(**dict(sampling or {}))
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
-        self.engine = make_engine(engine, model_path, mode=self.mode, seed=seed, **dict(engine_kwargs or {}))
+        extra = {"lora": dict(lora)} if lora else {}  # an engine without LoRA need not take it
+        self.engine = make_engine(engine, model_path, mode=self.mode, seed=seed,
+                                  **dict(engine_kwargs or {}), **extra)
         self.tokenizer = self.engine.tokenizer
         # no rewards: an actor that only completes prompts (evaluation: ``complete``)
         self.rewards = RewardPool(rewards, num_workers=reward_workers) if rewards else None
@@ -95,20 +99,29 @@ class RolloutActor:
     def policy_version(self) -> int:
         return self.version
 
-    def set_weights(self, version: int, weights: Any) -> int:
+    def set_weights(self, version: int, weights: Any) -> dict:
         """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
-        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``), read one at a time, zero-copy."""
+        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``), read one at a time,
+        zero-copy. Returns the attestation (``attest``)."""
         import ray
 
         from gdpo_ray.weights.buckets import unpack_bucket
+        from gdpo_ray.weights.digest import recorded
 
+        sent: dict[str, str] = {}
         if isinstance(weights, Mapping):
-            self.engine.load_weights(weights.items())
+            self.engine.load_weights(recorded(weights.items(), sent))
         else:  # one pass over all buckets, fetched lazily (vLLM reloads layer by layer)
-            self.engine.load_weights(itertools.chain.from_iterable(
-                unpack_bucket(ray.get(ref)) for ref in weights))
+            self.engine.load_weights(recorded(itertools.chain.from_iterable(
+                unpack_bucket(ray.get(ref)) for ref in weights), sent))
         self.version = int(version)
-        return self.version
+        return self.attest(sent)
+
+    def attest(self, sent: Mapping[str, str]) -> dict:
+        """``{"version", "digests"}``: the version now held and the digests of what the engine
+        holds of every tensor just loaded (``sent``: name -> dtype), read back from the engine,
+        for the driver to compare with the sender's (``actors.attestation``)."""
+        return {"version": self.version, "digests": self.engine.weight_digests(sent)}
 
     def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
         """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),
@@ -122,11 +135,12 @@ class RolloutActor:
         self.channel.attach(self.engine)
         return self.channel.backend
 
-    def receive_weights(self, version: int) -> int:
-        """Loads one broadcast version into the engine and becomes ``version``."""
-        self.channel.receive_into(self.engine, version)
+    def receive_weights(self, version: int) -> dict:
+        """Loads one broadcast version into the engine and becomes ``version``; returns the
+        attestation (``attest``)."""
+        sent = self.channel.receive_into(self.engine, version)
         self.version = int(version)
-        return self.version
+        return self.attest(sent)
 
     def complete(self, prompts: Sequence[str | list], n: int,
                  sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
@@ -234,3 +248,4 @@ class RolloutActor:
         if self.rewards is not None:
             self.rewards.close()
         self.engine.shutdown()
+

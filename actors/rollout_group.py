@@ -6,6 +6,8 @@ and resources (CPUs, GPUs, a custom Ray resource that pins them to rollout nodes
 from the learners. It keeps every actor busy with queued calls within the buffer's admission
 bound, moves finished groups into the ``ArrowBuffer``, restarts a dead actor (with the current
 weights) and re-issues its prompts, and ``resize(n)`` adds or removes actors while a run goes on.
+Every actor's report of the weights it loaded goes to the group's ``PushLedger``
+(``actors.attestation``), checked as the reports arrive.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ray import ObjectRef
 from ray.actor import ActorHandle
 
+from actors.attestation import PushLedger
 from actors.buffer import ArrowBuffer
 from actors.prompts import Prompt, PromptSource
 from actors.rollout import PromptsExhausted, RolloutActor
@@ -101,6 +104,7 @@ class RolloutGroup:
         self.prompts, self.buffer = prompts, buffer
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
         self.version, self._weights = 0, None
+        self.ledger = PushLedger()  # the attestation of every push
         self.slots: list[_Slot] = []
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0, "aborted": 0,
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
@@ -124,7 +128,8 @@ class RolloutGroup:
         seed = self.actor_kwargs.get("seed", 0) + 7919 * index
         handle = self._remote.options(**options).remote(**dict(self.actor_kwargs, seed=seed))
         if self._weights is not None:
-            handle.set_weights.remote(self.version, self._weights)
+            self.ledger.awaiting(self.label(handle, index), self.version,
+                                 handle.set_weights.remote(self.version, self._weights))
         # no work goes to an actor before it has started: prompts wait for a ready one instead
         return _Slot(handle, handle.ready.remote())
 
@@ -160,8 +165,14 @@ class RolloutGroup:
         """Queues new weights on every actor (applied between generations): the refs of a push's
         buckets, or (tests) a ref of a dict of named arrays; ``RolloutActor.set_weights``."""
         self.version, self._weights = version, weights
-        for slot in self.slots:
-            slot.handle.set_weights.remote(version, weights)
+        for i, slot in enumerate(self.slots):
+            self.ledger.awaiting(self.label(slot.handle, i), version, slot.handle.set_weights.remote(version, weights))
+
+    def label(self, handle: ActorHandle, index: int | None = None) -> str:
+        """How messages name an actor: its slot and Ray actor id."""
+        if index is None:
+            index = next((i for i, s in enumerate(self.slots) if s.handle == handle), -1)
+        return f"rollout actor {index} (Ray actor {handle._actor_id.hex()[:12]})"
 
     def pump(self, timeout: float = 0.0) -> None:
         """Collects finished calls (waiting up to ``timeout`` s for one), then starts new ones."""
@@ -171,7 +182,8 @@ class RolloutGroup:
     def collect(self, timeout: float = 0.0) -> None:
         """Takes in what has finished (waiting up to ``timeout`` s for something): started
         actors, finished calls into the buffer, dead actors replaced with their calls re-issued;
-        starts no new call."""
+        starts no new call. Weight reports that arrived are checked (``PushLedger.poll``)."""
+        self.ledger.poll()
         starting = [s.starting for s in self.slots if s.starting is not None]
         waitables = [c.gen for s in self.slots for c in s.calls] + starting
         wait = timeout

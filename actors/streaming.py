@@ -131,19 +131,24 @@ class StreamingRolloutActor(RolloutActor):
                         tokens=sum(m.tokens for m in metas),
                         aborted=tuple(itertools.chain.from_iterable(m.aborted for m in metas))), batch
 
-    async def set_weights(self, version: int, weights: Any) -> int:
+    async def set_weights(self, version: int, weights: Any) -> dict:
         """Loads ``version`` in flight (see the module docstring); the weights as a name ->
-        tensor dict or a list of ObjectRefs of weight buckets."""
+        tensor dict or a list of ObjectRefs of weight buckets. Returns the attestation
+        (``_update``)."""
         from gdpo_ray.weights.buckets import unpack_bucket
+        from gdpo_ray.weights.digest import recorded
 
-        async def load() -> None:
+        async def load() -> dict[str, str]:
             if isinstance(weights, Mapping):
                 items = list(weights.items())
             else:
                 buckets = await asyncio.gather(*weights)
                 items = [t for b in buckets for t in unpack_bucket(b)]
-            path = await asyncio.get_running_loop().run_in_executor(None, self.engine.write_weights, items)
+            sent: dict[str, str] = {}
+            path = await asyncio.get_running_loop().run_in_executor(
+                None, self.engine.write_weights, list(recorded(items, sent)))
             await self.engine.push(path, version)
+            return sent
 
         return await self._update(version, load, skip_older=True)
 
@@ -161,38 +166,47 @@ class StreamingRolloutActor(RolloutActor):
             await joined
         return self.channel.backend
 
-    async def receive_weights(self, version: int) -> int:
+    async def receive_weights(self, version: int) -> dict:
         """One broadcast version, in flight: through vLLM's NCCL weight transfer (the engine
         paused for the transfer), or as host buckets received and written while the engine
-        generates (gloo, or NCCL into this GPU), then pushed."""
+        generates (gloo, or NCCL into this GPU), then pushed. Returns the attestation."""
+        from gdpo_ray.weights.digest import recorded
+
         channel = self.channel
 
-        async def load() -> None:
+        async def load() -> dict[str, str]:
             if channel.backend == "vllm":
-                await self.engine.receive_broadcast(channel.update_info(), version)
-            else:
-                loop = asyncio.get_running_loop()
-                path = await loop.run_in_executor(None, self.engine.write_weights, channel.receive())
-                await self.engine.push(path, version)
+                info = channel.update_info()
+                await self.engine.receive_broadcast(info, version)
+                return dict(zip(info["names"], info["dtype_names"]))
+            sent: dict[str, str] = {}
+            loop = asyncio.get_running_loop()
+            path = await loop.run_in_executor(None, lambda: self.engine.write_weights(
+                recorded(channel.receive(), sent)))
+            await self.engine.push(path, version)
+            return sent
 
         # a broadcast is a collective: every member takes part, whatever this actor's version
         return await self._update(version, load, skip_older=False)
 
-    async def _update(self, version: int, load: Any, skip_older: bool) -> int:
-        """Runs ``load()`` (which pushes ``version`` into the engine) as the one push in
-        progress, then aborts the groups it left too stale; returns the actor's version."""
+    async def _update(self, version: int, load: Any, skip_older: bool) -> dict:
+        """Runs ``load()`` (which pushes ``version`` into the engine and returns what it sent:
+        name -> dtype) as the one push in progress, then aborts the groups it left too stale.
+        Returns the attestation: ``{"version", "digests"}`` of what the engine holds after the
+        push (``RolloutActor.attest``; ``digests`` None when a newer version was held already
+        and this one was skipped)."""
         self._pending.add(version)  # before any await: a stream call after this one sees it
         try:
             async with self._push:
                 if self._closed or (skip_older and version <= self.version):
-                    return self.version
-                await load()
+                    return {"version": self.version, "digests": None}
+                sent = await load()
                 self.version = int(version)
                 oldest = self.version - self.max_staleness
                 for group_id, (started, task) in list(self._open.items()):
                     if started is not None and started < oldest:
                         task.cancel()
-                return self.version
+                return {"version": self.version, "digests": await self.engine.weight_digests(sent)}
         finally:
             self._pending.discard(version)
             async with self._versions:

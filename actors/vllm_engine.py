@@ -9,14 +9,42 @@ Weights in: ``load_weights`` (any device) reloads through ``collective_rpc("relo
 on CUDA the engine is also built with vLLM's NCCL weight transfer (``weight_transfer_config``),
 through which ``receive_broadcast`` takes a learner's NCCL broadcast straight into the running
 engine (``gdpo_ray.weights.channels.VllmChannel``).
+
+LoRA (``lora=``, ``llm.lora``'s normalized PEFT settings): the engine serves the base model plus
+the current adapter through vLLM's own LoRA support (``enable_lora``, ``max_lora_rank`` the
+smallest vLLM allows >= r, a ``LoRARequest`` per generate call); before the first push it serves
+the base model alone (what a fresh PEFT adapter computes: lora_B is zero). A push then carries
+only the adapter's tensors, under PEFT's names (``get_peft_model_state_dict``); the engine writes
+them as a PEFT adapter directory (``adapter_model.safetensors`` + ``adapter_config.json`` of
+``peft.LoraConfig``, in /dev/shm where there is one), registers it with vLLM under a new
+adapter id (``add_lora``: loaded at once, so a bad adapter fails the push, not a later
+request), and removes the previous adapter and its directory (vLLM reloads an adapter it
+evicted from its path, so a directory lives exactly as long as its adapter is registered).
+The NCCL weight transfer writes the base model's parameters, so with ``lora`` it is off (pushes
+go through ``load_weights``). vLLM 0.32 has no public way to add an adapter from tensors in
+memory (``LoRAModel.from_lora_tensors`` is internal to the worker), hence the directory.
+
+Attestation (``weight_digests``): the digests of what the worker holds, read back from it by
+``actors.vllm_worker_ext.WeightsFromFile.gdpo_weight_digests`` (the model's parameters, or the
+adapter's slot in vLLM's LoRA layers; what cannot be read back exactly is written there). One
+worker (tensor and pipeline parallel size 1): a sharded engine's digests are refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
-from typing import Any, Iterable
+import shutil
+import tempfile
+import weakref
+from typing import Any, Iterable, Mapping
 
 from actors.engines import Sample, SamplingParams
+
+WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
+#: vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks in 0.32)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VLLMEngine:
@@ -32,15 +60,23 @@ class VLLMEngine:
                 "top_k=0 with engine='vllm', or engine='hf'")
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
-                 max_model_len: int = 4096, **llm_kwargs: Any) -> None:
+                 max_model_len: int = 4096, lora: Mapping[str, Any] | None = None,
+                 **llm_kwargs: Any) -> None:
+        """``lora``: None (full weights) or ``llm.lora``'s PEFT settings (module docstring);
+        ``llm_kwargs``: ``vllm.LLM``'s (with ``lora``, ``max_loras`` defaults to 1 and
+        ``max_cpu_loras`` to max_loras + 1: a push adds the new adapter before it removes the
+        old one)."""
         # the engine core runs in this process (a Ray actor), not in a child process
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
         from vllm import LLM
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.lora = lora_engine_kwargs(lora, llm_kwargs, max_loras=1)
+        llm_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)  # weight_digests
         # True: receive_broadcast works (the broadcast group then uses vLLM's NCCL transfer)
-        self.weight_transfer = self.device == "cuda" and with_weight_transfer(llm_kwargs)
+        self.weight_transfer = self.device == "cuda" and self.lora is None and with_weight_transfer(llm_kwargs)
+        self.adapters = Adapters(self.lora)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                        logprobs_mode="processed_logprobs", **llm_kwargs)
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0":  # vLLM's worker is this process
@@ -61,8 +97,9 @@ class VLLMEngine:
             truncation = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0}
         params = VLLMSampling(n=n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                               stop=list(sampling.stop), include_stop_str_in_output=True, **truncation)
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids],
-                                    params, use_tqdm=False)
+        current = self.adapters.current
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params,
+                                    use_tqdm=False, lora_request=current.request if current else None)
         return [[Sample(list(o.token_ids),
                         [float(step[token].logprob) for token, step in zip(o.token_ids, o.logprobs)]
                         if logprobs else [],
@@ -70,11 +107,32 @@ class VLLMEngine:
                  for o in request.outputs] for request in outputs]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Full weights: reloaded into the model in place. With ``lora``: the adapter's tensors,
+        served from now on as a new adapter; the previous one and its directory are removed."""
         import torch
 
+        if self.lora is not None:
+            adapter = self.adapters.write(named_tensors)
+            try:
+                self.llm.llm_engine.add_lora(adapter.request)
+            except BaseException:
+                self.adapters.discard(adapter)
+                raise
+            old = self.adapters.make_current(adapter)
+            if old is not None:
+                self.llm.llm_engine.remove_lora(old.id)
+                self.adapters.discard(old)
+            return
         weights = ((name, torch.as_tensor(t)) for name, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()
+
+    def weight_digests(self, sent: Mapping[str, str]) -> dict[str, int]:
+        """``actors.engines.BatchEngine.weight_digests``: read back from the worker (the model's
+        parameters; with ``lora``, the current adapter's slot in vLLM's LoRA layers; nothing of
+        the adapter before the first push)."""
+        return one_worker(self.llm.collective_rpc("gdpo_weight_digests",
+                                                  args=(dict(sent), *self.adapters.digest_args())))
 
     # vLLM's weight-transfer API (docs.vllm.ai "Weight Transfer", examples/rl/rlhf_nccl.py; vLLM
     # >= 0.17 has init_weight_transfer_engine and update_weights, later versions add
@@ -94,7 +152,9 @@ class VLLMEngine:
             self.llm.wake_up()
 
     def shutdown(self) -> None:
-        """Nothing to release: the engine core runs in the actor's process and goes with it."""
+        """The adapter directories go (the engine core runs in the actor's process and goes
+        with it)."""
+        self.adapters.close()
 
     def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
         """Joins a trainer's NCCL group (rank 0 at host:port) as rank ``rank`` of
@@ -138,3 +198,157 @@ def with_weight_transfer(llm_kwargs: dict) -> bool:
         return False
     llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
     return True
+
+
+def lora_engine_kwargs(lora: Mapping[str, Any] | None, kwargs: dict, max_loras: int) -> dict | None:
+    """``lora`` checked and normalized (``gdpo_ray.lora.lora_settings``; None: full weights),
+    vLLM's LoRA arguments set in ``kwargs`` (in place) unless the caller chose them:
+    ``enable_lora``, ``max_lora_rank`` (the smallest vLLM allows >= r), ``max_loras``,
+    ``max_cpu_loras`` (max_loras + 1)."""
+    from gdpo_ray.lora import lora_settings
+
+    settings = lora_settings(lora)
+    if settings is None:
+        return None
+    r = settings["r"]
+    if r > LORA_RANKS[-1]:
+        raise ValueError(f"llm.lora.r={r}: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}; use a smaller r")
+    kwargs["enable_lora"] = True
+    kwargs.setdefault("max_lora_rank", next(rank for rank in LORA_RANKS if rank >= r))
+    if kwargs["max_lora_rank"] < r:
+        raise ValueError(f"engine_kwargs.max_lora_rank={kwargs['max_lora_rank']} < llm.lora.r={r}: "
+                         f"vLLM cannot load the adapter; leave max_lora_rank out (it is chosen)")
+    kwargs.setdefault("max_loras", max_loras)
+    kwargs.setdefault("max_cpu_loras", kwargs["max_loras"] + 1)
+    return settings
+
+
+@dataclasses.dataclass
+class Adapter:
+    """One pushed adapter: vLLM's ``LoRARequest`` of it, its directory, the policy version it
+    is and the requests in flight on it (the streaming engine's)."""
+
+    request: Any
+    path: str
+    version: int = 0
+    requests: int = 0
+
+    @property
+    def id(self) -> int:
+        return self.request.lora_int_id
+
+
+class Adapters:
+    """The adapter directories of one engine: written (``write``), the current one
+    (``make_current``), removed (``discard``); the ids are new per push. Every directory still
+    there goes when the engine shuts down or is collected (``close``)."""
+
+    def __init__(self, settings: dict | None) -> None:
+        self.settings = settings
+        self.current: Adapter | None = None
+        self.live: dict[int, Adapter] = {}  # id -> adapter registered with vLLM (or being)
+        self._ids = itertools.count(1)
+        self._shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._paths: set[str] = set()
+        self._finalizer = weakref.finalize(self, remove_dirs, self._paths)
+
+    def write(self, named_tensors: Iterable[tuple[str, Any]], version: int = 0) -> Adapter:
+        """The adapter's tensors (PEFT's names) as a PEFT adapter directory and a new
+        ``LoRARequest`` of it (not registered with vLLM yet)."""
+        from vllm.lora.request import LoRARequest
+
+        path = tempfile.mkdtemp(prefix="gdpo-lora-", dir=self._shm)
+        self._paths.add(path)
+        try:
+            write_adapter(path, named_tensors, self.settings)
+        except BaseException:
+            self._remove(path)
+            raise
+        adapter_id = next(self._ids)
+        adapter = Adapter(LoRARequest(f"gdpo-lora-{adapter_id}", adapter_id, path), path, version)
+        self.live[adapter_id] = adapter
+        return adapter
+
+    def make_current(self, adapter: Adapter) -> Adapter | None:
+        """``adapter`` served from now on; returns the one it replaces."""
+        old, self.current = self.current, adapter
+        return old
+
+    def discard(self, adapter: Adapter) -> None:
+        """Forgets ``adapter`` (removed from vLLM, or never registered) and removes its directory."""
+        self.live.pop(adapter.id, None)
+        self._remove(adapter.path)
+
+    def digest_args(self) -> tuple[int | None, float]:
+        """(the current adapter's id or None, lora_alpha / r): what ``gdpo_weight_digests`` takes."""
+        if self.current is None:
+            return None, 1.0
+        return self.current.id, float(self.settings["lora_alpha"]) / self.settings["r"]
+
+    def paths(self) -> set[str]:
+        return set(self._paths)
+
+    def close(self) -> None:
+        self.live.clear()
+        self.current = None
+        self._finalizer()
+
+    def _remove(self, path: str) -> None:
+        self._paths.discard(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_dirs(paths: set[str]) -> None:
+    for path in list(paths):
+        shutil.rmtree(path, ignore_errors=True)
+    paths.clear()
+
+
+def write_adapter(path: str, named_tensors: Iterable[tuple[str, Any]], settings: Mapping[str, Any]) -> int:
+    """A PEFT adapter directory at ``path``: the tensors as ``adapter_model.safetensors`` (names as
+    PEFT saves them) and ``adapter_config.json`` (``gdpo_ray.lora.peft_config`` of ``settings``,
+    its ``save_pretrained``). Returns how many tensors; ValueError for a tensor that is
+    not an adapter's (a full-weight push into a LoRA engine)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from actors.vllm_worker_ext import is_lora_name
+    from gdpo_ray.lora import peft_config
+
+    tensors = {}
+    for name, t in named_tensors:
+        if not is_lora_name(name):
+            raise ValueError(f"this vllm engine serves a LoRA adapter (llm.lora): a push carries only "
+                             f"the adapter's tensors, named as PEFT saves them (e.g. "
+                             f"'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight'); got {name!r}")
+        tensors[name] = torch.as_tensor(t).contiguous()
+    if not tensors:
+        raise ValueError("an empty push: no adapter tensors")
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    peft_config(settings).save_pretrained(path)  # adapter_config.json
+    return len(tensors)
+
+
+def zero_adapter(model_path: str, settings: Mapping[str, Any]) -> dict:
+    """A PEFT adapter of ``settings`` for the model at ``model_path`` whose tensors are all zero
+    (what the base model computes), under PEFT's names: built from the model's config on the
+    meta device (no weights read), float32."""
+    import torch
+    from peft import get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gdpo_ray.lora import peft_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    state = get_peft_model_state_dict(get_peft_model(model, peft_config(settings)))
+    return {name: torch.zeros(t.shape, dtype=torch.float32) for name, t in state.items()}
+
+
+def one_worker(results: list) -> dict:
+    """The one worker's answer of a ``collective_rpc``; an engine of several workers holds
+    shards, whose digests this engine does not combine."""
+    if len(results) != 1:
+        raise NotImplementedError(f"weight_digests reads back one vLLM worker; this engine has "
+                                  f"{len(results)} (tensor/pipeline parallel): their shards are not combined")
+    return results[0]

@@ -6,16 +6,40 @@ rollout actor, so tensors cannot be handed over in memory: ``collective_rpc`` re
 arguments in the engine core, and tensors that arrived zero-copy cannot be pickled there
 ("cannot pickle memoryview objects"). A push is therefore one safetensors file (in
 ``/dev/shm``: memory, not disk) that the worker maps and loads through vLLM's own layer-wise
-``reload_weights``. This module imports nothing of gdpo-ray: the engine processes only need it
-on ``sys.path``.
+``reload_weights``.
+
+``gdpo_weight_digests`` reads back what the worker computes with, for the attestation of a push
+(``gdpo_ray.weights.digest``): the model's parameters, and the LoRA weights of an adapter as
+vLLM's LoRA manager holds them in the slot its kernels read. Where the worker holds several
+pushed tensors as one (vLLM's ``qkv_proj`` = q, k, v; ``gate_up_proj`` = gate, up; vocabulary
+padding rows are zeros), that one's digest is reported under the pushed names joined by
+``digest.FUSED``. On CPU, vLLM packs each linear layer's weight for its GEMM kernel (oneDNN, or
+sgl's AMX packing) and frees the parameter (it becomes an empty tensor): such a weight is read
+back through the layer's own kernel, ``cpu_linear(I) = W^T`` for an identity ``I`` (exact: every
+output element is one weight times 1 plus exact zeros; the one value that does not survive is a
+-0.0 weight, read back as +0.0). LoRA: vLLM merges the scale into lora_B as it loads an adapter
+(``lora_b *= lora_alpha / r``), so lora_B is read back as ``held / scale``, exact when the scale
+is a power of two (1, 2, 0.5, ...); for any other scale ``B`` cannot be recovered bit for bit
+from ``fl(B * scale)`` (about 15% of the elements differ by one ulp), and lora_B is left out
+of the report (the comparison then names those tensors as not reported). vLLM holds LoRA weights
+in the model's dtype (``lora_dtype`` is auto, float16 or bfloat16): a bfloat16 engine's
+adapter is reported as bfloat16 values converted to the dtype asked, so ask for "bfloat16"
+(digests of the sent tensors cast to it) there.
+
+This module imports nothing of gdpo-ray but ``gdpo_ray.weights.digest`` (where digests are
+taken, lazily): the engine processes only need the repository on ``sys.path``.
 """
 
 from __future__ import annotations
 
 
 import logging
+import math
+from typing import Any
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+FUSED = "+"  # gdpo_ray.weights.digest.FUSED
+PROBE_BYTES = 64 << 20  # the identity rows fed through a packed CPU linear at a time
 
 
 class _RotaryIsComputed(logging.Filter):
@@ -33,6 +57,11 @@ def quiet_rotary_reload_warning() -> None:
         logger.addFilter(_RotaryIsComputed())
 
 
+def is_lora_name(name: str) -> bool:
+    """A tensor of a PEFT LoRA adapter, as PEFT saves it (``...q_proj.lora_A.weight``)."""
+    return any(f".{part}" in name for part in ("lora_A.", "lora_B.", "lora_embedding_A", "lora_embedding_B"))
+
+
 class WeightsFromFile:
     """Mixed into vLLM's worker: ``self`` is the worker (``reload_weights`` is its method)."""
 
@@ -44,3 +73,131 @@ class WeightsFromFile:
         weights = load_file(path)
         self.reload_weights(weights_iterator=list(weights.items()))
         return len(weights)
+
+    def gdpo_weight_digests(self, sent: dict[str, str], lora_id: int | None = None,
+                            lora_scale: float = 1.0) -> dict[str, int]:
+        """The digest of what this worker holds of each pushed tensor (``sent``: name -> the
+        dtype it was sent in), read back from the model (full weights) and, for the LoRA names,
+        from adapter ``lora_id``'s slot in vLLM's LoRA layers (``lora_scale``: lora_alpha / r,
+        which vLLM merged into lora_B). See the module docstring."""
+        model = self.model_runner.get_model() if hasattr(self.model_runner, "get_model") else self.model_runner.model
+        full = {n: d for n, d in sent.items() if not is_lora_name(n)}
+        held = param_digests(model, full) if full else {}
+        lora = {n: d for n, d in sent.items() if is_lora_name(n)}
+        if lora and lora_id is not None:
+            held.update(lora_digests(self.model_runner.lora_manager, model, lora_id, lora_scale, lora))
+        return held
+
+
+def param_digests(model: Any, sent: dict[str, str]) -> dict[str, int]:
+    """Per parameter of ``model`` that holds pushed tensors: its digest under their names
+    (joined by FUSED where several were stacked into it)."""
+    from gdpo_ray.weights.digest import digest_as
+
+    params = {name.replace(".base_layer.", "."): (name, p)
+              for name, p in model.named_parameters(remove_duplicate=False)}
+    groups: dict[str, list[str]] = {}
+    for name in sent:
+        target = vllm_param_name(model, name, params)
+        if target is not None:
+            groups.setdefault(target, []).append(name)
+    held = {}
+    for target, names in groups.items():
+        full_name, p = params[target]
+        held[FUSED.join(names)] = held_digest(model, full_name, p, sent[names[0]], digest_as)
+    return held
+
+
+def vllm_param_name(model: Any, name: str, params: dict) -> str | None:
+    """The name of the vLLM parameter that holds checkpoint tensor ``name`` (the model's
+    ``hf_to_vllm_mapper``, then its ``packed_modules_mapping``), or None where it holds none."""
+    if name in params:
+        return name
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None:
+        mapped = (mapper.map_name if hasattr(mapper, "map_name") else mapper._map_name)(name)
+        if mapped is None:
+            return None
+        if mapped in params:
+            return mapped
+        name = mapped
+    for packed, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
+        for part in parts:
+            candidate = name.replace(f".{part}.", f".{packed}.", 1)
+            if candidate != name and candidate in params:
+                return candidate
+    return None
+
+
+def held_digest(model: Any, full_name: str, param: Any, dtype: str, digest_as: Any) -> int:
+    """A parameter's digest as ``dtype``; a CPU linear weight vLLM packed (and emptied) is read
+    back through the layer's kernel (module docstring)."""
+    if param.numel() > 0 or not full_name.endswith(".weight"):
+        return digest_as(param.data, dtype)
+    layer = model.get_submodule(full_name.rpartition(".")[0])
+    if not hasattr(layer, "cpu_linear"):
+        raise RuntimeError(f"vLLM holds {full_name} as an empty tensor and no CPU kernel to read it from")
+    import torch
+
+    k = layer.input_size_per_partition
+    kind = getattr(layer, "params_dtype", param.dtype)
+    rows = max(1, PROBE_BYTES // (k * torch.empty(0, dtype=kind).element_size()))
+    total = 0
+    with torch.no_grad():
+        for start in range(0, k, rows):
+            n = min(rows, k - start)
+            probe = torch.zeros(n, k, dtype=kind)
+            probe[torch.arange(n), torch.arange(start, start + n)] = 1
+            total += digest_as(layer.cpu_linear(probe, layer.weight, None), dtype)  # = W[:, start:start+n]^T
+    return total % (1 << 64)
+
+
+def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
+                 sent: dict[str, str]) -> dict[str, int]:
+    """Adapter ``lora_id``'s LoRA weights as its slot in vLLM's LoRA layers holds them (the
+    adapter activated into a slot first where it is not in one), per pushed PEFT name; a slot
+    holding non-zero weights no pushed name covers is reported under its PEFT name (so the
+    comparison flags it). lora_B only where ``scale`` is a power of two (module docstring)."""
+    import torch
+
+    from gdpo_ray.weights.digest import digest_as
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    manager = worker_manager._adapter_manager
+    if lora_id not in manager.list_adapters():
+        return {}
+    if lora_id not in manager.lora_index_to_id:
+        manager.activate_adapter(lora_id)
+    slot = manager.lora_index_to_id.index(lora_id)
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is not None and hasattr(mapper, "get_rename_mapper"):
+        mapper = mapper.get_rename_mapper()  # as vLLM's LoRA loader maps adapter names
+    wanted = {}
+    for name in sent:
+        try:
+            wanted[parse_fine_tuned_lora_name(name, mapper)] = name
+        except ValueError:
+            continue
+    exact_b = math.frexp(scale)[0] == 0.5  # a power of two: held / scale is exact
+    held = {}
+    for module_name, module in manager.modules.items():
+        a_stacked, b_stacked = getattr(module, "lora_a_stacked", None), getattr(module, "lora_b_stacked", None)
+        if not isinstance(a_stacked, (tuple, list)) or not isinstance(b_stacked, (tuple, list)):
+            continue  # embedding / logits LoRA layers: not read back (module docstring)
+        parts = manager.packed_modules.get(module_name, [module_name])
+        if len(parts) != len(a_stacked):
+            parts = [module_name] * len(a_stacked)
+        for part, a, b in zip(parts, a_stacked, b_stacked):
+            for is_a, tensor in ((True, a[slot]), (False, b[slot])):
+                if not is_a:
+                    if not exact_b:
+                        continue
+                    tensor = tensor / scale if scale != 1 else tensor
+                name = wanted.get((part, is_a))
+                if name is None:
+                    if bool(torch.any(tensor != 0)):
+                        name = f"base_model.model.{part}.lora_{'A' if is_a else 'B'}.weight"
+                        held[name] = (held.get(name, 0) + digest_as(tensor, str(tensor.dtype).removeprefix("torch."))) % (1 << 64)
+                    continue
+                held[name] = (held.get(name, 0) + digest_as(tensor, sent[name])) % (1 << 64)
+    return held

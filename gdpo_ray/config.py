@@ -81,6 +81,7 @@ FIELDS: dict[str, Field] = {
     "model_path": Field("llm", None, "a HF model directory, or demo | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
+    "lora": Field("llm", None, "LoRA adapters instead of full fine-tuning, in PEFT's names: {r (rank, required), lora_alpha (8), lora_dropout (0.0), target_modules (a list of module names, or all-linear: every linear layer but the output head; the default)}; null or {}: full fine-tuning (gdpo_ray.lora)", "mapping?", fixed_on_resume=True),
     # generation: the rollout engine
     "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.BatchEngine (StreamingEngine with mode streaming)"),
     "mode": Field("generation", None, "streaming (continuous batching, groups out as they finish, weights in flight; vllm) or batched (one batch per call); default: streaming on vllm, batched otherwise", "str?"),
@@ -127,7 +128,8 @@ def default(name: str) -> Any:
     return f.default.copy() if isinstance(f.default, (list, dict)) else f.default
 
 
-#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data
+#: what a resumed run must share with its checkpoint: the prompt state counts rows of this data,
+#: and the saved weights are those of this adapter (``llm.lora``; compared normalized)
 RESUME_FIXED = tuple(name for name, f in (FIELDS | RLLIB_FIELDS).items() if f.fixed_on_resume)
 
 

@@ -83,3 +83,25 @@ def resolve_model_path(spec: str) -> Path:
         target = Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
         return target if (target / "config.json").exists() else build_tiny_model(target)
     return Path(spec)
+
+
+def same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model directories hold the same model: one directory, or copies (the same
+    config, the same weight files of the same sizes)."""
+    import json
+
+    a, b = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
+    if a == b:
+        return True
+
+    def identity(folder: Path) -> tuple | None:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        config.pop("_name_or_path", None)
+        files = sorted((f.name, f.stat().st_size) for f in folder.iterdir()
+                       if f.suffix in (".safetensors", ".bin", ".pt"))
+        return json.dumps(config, sort_keys=True), files
+
+    return identity(a) is not None and identity(a) == identity(b)

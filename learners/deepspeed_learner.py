@@ -48,6 +48,7 @@ class LearnerConfig:
     loss: PolicyLossConfig = PolicyLossConfig()
     seed: int = 0
     num_threads: int = default("num_threads")
+    lora: Any = None  # llm.lora's PEFT settings (gdpo_ray.lora.lora_settings), or None: full weights
 
     def __post_init__(self) -> None:
         for name in ("zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",
@@ -144,7 +145,14 @@ class DeepSpeedLearner:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.lora:  # PEFT's LoRA layers: only the adapter is trained (and has optimizer state)
+            from peft import get_peft_model
+
+            from gdpo_ray.lora import peft_config
+
+            model = get_peft_model(model, peft_config(cfg.lora))
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
             "gradient_clipping": cfg.grad_clip, "zero_optimization": {"stage": cfg.zero_stage},
@@ -153,8 +161,9 @@ class DeepSpeedLearner:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.ref = None
         self.device = self.engine.device
-        self.sender, self.channel = WeightSender(self.engine, cfg.zero_stage), None
-        if cfg.loss.kl_coef > 0:  # the frozen reference policy of the KL term
+        self.sender, self.channel = WeightSender(self.engine, cfg.zero_stage, adapter_only=bool(cfg.lora)), None
+        if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
+            # (under LoRA the reference is the same model with its adapter disabled)
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
             self.ref.to(self.device).eval().requires_grad_(False)
 
@@ -239,6 +248,17 @@ class DeepSpeedLearner:
                         out[i] = lp[j, :len(rows[i].response)].cpu().numpy()
         return out
 
+    def _reference_logprobs(self, rows: list[_Row]):
+        """Logprobs under the reference policy of the KL term: the initial model, or under
+        LoRA the model with its adapter disabled (the base model, no second copy)."""
+        import contextlib
+
+        with self.torch.no_grad():
+            if self.ref is not None:
+                return self._logprobs(self.ref, rows)[0]
+            with self.engine.module.disable_adapter() if self.config.lora else contextlib.nullcontext():
+                return self._logprobs(self.engine, rows)[0]
+
     def _padded(self, values: Sequence[np.ndarray], width: int):
         out = np.zeros((len(values), width), np.float32)  # a copy: v may be a read-only Arrow view
         for i, v in enumerate(values):
@@ -262,9 +282,8 @@ class DeepSpeedLearner:
             logp, mask, ent = self._logprobs(self.engine, part, want_entropy=real)
             old_t = logp.detach() if old is None else self._padded([old[i] for i in idx], logp.shape[1])
             ref = None
-            if self.ref is not None:
-                with torch.no_grad():
-                    ref, _, _ = self._logprobs(self.ref, part)
+            if cfg.loss.kl_coef > 0:
+                ref = self._reference_logprobs(part)
             adv = torch.tensor([r.advantage for r in part], dtype=torch.float32, device=self.device)
             loss, metrics = policy_loss(
                 logp, old_t, adv, mask, cfg.loss,
@@ -291,9 +310,9 @@ class DeepSpeedLearner:
 
     # -- weights, checkpoints ----------------------------------------------------------------
 
-    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int] | None:
-        """Rank 0: (ObjectRefs of the weight buckets, largest bucket's bytes); None elsewhere.
-        Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any] | None:
+        """Rank 0: (ObjectRefs of the weight buckets, what was sent: ``digest.Sent``); None
+        elsewhere. Every rank must call it (ZeRO-3 gathers one parameter at a time)."""
         if self.rank != 0:
             self.sender.take_part()
             return None
@@ -311,9 +330,9 @@ class DeepSpeedLearner:
                                     "nccl" if self.device.type == "cuda" else "gloo")
         return self.channel.backend
 
-    def broadcast_weights(self, bucket_bytes: int) -> int | None:
+    def broadcast_weights(self, bucket_bytes: int) -> Any:
         """Rank 0 sends the weights over its broadcast channel (every rank takes part in the
-        ZeRO-3 gathers); returns the largest bucket's (vllm: tensor's) bytes on rank 0."""
+        ZeRO-3 gathers); returns what was sent (``digest.Sent``) on rank 0, None elsewhere."""
         if self.rank != 0:
             self.sender.take_part()
             return None
@@ -325,29 +344,53 @@ class DeepSpeedLearner:
         return out if self.rank == 0 else None
 
     def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, scheduler, RNG and step; under LoRA the adapter (the frozen base
+        weights are the model's own files) and its optimizer state."""
         torch = self.torch
         state = {"step": self.step, "torch_rng": torch.get_rng_state().tolist()}
-        self.engine.save_checkpoint(path, tag=f"step{self.step}", client_state=state)
+        self.engine.save_checkpoint(path, tag=f"step{self.step}", client_state=state,
+                                    exclude_frozen_parameters=bool(self.config.lora))
 
     def load_checkpoint(self, path: str) -> int:
         torch = self.torch
-        _, state = self.engine.load_checkpoint(path)
+        _, state = self.engine.load_checkpoint(path, load_module_strict=not self.config.lora)
         self.step = state["step"]
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         for group in self.engine.optimizer.param_groups:  # this run's settings, not the saved ones
             group["lr"], group["weight_decay"] = self.config.lr, self.config.weight_decay
         return self.step
 
-    def export_hf(self, path: str) -> None:
-        """The current policy as a HF model directory (rank 0 writes; all ranks must call)."""
+    def export_hf(self, path: str, merged: str | None = None) -> None:
+        """The current policy as a HF model directory (rank 0 writes; all ranks must call).
+        Under LoRA ``path`` is a PEFT adapter directory (``adapter_config.json`` naming the base
+        model: ``PeftModel.from_pretrained(base, path)``) and ``merged``, when given, the
+        adapter merged into the base model as a plain HF model directory."""
         weights = dict(self.sender.host_tensors())
-        if self.rank == 0:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+        if self.rank != 0:
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if not self.config.lora:
             model.load_state_dict(weights, strict=False)
             model.save_pretrained(path)
-            AutoTokenizer.from_pretrained(self.model_path).save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            return
+        from peft import get_peft_model, set_peft_model_state_dict
+
+        from gdpo_ray.lora import peft_config
+
+        config = peft_config(self.config.lora)
+        config.base_model_name_or_path = str(self.config.model_path)  # the driver's path
+        model = get_peft_model(model, config)
+        result = set_peft_model_state_dict(model, weights)
+        if getattr(result, "unexpected_keys", None):
+            raise RuntimeError(f"adapter tensors PEFT does not know: {result.unexpected_keys[:3]}")
+        model.save_pretrained(path)
+        if merged:
+            model.merge_and_unload().save_pretrained(merged)
+            tokenizer.save_pretrained(merged)
 
 
 #: how long the learners' placement group may wait for resources (an autoscaler adding nodes)
@@ -413,9 +456,10 @@ class LearnerGroup:
 
     # -- weights out (the transports of gdpo_ray.run.transports drive these) --------------
 
-    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
-        """The weights as buckets in the object store: (their ObjectRefs, the largest bucket's
-        bytes), from rank 0 (the others take part in the ZeRO-3 gathers)."""
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any]:
+        """The weights (under LoRA: the adapter) as buckets in the object store: (their
+        ObjectRefs, what was sent: ``gdpo_ray.weights.digest.Sent``), from rank 0 (the others
+        take part in the ZeRO-3 gathers)."""
         return self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
 
     def broadcast_address(self) -> tuple[str, int]:
@@ -427,8 +471,8 @@ class LearnerGroup:
         return self.learners[0].open_broadcast.remote(host, port, world_size)
 
     def broadcast_weights_async(self, bucket_bytes: int) -> list[Any]:
-        """Every rank's part of one broadcast (rank 0 sends): ObjectRefs, rank 0's the largest
-        bucket's bytes."""
+        """Every rank's part of one broadcast (rank 0 sends): ObjectRefs, rank 0's of what was
+        sent (``digest.Sent``)."""
         return [learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners]
 
     def _on_all(self, call) -> list[Any]:
@@ -444,9 +488,10 @@ class LearnerGroup:
         """``save_checkpoint``'s state back; returns the learner step."""
         return self._on_all(lambda learner: learner.load_checkpoint.remote(path))[0]
 
-    def export_hf(self, path: str) -> None:
-        """The policy as a Hugging Face model directory (rank 0 writes it)."""
-        self._on_all(lambda learner: learner.export_hf.remote(path))
+    def export_hf(self, path: str, merged: str | None = None) -> None:
+        """The policy as a Hugging Face model directory (rank 0 writes it); under LoRA a PEFT
+        adapter directory, and the merged model in ``merged`` (``DeepSpeedLearner.export_hf``)."""
+        self._on_all(lambda learner: learner.export_hf.remote(path, merged))
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The full weights (rank 0's, gathered under ZeRO-3)."""

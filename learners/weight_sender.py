@@ -1,6 +1,7 @@
 """A learner's sending side of a weight push: every parameter of its DeepSpeed engine, full, under
 the names and in the order a rollout engine loads them (the model's state dict, tied names such
-as ``lm_head.weight`` beside ``embed_tokens`` included, which vLLM's reload needs).
+as ``lm_head.weight`` beside ``embed_tokens`` included, which vLLM's reload needs); under LoRA
+only the adapter's tensors.
 
 One source, several shapes, one per transport (``gdpo_ray.weights``): host buckets for the
 object store and gloo (under ZeRO-1/2 on the host: byte ranges of DeepSpeed's flat parameter
@@ -15,16 +16,24 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from gdpo_ray.weights.buckets import bucket_bytes_of, pack_buckets, pack_flat_buckets
+from gdpo_ray.weights.buckets import pack_buckets, pack_flat_buckets
+from gdpo_ray.weights.digest import Sent
 
 
 class WeightSender:
-    def __init__(self, engine: Any, zero_stage: int) -> None:
-        self.engine, self.zero_stage = engine, zero_stage
+    """``adapter_only`` (``llm.lora``): only the trainable tensors, the adapter's, under the
+    names PEFT saves them with (``gdpo_ray.lora.adapter_key``): a push of megabytes."""
+
+    def __init__(self, engine: Any, zero_stage: int, adapter_only: bool = False) -> None:
+        self.engine, self.zero_stage, self.adapter_only = engine, zero_stage, adapter_only
         self.device = engine.device
 
     def _state(self) -> Iterable[tuple[str, Any]]:
-        return self.engine.module.state_dict(keep_vars=True).items()
+        if not self.adapter_only:
+            return self.engine.module.state_dict(keep_vars=True).items()
+        from gdpo_ray.lora import adapter_key
+
+        return [(adapter_key(name), p) for name, p in self.engine.module.named_parameters() if p.requires_grad]
 
     def _gathered(self, named: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         """(name, full float32 tensor on this learner's device), each ZeRO-3 parameter gathered
@@ -41,7 +50,7 @@ class WeightSender:
     def host_tensors(self, every_name: bool = True) -> Iterator[tuple[str, Any]]:
         """(name, full tensor on the host) of every state-dict entry (``every_name``) or of
         every parameter (``named_parameters``: tied weights once)."""
-        named = self._state() if every_name else self.engine.module.named_parameters()
+        named = self._state() if every_name or self.adapter_only else self.engine.module.named_parameters()
         for name, tensor in self._gathered(named):
             yield name, tensor.cpu()
 
@@ -75,16 +84,16 @@ class WeightSender:
     def device_buckets(self, bucket_bytes: int) -> Iterator[dict]:
         return pack_buckets(self.device_tensors(), bucket_bytes, on_device=True)
 
-    def put_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
-        """The host buckets written once into Ray's object store: (their ObjectRefs, the largest
-        bucket's bytes)."""
+    def put_buckets(self, bucket_bytes: int) -> tuple[list[Any], Sent]:
+        """The host buckets written once into Ray's object store: (their ObjectRefs, what was
+        sent: every tensor's digest and bucket, the bytes)."""
         import ray
 
-        refs, peak = [], 0
+        refs, sent = [], Sent()
         for bucket in self.host_buckets(bucket_bytes):
-            peak = max(peak, bucket_bytes_of(bucket))
+            sent.add_bucket(bucket)
             refs.append(ray.put(bucket))
-        return refs, peak
+        return refs, sent
 
     def flat_parameters(self) -> list[tuple[np.ndarray, list]] | None:
         """Under ZeRO-1/2 on the host every parameter is a view into DeepSpeed's flat buffers

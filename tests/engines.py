@@ -3,13 +3,12 @@ weights an engine or a rollout actor holds; no engine offers greedy decoding its
 user's own batch engine, given by import path."""
 
 from actors.engines import Sample
+from actors.hf_engine import HFEngine
 
 
 def greedy(engine, prompt_token_ids: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Greedy completions (argmax at every step, up to and including the stop token) of each
     prompt by an hf or vllm batch engine's model as it is now."""
-    from actors.hf_engine import HFEngine
-
     if not isinstance(engine, HFEngine):  # actors.vllm_engine.VLLMEngine
         from vllm import SamplingParams as VLLMSampling
 
@@ -39,8 +38,6 @@ def greedy_with(model_dir: str, weights: dict, prompts: list[str], max_tokens: i
     """``greedy`` of an hf engine on ``model_dir`` holding ``weights`` (name -> numpy array),
     each prompt as one chat-templated user message (as a rollout actor applies it)."""
     import torch
-
-    from actors.hf_engine import HFEngine
 
     engine = HFEngine(model_dir)
     engine.load_weights((k, torch.from_numpy(v)) for k, v in weights.items())
@@ -81,9 +78,13 @@ class ScriptedEngine:
         return out
 
     def load_weights(self, named_tensors) -> None:
-        for _ in named_tensors:
-            pass
+        from gdpo_ray.weights.digest import digest
+
+        self.held = {name: digest(tensor) for name, tensor in named_tensors}  # what it "computes with"
         self.loads += 1
+
+    def weight_digests(self, sent) -> dict:
+        return {name: self.held[name] for name in sent if name in self.held}
 
     def sleep(self) -> None:
         pass
@@ -93,3 +94,12 @@ class ScriptedEngine:
 
     def shutdown(self) -> None:
         pass
+
+
+class InertHFEngine(HFEngine):
+    """The hf engine with a load that silently does nothing (the fault of issue 30's tamper
+    test: an engine that keeps sampling from the weights it started with)."""
+
+    def load_weights(self, named_tensors) -> None:
+        for _ in named_tensors:
+            pass

@@ -29,6 +29,9 @@ class ChunkedHFEngine:
     def load_weights(self, named_tensors) -> None:
         self.inner.load_weights(named_tensors)
 
+    def weight_digests(self, sent):
+        return self.inner.weight_digests(sent)  # what the model holds: every push is attested
+
     def sleep(self) -> None:
         self.inner.sleep()
 

@@ -38,6 +38,7 @@ from gdpo_ray import model_files
 from gdpo_ray.advantages import compute_advantage_details
 from gdpo_ray.data import load_prompts
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix
+from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.model_files import resolve_model_path
 from gdpo_ray.reward_watch import RewardWatch
@@ -134,7 +135,8 @@ class GDPOConfig(AlgorithmConfig):
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature,
-            loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads)
+            loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
+            lora=lora_settings(self.lora))
 
     @property
     def rollout_actor_kwargs(self) -> dict:
@@ -142,7 +144,7 @@ class GDPOConfig(AlgorithmConfig):
                     engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=fields.generation_mode(self),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
-                    num_threads=self.num_threads, seed=self.seed or 0)
+                    num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora))
 
 
 class GDPO(Algorithm):
@@ -202,6 +204,7 @@ class GDPO(Algorithm):
         self.policy_version = 0
         self.counters = {"filtered_groups": 0, "learner_recoveries": 0, "trained_groups": 0}
         self._groups_during_update = 0  # groups that finished while the learners updated
+        self._pushed: dict = {}  # the last push's bytes and seconds
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
         if c.colocate:  # the rollout actors go into the learners' placement group
@@ -327,29 +330,21 @@ class GDPO(Algorithm):
         rollout actors, with the config's eval settings (``settings`` override them: samples,
         temperature, top_p, max_tokens, limit); None without a suite, or when the eval failed
         (logged; training goes on)."""
-        from gdpo_ray.run.eval_runner import evaluate
+        from gdpo_ray.run.eval_runner import evaluate_during_training
 
         c = self.config
         if self.eval_suite is None:
             return None
-        settings = dict(samples=c.eval_samples, temperature=c.eval_temperature, top_p=c.eval_top_p,
-                        max_tokens=c.eval_max_tokens, limit=c.eval_limit) | settings
-        try:
-            report = evaluate(self.eval_suite, rollouts=self.rollouts, progress=False,
-                              label=f"policy version {self.policy_version}", **settings)
-        except Exception as err:  # noqa: BLE001 - an actor died mid-eval, a suite's scorer failed
-            logger.warning("eval of %s at policy version %d failed (%s: %s); training goes on",
-                           self.eval_suite.name, self.policy_version, type(err).__name__, err)
-            return None
-        report["step"] = self.policy_version
-        self.last_eval = report
+        report = evaluate_during_training(self.eval_suite, self.rollouts, self.policy_version, **(dict(
+            samples=c.eval_samples, temperature=c.eval_temperature, top_p=c.eval_top_p,
+            max_tokens=c.eval_max_tokens, limit=c.eval_limit) | settings))
+        self.last_eval = report or self.last_eval
         return report
 
     def _eval_metrics(self) -> dict:
         report = self.evaluate_policy()
-        if report is None:
-            return {}
-        return {f"eval/{report['suite']}/{m}": v for m, v in report["overall"].items() if not np.isnan(v)}
+        return {} if report is None else {
+            f"eval/{report['suite']}/{m}": v for m, v in report["overall"].items() if not np.isnan(v)}
 
     def _update(self, groups, advantages: np.ndarray) -> dict:
         """The learner update; the rollout group is pumped while it runs (overlap)."""
@@ -372,8 +367,10 @@ class GDPO(Algorithm):
         one place a version goes out: after an update, a learner recovery, a restore)."""
         from gdpo_ray.run.transports import push_weights
 
-        push_weights(self.transport, self.rollouts, version)
+        start = time.perf_counter()
+        pushed = push_weights(self.transport, self.rollouts, version)
         self.policy_version = version
+        self._pushed = {"weights/push_bytes": float(pushed.sent.bytes), "weights/push_s": time.perf_counter() - start}
 
     def _step_metrics(self, step, groups, rewards, details, filtered) -> dict:
         lengths, reasons = response_lengths(groups), finish_reasons(groups)
@@ -390,6 +387,7 @@ class GDPO(Algorithm):
         values |= {"rollout/dropped_stale": float(self.buffer.dropped_stale),
                    # generation that overlapped the learning
                    "rollout/groups_during_update": float(self._groups_during_update),
+                   **self._pushed, "weights/attested": float(self.rollouts.ledger.attested),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}
         return values
 
@@ -470,8 +468,10 @@ class GDPO(Algorithm):
         self._push_weights(self.policy_version)
 
     def export_policy(self, path: str) -> str:
-        """The current policy as a Hugging Face model directory (from_pretrained / vLLM)."""
-        self.learners.export_hf(str(path))
+        """The current policy as a Hugging Face model directory (from_pretrained / vLLM); under
+        LoRA a PEFT adapter directory, and the merged model beside it in ``<path>-merged``."""
+        merged = f"{str(path).rstrip('/')}-merged" if lora_settings(self.config.lora) else None
+        self.learners.export_hf(str(path), merged)
         return str(path)
 
 

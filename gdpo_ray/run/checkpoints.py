@@ -21,6 +21,7 @@ import uuid
 from typing import Any, Callable
 
 from gdpo_ray import config as fields
+from gdpo_ray.lora import describe, flow, lora_settings
 
 #: written last into a checkpoint: only a directory holding it is a complete checkpoint
 COMPLETE_MARKER = "gdpo_checkpoint_complete"
@@ -175,18 +176,44 @@ def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
     """(field, saved value, this config's value) of every GDPO field that differs from the
     checkpoint's config. Raises ValueError, before anything starts, if a field marked
     ``fixed_on_resume`` (``gdpo_ray.config.RESUME_FIXED``) differs: the saved prompt state
-    would then point into other data."""
+    would then point into other data, or the saved weights be those of another adapter
+    (``llm.lora``, compared with PEFT's defaults filled in: ``{r: 8}`` is ``{r: 8, lora_alpha: 8}``)."""
     saved = saved_config(checkpoint)
     names = [*fields.FIELDS, *fields.RLLIB_FIELDS]
     changes = [(name, saved.get(name), getattr(config, name)) for name in names
-               if saved.get(name) != getattr(config, name)]
+               if _as_resumed(name, saved.get(name)) != _as_resumed(name, getattr(config, name))]
     for name, old, new in changes:
+        if name == "lora":
+            raise ValueError(f"--resume {checkpoint}: {_lora_change(old, new)}")
         if name in fields.RESUME_FIXED:
             section = (fields.FIELDS | fields.RLLIB_FIELDS)[name].section
             raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
                              f"and is {new!r} now; a run resumes on the data it started with (set it "
                              f"back, or start a new run)")
     return changes
+
+
+def _as_resumed(name: str, value: Any) -> Any:
+    """A field's value as a resume compares it: ``llm.lora`` normalized, the others as given."""
+    if name == "lora":
+        try:
+            return lora_settings(value)
+        except ValueError:  # not a valid setting (this run's is checked before): compared as given
+            return value
+    return value
+
+
+def _lora_change(old: Any, new: Any) -> str:
+    """What differs between the checkpoint's ``llm.lora`` and this run's, and the fix."""
+    before, after = _as_resumed("lora", old), _as_resumed("lora", new)
+    said = (f"llm.lora: the checkpoint was trained with {describe(before)}, this run asks for "
+            f"{describe(after)}")
+    if before and after:
+        differ = [f"{k} {flow(before[k])} -> {flow(after[k])}" for k in before if before[k] != after[k]]
+        said += f" ({', '.join(differ)})"
+    return (f"{said}; a run resumes the weights it saved, which are those of the checkpoint's "
+            f"adapter: set llm.lora back to {describe(before) if before else 'null'}, or start a "
+            f"new run")
 
 
 def saved_config(checkpoint: str) -> dict:
@@ -205,21 +232,31 @@ def saved_config(checkpoint: str) -> dict:
 def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     """A checkpoint's policy as a Hugging Face model directory ``out``: the learners' DeepSpeed
     state (any ZeRO stage, gathered to fp32 by DeepSpeed's ``zero_to_fp32``) in the run's base
-    model (its config and tokenizer)."""
+    model (its config and tokenizer); under ``llm.lora`` the adapter merged into it."""
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gdpo_ray.model_files import resolve_model_path
 
-    base = resolve_model_path(saved_config(checkpoint)["model_path"])
-    weights = get_fp32_state_dict_from_zero_checkpoint(str(pathlib.Path(checkpoint) / "learner"))
+    saved = saved_config(checkpoint)
+    base, lora = resolve_model_path(saved["model_path"]), lora_settings(saved.get("lora"))
+    weights = get_fp32_state_dict_from_zero_checkpoint(str(pathlib.Path(checkpoint) / "learner"),
+                                                       exclude_frozen_parameters=bool(lora))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if lora:  # the checkpoint holds the adapter alone (the base weights are the model's files)
+        from peft import get_peft_model
+
+        from gdpo_ray.lora import peft_config
+
+        model = get_peft_model(model, peft_config(lora))
     missing, unexpected = model.load_state_dict(weights, strict=False)
+    if lora:
+        missing = [k for k in missing if "lora_" in k]
     missing = sorted(set(missing) - set(getattr(model, "_tied_weights_keys", None) or ()))
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint}: its weights do not fit the base model {base} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    model.save_pretrained(out)
+    (model.merge_and_unload() if lora else model).save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
     return out

@@ -56,6 +56,7 @@ def _load_run(args: argparse.Namespace, command: str):
 
 
 def _train(args: argparse.Namespace) -> int:
+    from actors.attestation import WeightPushFailed
     from actors.rollout import PromptsExhausted
     from gdpo_ray.reward_watch import RewardFailure
     from gdpo_ray.run.checkpoints import WriteFailed
@@ -66,7 +67,7 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gdpo-ray train: {err}", file=sys.stderr)
         return 2
-    except (RewardFailure, PromptsExhausted, WriteFailed) as err:
+    except (RewardFailure, PromptsExhausted, WriteFailed, WeightPushFailed) as err:
         print(f"gdpo-ray train: stopped: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # before the run set its own handlers (loading the config)

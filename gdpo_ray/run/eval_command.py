@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 DESCRIPTION = """\
-Evaluate POLICY (a model directory such as a run's policy/, a run directory, or 'demo') on a
-suite, as the paper evaluates: n samples per item at temperature 0.6 / top-p 0.95 by default,
+Evaluate POLICY (a model directory such as a run's policy/, a run directory, a LoRA adapter
+directory, a training checkpoint, or 'demo') on a suite, as the paper evaluates: n samples per item at temperature 0.6 / top-p 0.95 by default,
 avg@n of each metric. Or score a file of completions (--completions FILE.jsonl: one
 {"id": ..., "completions": [...]} per line) without a model. Writes a JSON report (--output;
 default: eval/<suite>.json in the run directory, or in the current folder) and prints a table.
@@ -24,6 +24,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("policy", nargs="?", help="model directory, run directory or 'demo'")
     p.add_argument("--suite", help="task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>")
+    p.add_argument("--base", metavar="MODEL", help="a LoRA adapter's base model (default: the one "
+                   "its adapter_config.json names; another model is refused)")
     p.add_argument("--completions", metavar="FILE", help="score these completions (no model)")
     p.add_argument("--tokenizer", help="with --completions: count response tokens with this "
                    "model's tokenizer (for exceed_ratio)")
@@ -122,14 +124,17 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
     suite = make_suite(args.suite, length_limit=args.length_limit)
     try:
         if args.policy is not None:
-            resolve_policy(args.policy)  # a bad path fails before Ray starts
+            policy = resolve_policy(args.policy, args.base)  # a bad path fails before Ray starts
             from gdpo_ray.run.train import start_ray
 
             start_ray(None, args.num_cpus or os.cpu_count() or 1, [])
-        return evaluate(suite, policy=args.policy, completions_file=args.completions, samples=args.samples,
+        else:
+            policy = None
+        return evaluate(suite, policy=policy, completions_file=args.completions, samples=args.samples,
                         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                         limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
                         num_actors=args.num_actors, chat_template=not args.no_chat_template,
-                        tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens)
+                        tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                        label=args.policy)
     finally:
         suite.close()

@@ -8,7 +8,8 @@ process, code in the sandbox: item by item, or over ``score_threads`` threads fo
 scorer waits on sandbox processes (``Suite.parallel_scoring``).
 
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
-``policy/``), a training checkpoint (its learners' weights exported into the run's base model,
+``policy/``, or under LoRA its ``policy-merged/``), a PEFT LoRA adapter directory (merged into its
+base model, ``merge_adapter``), a training checkpoint (its learners' weights exported into the run's base model,
 ``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or the name ``demo`` (the demo's
 warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
 that cannot read its path (``gdpo_ray.model_files``).
@@ -24,7 +25,9 @@ from __future__ import annotations
 import _thread
 import concurrent.futures
 import contextlib
+import functools
 import json
+import logging
 import os
 import signal
 import threading
@@ -37,16 +40,25 @@ from gdpo_ray import model_files
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
+logger = logging.getLogger(__name__)
 
-def resolve_policy(policy: str) -> str:
-    """The model directory ``policy`` stands for (see the module docstring)."""
+
+@functools.lru_cache(maxsize=8)
+def resolve_policy(policy: str, base: str | None = None) -> str:
+    """The model directory ``policy`` stands for (see the module docstring); ``base``: the base
+    model of a LoRA adapter (default: the one its ``adapter_config.json`` names)."""
     if policy == "demo":
         from gdpo_ray.warm_start import demo_model_dir
 
         return str(demo_model_dir())
     path = Path(policy).expanduser()
-    if (path / "policy" / "config.json").is_file():
-        return str(path / "policy")
+    for policy_dir in (path / "policy-merged", path / "policy"):  # a run directory (LoRA: merged)
+        if (policy_dir / "config.json").is_file():
+            return str(policy_dir)
+    if (path / "policy" / "adapter_config.json").is_file():
+        path = path / "policy"
+    if (path / "adapter_config.json").is_file():
+        return merge_adapter(path, base)
     if (path / "config.json").is_file():
         return str(path)
     if (path / "class_and_ctor_args.pkl").is_file():  # a training checkpoint: its policy exported
@@ -55,8 +67,40 @@ def resolve_policy(policy: str) -> str:
         from gdpo_ray.run.checkpoints import export_checkpoint_policy
 
         return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
-    raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a run directory "
-                     f"(no policy/ in it) or 'demo'")
+    raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a LoRA adapter "
+                     f"directory (no adapter_config.json), a run directory (no policy/ in it), a "
+                     f"training checkpoint or 'demo'")
+
+
+def merge_adapter(adapter: Path, base: str | None = None) -> str:
+    """A PEFT adapter directory merged into its base model: a temporary Hugging Face model
+    directory. ``base`` (a path or a model name such as ``smollm2``) must be the model the
+    adapter was trained on: another one is refused, naming both."""
+    import tempfile
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gdpo_ray.model_files import resolve_model_path, same_model
+
+    trained_on = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if base is not None and trained_on and not same_model(resolve_model_path(base), trained_on):
+        raise ValueError(f"the adapter {adapter} was trained on the base model {trained_on}, not on "
+                         f"{base} (--base): evaluate it on its own base model (leave --base out), or "
+                         f"evaluate an adapter trained on {base}")
+    if base is None and not trained_on:
+        raise ValueError(f"the adapter {adapter} does not name its base model (adapter_config.json's "
+                         f"base_model_name_or_path): give it with --base MODEL")
+    model_dir = resolve_model_path(base or trained_on)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"the adapter {adapter}'s base model {base or trained_on} is not a model "
+                         f"directory here (no config.json): give its path with --base MODEL")
+    out = tempfile.mkdtemp(prefix="gdpo-eval-merged-")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
 
 
 def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None,
@@ -269,3 +313,16 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings)
+
+
+def evaluate_during_training(suite: Suite, rollouts: RolloutGroup, version: int, **settings: Any) -> dict | None:
+    """``evaluate`` of the policy ``version`` of a run's rollout group (``GDPO.evaluate_policy``),
+    its report's ``step`` that version; None when it failed (logged: training goes on)."""
+    try:
+        report = evaluate(suite, rollouts=rollouts, progress=False, label=f"policy version {version}", **settings)
+    except Exception as err:  # noqa: BLE001 - an actor died mid-eval, a suite's scorer failed
+        logger.warning("eval of %s at policy version %d failed (%s: %s); training goes on",
+                       suite.name, version, type(err).__name__, err)
+        return None
+    report["step"] = version
+    return report

@@ -4,7 +4,8 @@
 run it first) checks, each failure a ``ValueError`` naming the setting, file or line and the fix:
 
 1. the model: demo | tiny | smollm2, a local Hugging Face directory (with config.json), or a
-   hub name already in the local Hugging Face cache;
+   hub name already in the local Hugging Face cache; with ``llm.lora``, every name of its
+   ``target_modules`` is a linear layer of the model (built from its config, no weights read);
 2. the dataset, read in full (``gdpo_ray.data``): prompts, ids, nested columns;
 3. the rewards: resolved (imports, params), and every column a reward's signature requires is
    in the dataset and not null in any row;
@@ -80,6 +81,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
 
     c = config
     check_model(c.model_path)
+    check_lora(c)
     check_context(c)
     source = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0),
                           prompt_column=c.prompt_column, id_column=c.id_column,
@@ -134,6 +136,16 @@ def check_model(spec: Any) -> None:
     raise ValueError(f"llm.model_path {spec!r} does not exist; give a Hugging Face model directory "
                      f"(with config.json), a hub name in the local cache, or one of "
                      f"{', '.join(BUILT_IN_MODELS)}")
+
+
+def check_lora(c: Any) -> None:
+    """``llm.lora`` (checked by itself in ``validation.check``) targets modules the model has."""
+    from gdpo_ray.lora import check_target_modules, lora_settings
+    from gdpo_ray.model_files import resolve_model_path
+
+    settings = lora_settings(c.lora)
+    if settings is not None:
+        check_target_modules(settings, resolve_model_path(c.model_path))
 
 
 def context_length(spec: Any) -> int | None:

@@ -350,7 +350,11 @@ class TrainingRun:
                 policy = algo.export_policy(str(self.run_dir / "policy"))
             except OSError as err:  # a learner's, raised on its actor
                 raise WriteFailed("policy", self.run_dir / "policy", err) from None
-            print(f"gdpo-ray: policy (Hugging Face format) {policy}")
+            if Path(f"{policy}-merged").is_dir():  # LoRA: the adapter, and merged into the base
+                print(f"gdpo-ray: policy (a PEFT LoRA adapter) {policy}, merged into the base model "
+                      f"(Hugging Face format) {policy}-merged")
+            else:
+                print(f"gdpo-ray: policy (Hugging Face format) {policy}")
         if stop.received is None:
             self._final_eval(algo)
 

@@ -35,6 +35,7 @@ import ray
 from ray.actor import ActorHandle
 
 from actors.rollout_group import RolloutGroup
+from gdpo_ray.weights.digest import Sent
 from learners.deepspeed_learner import LearnerGroup
 
 logger = logging.getLogger(__name__)
@@ -42,14 +43,22 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Pushed:
-    """One version sent. ``buckets``: ObjectRefs each receiver loads (and an actor started
-    later), or None when every receiver has loaded the version already; ``replace``: actors to
-    be replaced (their part of a broadcast failed); ``peak_bytes``: the largest bucket's."""
+    """One version sent. ``sent``: what the sender sent (each tensor's digest and bucket, the
+    bytes: ``gdpo_ray.weights.digest.Sent``); ``buckets``: ObjectRefs each receiver loads (and
+    an actor started later), or None when every receiver has loaded the version already;
+    ``reports``: the receivers' attestations in hand already (a broadcast's parts); ``replace``:
+    actors to be replaced (their part of a broadcast failed)."""
 
     version: int
-    peak_bytes: int
+    sent: Sent
     buckets: list[ray.ObjectRef] | None = None
+    reports: tuple[tuple[ActorHandle, dict], ...] = ()
     replace: tuple[ActorHandle, ...] = ()
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest bucket's bytes (or tensor's, for vLLM's transfer)."""
+        return self.sent.peak_bytes
 
 
 class WeightTransport(Protocol):
@@ -69,8 +78,8 @@ class ObjectStoreTransport:
         self.learners, self.bucket_bytes = learners, bucket_bytes
 
     def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
-        refs, peak = self.learners.weight_buckets(self.bucket_bytes)
-        return Pushed(version, peak, buckets=refs)
+        refs, sent = self.learners.weight_buckets(self.bucket_bytes)
+        return Pushed(version, sent, buckets=refs)
 
     def close(self) -> None:
         """Nothing is held between sends."""
@@ -103,14 +112,14 @@ class BroadcastTransport:
         host, port = self.learners.broadcast_address()
         world = 1 + len(receivers)
         parts = [(a, a.join_broadcast.remote(host, port, i + 1, world)) for i, a in enumerate(receivers)]
-        self.backend = self._settle([self.learners.open_broadcast_async(host, port, world)], parts)[0]
+        self.backend = self._settle([self.learners.open_broadcast_async(host, port, world)], parts)[0][0]
         self.members = list(receivers)
 
     def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
         try:
             self.connect(receivers)
             parts = [(a, a.receive_weights.remote(version)) for a in receivers]
-            peak = self._settle(self.learners.broadcast_weights_async(self.bucket_bytes), parts)[0]
+            results, reports = self._settle(self.learners.broadcast_weights_async(self.bucket_bytes), parts)
         except _Broken as broken:
             logger.warning("weight broadcast of version %d failed (%s); replacing %d rollout "
                            "actor(s) and pushing through the object store", version, broken,
@@ -118,17 +127,17 @@ class BroadcastTransport:
             self.close()
             pushed = self._fallback.send(version, receivers)
             return dataclasses.replace(pushed, replace=tuple(broken.actors))
-        return Pushed(version, peak)
+        return Pushed(version, results[0], reports=tuple(reports))
 
     def close(self) -> None:
         self.members = None
 
     def _settle(self, learner_refs: list[ray.ObjectRef],
-                parts: list[tuple[ActorHandle, ray.ObjectRef]]) -> list:
-        """The learners' results of a broadcast step whose other members are ``parts``. Raises
-        a learner's death as it is; any other failure as ``_Broken`` naming the actors whose
-        part did not complete (those still waiting ``grace_s`` after the learners gave up are
-        stuck in the collective)."""
+                parts: list[tuple[ActorHandle, ray.ObjectRef]]) -> tuple[list, list]:
+        """The learners' results of a broadcast step whose other members are ``parts``, and the
+        members' (actor, result). Raises a learner's death as it is; any other failure as
+        ``_Broken`` naming the actors whose part did not complete (those still waiting
+        ``grace_s`` after the learners gave up are stuck in the collective)."""
         try:
             results, failed = ray.get(learner_refs), None
         except ray.exceptions.RayActorError:
@@ -137,18 +146,18 @@ class BroadcastTransport:
             results, failed = None, err
         refs = [ref for _, ref in parts]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.grace_s if failed else None)
-        broken = []
+        broken, members = [], []
         for actor, ref in parts:
             if ref not in done:
                 broken.append(actor)
                 continue
             try:
-                ray.get(ref)
+                members.append((actor, ray.get(ref)))
             except ray.exceptions.RayError:
                 broken.append(actor)
         if failed is not None or broken:
             raise _Broken(broken or [a for a, _ in parts], failed or "a rollout actor died")
-        return results
+        return results, members
 
 
 TRANSPORTS: dict[str, type[WeightTransport]] = {"object_store": ObjectStoreTransport, "broadcast": BroadcastTransport}
@@ -163,10 +172,15 @@ def make_transport(name: str, learners: LearnerGroup, bucket_bytes: int) -> Weig
 
 def push_weights(transport: WeightTransport, rollouts: RolloutGroup, version: int) -> Pushed:
     """``version`` to every rollout actor of ``rollouts`` (a ``RolloutGroup``) through
-    ``transport``; too-stale buffered groups are re-issued (``on_update``)."""
+    ``transport``; too-stale buffered groups are re-issued (``on_update``). What was sent goes
+    to the group's ``PushLedger``, with the reports in hand; the others are checked as they
+    arrive (``actors.attestation``)."""
     rollouts.collect()  # actors that died since the last push (their calls failed): replaced
     pushed = transport.send(version, rollouts.receivers())
+    rollouts.ledger.expect(version, pushed.sent)
     if pushed.replace:
         rollouts.restart(pushed.replace)
+    for actor, report in pushed.reports:
+        rollouts.ledger.report(rollouts.label(actor), version, report)
     rollouts.on_update(version, pushed.buckets)
     return pushed

@@ -12,6 +12,7 @@ from actors.engines import SamplingParams, engine_class
 from gdpo_ray import config as fields
 from gdpo_ray.advantages import ESTIMATORS
 from gdpo_ray.eval.suites import make_suite
+from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.rewards import RewardSpec, check_specs
 from gdpo_ray.run.transports import TRANSPORTS
@@ -21,6 +22,7 @@ def check(config: Any) -> None:
     """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
     c = config
     fields.check_fields(c)
+    lora_settings(c.lora)  # its keys and values; the model's module names: preflight.check_lora
     if c.estimator not in ESTIMATORS:
         raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
                          "use .training(estimator='gdpo')")
@@ -82,7 +84,13 @@ def _check_engine(c: Any) -> None:
     mode = fields.generation_mode(c)
     if mode not in ("streaming", "batched"):
         raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
-    engine_class(c.engine, mode).check_sampling(SamplingParams(**fields.sampling_params(c)))
+    cls = engine_class(c.engine, mode)
+    cls.check_sampling(SamplingParams(**fields.sampling_params(c)))
+    if lora_settings(c.lora) and not _takes(cls, "lora"):
+        raise ValueError(f"llm.lora trains a LoRA adapter, and generation.engine {c.engine!r} "
+                         f"({cls.__module__}.{cls.__qualname__}) cannot serve one: its __init__ takes "
+                         f"no lora= argument (the PEFT settings; see actors.engines.BatchEngine); use "
+                         f"engine 'hf' or 'vllm', or leave llm.lora out")
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "
@@ -106,3 +114,11 @@ def _check_gspo(c: Any) -> None:
             f"ratio_level='sequence' (GSPO) averages the policy loss over rollouts (each term is "
             f"already a per-token mean), so loss_agg={c.loss_agg!r} would be ignored there; use "
             f".training(loss_agg='seq_mean_token_mean'), which the KL term then follows too")
+
+
+def _takes(cls: type, argument: str) -> bool:
+    """Whether ``cls(...)`` accepts the keyword ``argument`` (by name or through ``**kwargs``)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters.values()
+    return any(p.name == argument or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -1,7 +1,8 @@
 """The weight wire format: a model's parameters in buckets of bounded size.
 
-A bucket is ``{"names", "dtypes", "shapes", "arrays"}`` with one uint8 array of raw bytes per
-tensor (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
+A bucket is ``{"names", "dtypes", "shapes", "digests", "arrays"}`` with one uint8 array of raw
+bytes per tensor and each tensor's digest (``gdpo_ray.weights.digest``, taken while packing, for
+the attestation of every push) (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
 byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_buckets``:
 DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
 speed). A single tensor larger than the bucket size travels alone. Peak extra memory on the
@@ -15,6 +16,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from gdpo_ray.weights.digest import digest_raw
+
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
                  on_device: bool = False) -> Iterator[dict]:
@@ -26,7 +29,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
     tensors' device (CUDA buckets for an NCCL broadcast)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
-    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "arrays": []}
+    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "digests": [], "arrays": []}
     size = 0
     for name, tensor in named_tensors:
         flat = tensor.detach() if on_device else tensor.detach().cpu()
@@ -34,9 +37,11 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
         raw = raw if on_device else raw.numpy()
         if bucket["names"] and size + raw.nbytes > bucket_bytes:
             yield bucket
-            bucket, size = {"names": [], "dtypes": [], "shapes": [], "arrays": []}, 0
+            bucket, size = {"names": [], "dtypes": [], "shapes": [], "digests": [], "arrays": []}, 0
+        dtype = str(tensor.dtype).removeprefix("torch.")
         bucket["names"].append(name)
-        bucket["dtypes"].append(str(tensor.dtype).removeprefix("torch."))
+        bucket["dtypes"].append(dtype)
+        bucket["digests"].append(digest_raw(raw, dtype))
         bucket["shapes"].append(tuple(tensor.shape))
         bucket["arrays"].append(raw)
         size += raw.nbytes
@@ -61,10 +66,11 @@ def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, t
             yield bucket
             bucket = None
         if bucket is None:
-            bucket = {"names": [], "dtypes": [], "shapes": [], "offsets": []}
+            bucket = {"names": [], "dtypes": [], "shapes": [], "digests": [], "offsets": []}
             start = end = offset
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
+        bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype))
         bucket["shapes"].append(tuple(shape))
         bucket["offsets"].append(offset - start)
         end = max(end, offset + nbytes)

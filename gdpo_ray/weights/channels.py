@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 import numpy as np
 
 from gdpo_ray.weights.buckets import bucket_offsets, tensor_views
+from gdpo_ray.weights.digest import Sent, digest, recorded
 
 BACKENDS = ("gloo", "nccl", "vllm")
 # NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected") unless this
@@ -177,22 +178,22 @@ class GlooChannel:
         opts.rootRank, opts.rootTensor = 0, 0
         self.group.broadcast([tensor], opts).wait()
 
-    def send(self, sender: Any, bucket_bytes: int) -> int:
-        """Rank 0: every bucket of the sender's weights, then the end mark; returns the largest
-        bucket's bytes."""
+    def send(self, sender: Any, bucket_bytes: int) -> Sent:
+        """Rank 0: every bucket of the sender's weights, then the end mark; returns what was
+        sent (digests, buckets, bytes)."""
         import torch
 
-        peak = 0
+        sent = Sent()
         for bucket in self._buckets(sender, bucket_bytes):
             header = pickle.dumps({k: bucket[k] for k in ("names", "dtypes", "shapes")}
                                   | {"offsets": bucket_offsets(bucket)})
             data = self._data(bucket)
-            peak = max(peak, data.nbytes)
+            sent.add(bucket["names"], bucket["dtypes"], bucket["digests"], data.nbytes)
             self._broadcast(torch.tensor([len(header), data.nbytes], dtype=torch.int64, device=self.device))
             self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device))
             self._broadcast(data)
         self._broadcast(torch.zeros(2, dtype=torch.int64, device=self.device))
-        return peak
+        return sent
 
     def receive(self) -> Iterator[tuple[str, Any]]:
         """Ranks 1..n: (name, tensor on this member's device) of every parameter of one version,
@@ -212,10 +213,12 @@ class GlooChannel:
             self._broadcast(data)
             yield from tensor_views(data, meta["names"], meta["dtypes"], meta["shapes"], meta["offsets"])
 
-    def receive_into(self, engine: Any, version: int) -> None:
+    def receive_into(self, engine: Any, version: int) -> dict[str, str]:
         """Ranks 1..n: one version into a batch engine's ``load_weights`` (the actor labels it
-        ``version``)."""
-        engine.load_weights(self.receive())
+        ``version``); returns what was received (name -> dtype), for the attestation."""
+        received: dict[str, str] = {}
+        engine.load_weights(recorded(self.receive(), received))
+        return received
 
 
 class NcclChannel(GlooChannel):
@@ -285,15 +288,15 @@ class VllmChannel:
     def close(self) -> None:
         """vLLM's group goes with its last reference."""
 
-    def send(self, sender: Any, bucket_bytes: int) -> int:
+    def send(self, sender: Any, bucket_bytes: int) -> Sent:
         """Rank 0: one NCCL broadcast per tensor, in the order of the sender's ``update_info``
         (``{"names", "dtype_names", "shapes"}``, published to the receivers at the first send);
-        returns the largest tensor's bytes."""
+        returns what was sent (each tensor's digest, taken on the device; one "bucket" each)."""
         import torch
 
         update_info = sender.update_info()
         self._publish(update_info)
-        stream, peak = torch.cuda.current_stream(), 0
+        stream, sent = torch.cuda.current_stream(), Sent()
         expected = zip(update_info["names"], update_info["dtype_names"], update_info["shapes"])
         for (name, tensor), (want, dtype, shape) in zip(sender.device_tensors(), expected, strict=True):
             if (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape)) != (want, dtype, shape):
@@ -301,9 +304,9 @@ class VllmChannel:
                                    f"match the announced {want!r} {dtype} {tuple(shape)}")
             tensor = tensor.contiguous()
             self.group.broadcast(tensor, src=0, stream=stream)
-            peak = max(peak, tensor.nbytes)
+            sent.add([name], [dtype], [digest(tensor)], tensor.nbytes)
         stream.synchronize()
-        return peak
+        return sent
 
     def _publish(self, update_info: dict) -> None:
         if self._published is None:
@@ -319,8 +322,11 @@ class VllmChannel:
             self._published = json.loads(self.store.get("gdpo/update_info"))
         return self._published
 
-    def receive_into(self, engine: WeightReceiver, version: int) -> None:
-        engine.receive_broadcast(self.update_info(), version)
+    def receive_into(self, engine: WeightReceiver, version: int) -> dict[str, str]:
+        """Ranks 1..n: one version through vLLM's transfer; returns what was received."""
+        info = self.update_info()
+        engine.receive_broadcast(info, version)
+        return dict(zip(info["names"], info["dtype_names"]))
 
 
 CHANNELS = {"gloo": GlooChannel, "nccl": NcclChannel, "vllm": VllmChannel}

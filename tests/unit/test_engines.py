@@ -19,6 +19,7 @@ class EchoEngine:
 
     def generate(self, prompt_token_ids, n, sampling, logprobs=True): ...
     def load_weights(self, named_tensors): ...
+    def weight_digests(self, sent): ...
     def sleep(self): ...
     def wake_up(self): ...
     def shutdown(self): ...
@@ -43,6 +44,7 @@ class StreamEcho:
     async def sample(self, prompt_token_ids, sampling, logprobs=True): ...
     async def generate(self, prompt_token_ids, n, sampling, logprobs=True): ...
     def write_weights(self, named_tensors): ...
+    async def weight_digests(self, sent): ...
     async def push(self, path, version): ...
     async def sleep(self): ...
     async def wake_up(self): ...
@@ -70,11 +72,11 @@ HERE = "tests.unit.test_engines"
 def test_the_protocols_are_exactly_what_the_actors_call():
     # (method -> whether the actor awaits it), then the attributes it reads
     assert protocol_members(BatchEngine) == (
-        {"check_sampling": False, "generate": False, "load_weights": False, "sleep": False,
-         "wake_up": False, "shutdown": False}, ("tokenizer", "device", "weight_transfer"))
+        {"check_sampling": False, "generate": False, "load_weights": False, "weight_digests": False,
+         "sleep": False, "wake_up": False, "shutdown": False}, ("tokenizer", "device", "weight_transfer"))
     assert protocol_members(StreamingEngine) == (
-        {"check_sampling": False, "sample": True, "generate": True, "write_weights": False, "push": True,
-         "sleep": True, "wake_up": True, "shutdown": False},
+        {"check_sampling": False, "sample": True, "generate": True, "write_weights": False,
+         "weight_digests": True, "push": True, "sleep": True, "wake_up": True, "shutdown": False},
         ("tokenizer", "device", "weight_transfer", "max_num_seqs", "active", "pause_s"))
     assert protocol_members(WeightReceiver) == ({"join_weight_transfer": False, "receive_broadcast": False}, ())
     assert protocol_members(AsyncWeightReceiver) == ({"join_weight_transfer": True, "receive_broadcast": True}, ())
@@ -112,10 +114,10 @@ def test_a_class_missing_methods_is_refused_naming_exactly_those():
         engine_class(f"{HERE}:Broken")
     assert str(err.value) == (
         f"engine '{HERE}:Broken' ({HERE}:Broken) does not fulfil actors.engines.BatchEngine, what "
-        "generation.mode='batched' calls: missing: generate, load_weights. Write them as the "
-        "protocol's docstrings say")
-    with pytest.raises(ValueError, match="missing: check_sampling, generate, load_weights, sleep, "
-                                         "wake_up, shutdown"):
+        "generation.mode='batched' calls: missing: generate, load_weights, weight_digests. Write them "
+        "as the protocol's docstrings say")
+    with pytest.raises(ValueError, match="missing: check_sampling, generate, load_weights, weight_digests, "
+                                         "sleep, wake_up, shutdown"):
         engine_class("json:loads")  # a function, not an engine
 
 
@@ -131,14 +133,14 @@ def test_a_streaming_engine_must_be_async_where_the_actor_awaits():
         engine_class(f"{HERE}:EchoEngine", "streaming")
     assert str(err.value).endswith(
         "calls: missing: sample, write_weights, push; not async (declare them async def): generate, "
-        "sleep, wake_up. Write them as the protocol's docstrings say; or, as it fulfils BatchEngine, use "
+        "weight_digests, sleep, wake_up. Write them as the protocol's docstrings say; or, as it fulfils BatchEngine, use "
         "generation.mode='batched'")
     # and the other way round
     with pytest.raises(ValueError) as err:
         engine_class(f"{HERE}:StreamEcho")
     assert str(err.value).endswith(
         "calls: missing: load_weights; async where the actor calls them plainly (declare them def): "
-        "generate, sleep, wake_up. Write them as the protocol's docstrings say; or, as it fulfils "
+        "generate, weight_digests, sleep, wake_up. Write them as the protocol's docstrings say; or, as it fulfils "
         "StreamingEngine, use generation.mode='streaming'")
 
 

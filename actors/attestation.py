@@ -1,0 +1,134 @@
+"""Attestation of weight pushes: no rollout actor goes on sampling from weights it was not sent.
+
+For every push the sender records what it sent (``gdpo_ray.weights.digest.Sent``: each tensor's
+digest, dtype and bucket); every rollout actor, once its engine has loaded the version, reports
+the digests of what the engine holds (``RolloutActor.attest``, read back from the engine). The
+``PushLedger`` (held by the ``RolloutGroup``, fed by the transports) compares them as the
+reports arrive, without waiting for them: the rollout actors keep generating. A push is
+attested once every actor it went to has reported matching digests (``attested``: the metric
+``weights/attested``). A mismatch, a load that raised, or an actor that has not reported a
+version ``timeout_s`` after it was pushed stops the run (``WeightPushFailed``) with the actor,
+the version, the tensor and its bucket, and what to check. An actor that died meanwhile owes no
+report (its replacement loads the version and reports it); a streaming actor that skipped a
+version because it held a newer one already is attested by the newer one's report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from gdpo_ray.weights.digest import Sent, compare
+
+#: how long an actor may take to report a pushed version (a batched actor loads it after the
+#: generate calls queued before it)
+ATTEST_TIMEOUT_S = 900.0
+
+WHAT_TO_CHECK = ("check that the engine's load_weights applies every tensor it is given and "
+                 "weight_digests reads back what it computes with (a custom engine), that every "
+                 "bucket arrived (the object store's memory, training.weight_bucket_mb), and that "
+                 "learners and engines agree on llm.lora and the model")
+
+
+class WeightPushFailed(RuntimeError):
+    """A rollout actor does not hold the weights it was sent: the run stops."""
+
+
+@dataclasses.dataclass
+class _Due:
+    label: str
+    version: int
+    ref: Any  # the ObjectRef of the actor's report
+    since: float
+
+
+class PushLedger:
+    """What each push sent, and the reports still due from the actors it went to."""
+
+    def __init__(self, timeout_s: float = ATTEST_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self.sent: dict[int, Sent] = {}  # version -> what its push sent
+        self.due: list[_Due] = []
+        self.attested = 0  # pushes every receiver of which reported matching digests
+        self._matched: dict[int, int] = {}  # version -> reports checked and matching
+        self._counted: set[int] = set()  # versions counted in ``attested``
+
+    def expect(self, version: int, sent: Sent) -> None:
+        """The sender's record of ``version`` (reports of it are compared with this)."""
+        self.sent[version] = sent
+        self._prune()
+
+    def awaiting(self, label: str, version: int, ref: Any) -> None:
+        """``ref`` will hold actor ``label``'s report of loading ``version``."""
+        self.due.append(_Due(label, version, ref, time.monotonic()))
+
+    def report(self, label: str, version: int, report: dict) -> None:
+        """An actor's report that is in hand already (a broadcast's part), checked now."""
+        self._check(label, version, report)
+        self._settled(version)
+
+    def poll(self) -> None:
+        """Checks every report that has arrived; raises ``WeightPushFailed`` on a mismatch or on
+        a report overdue by ``timeout_s``. Never waits."""
+        if not self.due:
+            return
+        import ray
+
+        refs = [d.ref for d in self.due]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        ready, now = set(ready), time.monotonic()
+        for due in list(self.due):
+            if due.ref in ready:
+                self.due.remove(due)
+                try:
+                    report = ray.get(due.ref)
+                except ray.exceptions.RayActorError:  # it died: its replacement reports instead
+                    self._settled(due.version)
+                    continue
+                except ray.exceptions.RayTaskError as err:
+                    raise WeightPushFailed(
+                        f"{due.label} failed to load weights version {due.version}: "
+                        f"{str(err.cause if hasattr(err, 'cause') else err).splitlines()[0][:400]}; "
+                        f"{WHAT_TO_CHECK}") from None
+                self._check(due.label, due.version, report)
+                self._settled(due.version)
+            elif now - due.since > self.timeout_s:
+                raise WeightPushFailed(
+                    f"{due.label} has not reported holding weights version {due.version} "
+                    f"{now - due.since:.0f} s after the push (the limit is {self.timeout_s:g} s): "
+                    f"it may be stuck in a generate call or a load; {WHAT_TO_CHECK}")
+
+    def _check(self, label: str, version: int, report: dict) -> None:
+        sent = self.sent.get(version)
+        if sent is None or report.get("digests") is None:
+            return  # no record of this push (a test's hand-made weights), or a version skipped
+        if report.get("version") != version:
+            raise WeightPushFailed(f"{label} reports version {report.get('version')} after loading "
+                                   f"version {version}; {WHAT_TO_CHECK}")
+        wrong = compare(sent.digests, report["digests"])
+        if wrong:
+            first = wrong[0].split(":")[0].split("+")[0].split(" ")[0]
+            where = f" (bucket {sent.buckets[first]} of {sent.count})" if first in sent.buckets else ""
+            more = f"; and {len(wrong) - 1} more tensor(s) differ" if len(wrong) > 1 else ""
+            raise WeightPushFailed(
+                f"{label} does not hold the weights version {version} it was sent: "
+                f"{wrong[0]}{where}{more}. The run stops rather than sample from a policy it did "
+                f"not mean to; {WHAT_TO_CHECK}")
+        self._matched[version] = self._matched.get(version, 0) + 1
+
+    def _settled(self, version: int) -> None:
+        """Counts ``version`` attested once no report of it is due any more and one at least
+        matched (reports of actors that died owe nothing)."""
+        if (version not in self._counted and self._matched.get(version, 0)
+                and not any(d.version == version for d in self.due)):
+            self._counted.add(version)
+            self.attested += 1
+
+    def _prune(self) -> None:
+        """Keeps the records of versions some report is still due for, and the latest (an actor
+        started later loads it)."""
+        latest = max(self.sent, default=None)
+        keep = {d.version for d in self.due} | {latest}
+        self.sent = {v: s for v, s in self.sent.items() if v in keep}
+        self._matched = {v: n for v, n in self._matched.items() if v in keep}

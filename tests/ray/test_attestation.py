@@ -1,0 +1,88 @@
+"""Every weight push is attested (issue 30): a transport that drops a bucket or corrupts one, or
+an engine whose load silently does nothing, stops the run with the actor, the version, the tensor
+and its bucket; a faithful run counts its pushes attested and reports their bytes and seconds."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from actors.attestation import WeightPushFailed
+from gdpo_ray.run.transports import ObjectStoreTransport
+from tests.ray.test_algorithm import demo_config
+
+INERT = "generation.engine=tests.engines:InertHFEngine"
+
+
+def stopped(algo, steps: int = 4) -> str:
+    """The message that stopped ``algo`` within ``steps`` steps (reports arrive while it runs)."""
+    try:
+        with pytest.raises(WeightPushFailed) as err:
+            for _ in range(steps):
+                algo.train()
+    finally:
+        algo.stop()
+    return " ".join(str(err.value).split())
+
+
+def test_a_dropped_bucket_stops_the_run(ray_cluster, monkeypatch):
+    send = ObjectStoreTransport.send
+
+    def drop_the_last(self, version, receivers):
+        pushed = send(self, version, receivers)
+        return dataclasses.replace(pushed, buckets=pushed.buckets[:-1])
+
+    monkeypatch.setattr(ObjectStoreTransport, "send", drop_the_last)
+    message = stopped(demo_config("training.weight_bucket_mb=1").build_algo())
+    assert "rollout actor 0 (Ray actor" in message and "weights version 1 it was sent" in message
+    assert "not reported as held by the engine (bucket 1 of 2)" in message, message
+    assert "check that the engine's load_weights applies every tensor" in message
+
+
+def test_a_corrupted_bucket_stops_the_run(ray_cluster, monkeypatch):
+    import ray
+
+    send = ObjectStoreTransport.send
+
+    def corrupt_the_first(self, version, receivers):
+        pushed = send(self, version, receivers)
+        bucket = ray.get(pushed.buckets[0])
+        arrays = [a.copy() for a in bucket["arrays"]]
+        arrays[0][len(arrays[0]) // 2] ^= 0x40  # one bit of one tensor
+        return dataclasses.replace(pushed, buckets=[ray.put(dict(bucket, arrays=arrays)), *pushed.buckets[1:]])
+
+    monkeypatch.setattr(ObjectStoreTransport, "send", corrupt_the_first)
+    message = stopped(demo_config("training.weight_bucket_mb=1").build_algo())
+    assert "does not hold the weights version 1 it was sent" in message
+    assert "the engine holds other values than were sent (bucket 0 of 2)" in message, message
+
+
+@pytest.mark.parametrize("sync", ["object_store", "broadcast"])
+def test_an_engine_whose_load_does_nothing_stops_the_run(ray_cluster, sync):
+    message = stopped(demo_config(INERT, f"training.weight_sync={sync}").build_algo())
+    assert "does not hold the weights version 1 it was sent" in message, message
+    assert "the engine holds other values than were sent (bucket 0 of 1)" in message
+
+
+def test_a_faithful_run_attests_every_push_and_reports_its_bytes(ray_cluster):
+    algo = demo_config().build_algo()
+    try:
+        results = [algo.train() for _ in range(3)]
+    finally:
+        algo.stop()
+    assert [r["weights/attested"] for r in results][-1] >= 2  # the reports of the last push may be due
+    assert all(r["weights/attested"] <= r["step"] for r in results)
+    assert len({r["weights/push_bytes"] for r in results}) == 1 and results[0]["weights/push_bytes"] > 1e6
+    assert all(np.isfinite(r["weights/push_s"]) and r["weights/push_s"] > 0 for r in results)
+
+
+def test_the_cli_stops_with_the_message(ray_cluster, tmp_path, monkeypatch, capsys):
+    from gdpo_ray.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", "demo", INERT, "run.steps=4", f"run.output_dir={tmp_path}", "training.prompts_per_step=4",
+                 "training.group_size=4", "generation.max_tokens=32", "run.export_policy=false"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "gdpo-ray train: stopped: rollout actor 0" in err and "does not hold the weights version 1" in err
+    assert "Traceback" not in err
