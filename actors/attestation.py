@@ -39,34 +39,42 @@ class WeightPushFailed(RuntimeError):
 class _Due:
     label: str
     version: int
+    push: int | None  # which push of that version (a version is pushed again after a recovery)
     ref: Any  # the ObjectRef of the actor's report
     since: float
 
 
 class PushLedger:
-    """What each push sent, and the reports still due from the actors it went to."""
+    """What each push sent, and the reports still due from the actors it went to. Pushes are
+    told apart by their order, not their version: after a learner recovery a version goes out
+    again with other weights, and reports of the first push are checked against the first."""
 
     def __init__(self, timeout_s: float = ATTEST_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self.sent: dict[int, Sent] = {}  # version -> what its push sent
+        self.sent: dict[int, Sent] = {}  # push -> what it sent
         self.due: list[_Due] = []
         self.attested = 0  # pushes every receiver of which reported matching digests
-        self._matched: dict[int, int] = {}  # version -> reports checked and matching
-        self._counted: set[int] = set()  # versions counted in ``attested``
+        self._latest: dict[int, int] = {}  # version -> its latest push
+        self._matched: dict[int, int] = {}  # push -> reports checked and matching
+        self._counted: set[int] = set()  # pushes counted in ``attested``
+        self._pushes = 0
 
     def expect(self, version: int, sent: Sent) -> None:
-        """The sender's record of ``version`` (reports of it are compared with this)."""
-        self.sent[version] = sent
+        """The sender's record of a push of ``version`` (its reports are compared with this)."""
+        self._pushes += 1
+        self.sent[self._pushes], self._latest[version] = sent, self._pushes
         self._prune()
 
     def awaiting(self, label: str, version: int, ref: Any) -> None:
-        """``ref`` will hold actor ``label``'s report of loading ``version``."""
-        self.due.append(_Due(label, version, ref, time.monotonic()))
+        """``ref`` will hold actor ``label``'s report of loading the latest push of ``version``."""
+        self.due.append(_Due(label, version, self._latest.get(version), ref, time.monotonic()))
 
     def report(self, label: str, version: int, report: dict) -> None:
-        """An actor's report that is in hand already (a broadcast's part), checked now."""
-        self._check(label, version, report)
-        self._settled(version)
+        """An actor's report of the latest push of ``version``, in hand already (a broadcast's
+        part), checked now."""
+        push = self._latest.get(version)
+        self._check(label, push, version, report)
+        self._settled(push)
 
     def poll(self) -> None:
         """Checks every report that has arrived; raises ``WeightPushFailed`` on a mismatch or on
@@ -84,23 +92,23 @@ class PushLedger:
                 try:
                     report = ray.get(due.ref)
                 except ray.exceptions.RayActorError:  # it died: its replacement reports instead
-                    self._settled(due.version)
+                    self._settled(due.push)
                     continue
                 except ray.exceptions.RayTaskError as err:
                     raise WeightPushFailed(
                         f"{due.label} failed to load weights version {due.version}: "
                         f"{str(err.cause if hasattr(err, 'cause') else err).splitlines()[0][:400]}; "
                         f"{WHAT_TO_CHECK}") from None
-                self._check(due.label, due.version, report)
-                self._settled(due.version)
+                self._check(due.label, due.push, due.version, report)
+                self._settled(due.push)
             elif now - due.since > self.timeout_s:
                 raise WeightPushFailed(
                     f"{due.label} has not reported holding weights version {due.version} "
                     f"{now - due.since:.0f} s after the push (the limit is {self.timeout_s:g} s): "
                     f"it may be stuck in a generate call or a load; {WHAT_TO_CHECK}")
 
-    def _check(self, label: str, version: int, report: dict) -> None:
-        sent = self.sent.get(version)
+    def _check(self, label: str, push: int | None, version: int, report: dict) -> None:
+        sent = self.sent.get(push) if push is not None else None
         if sent is None or report.get("digests") is None:
             return  # no record of this push (a test's hand-made weights), or a version skipped
         if report.get("version") != version:
@@ -115,20 +123,20 @@ class PushLedger:
                 f"{label} does not hold the weights version {version} it was sent: "
                 f"{wrong[0]}{where}{more}. The run stops rather than sample from a policy it did "
                 f"not mean to; {WHAT_TO_CHECK}")
-        self._matched[version] = self._matched.get(version, 0) + 1
+        self._matched[push] = self._matched.get(push, 0) + 1
 
-    def _settled(self, version: int) -> None:
-        """Counts ``version`` attested once no report of it is due any more and one at least
+    def _settled(self, push: int | None) -> None:
+        """Counts ``push`` attested once no report of it is due any more and one at least
         matched (reports of actors that died owe nothing)."""
-        if (version not in self._counted and self._matched.get(version, 0)
-                and not any(d.version == version for d in self.due)):
-            self._counted.add(version)
+        if (push is not None and push not in self._counted and self._matched.get(push, 0)
+                and not any(d.push == push for d in self.due)):
+            self._counted.add(push)
             self.attested += 1
 
     def _prune(self) -> None:
-        """Keeps the records of versions some report is still due for, and the latest (an actor
-        started later loads it)."""
-        latest = max(self.sent, default=None)
-        keep = {d.version for d in self.due} | {latest}
-        self.sent = {v: s for v, s in self.sent.items() if v in keep}
-        self._matched = {v: n for v, n in self._matched.items() if v in keep}
+        """Keeps the records of pushes some report is still due for, and the latest version's
+        latest push (an actor started later loads it)."""
+        keep = {d.push for d in self.due} | {self._latest[max(self._latest)]}
+        self.sent = {k: v for k, v in self.sent.items() if k in keep}
+        self._matched = {k: v for k, v in self._matched.items() if k in keep}
+        self._latest = {v: k for v, k in self._latest.items() if k in keep}

@@ -180,3 +180,28 @@ def test_a_vllm_broadcast_lands_in_flight_on_a_streaming_actor_on_cuda(ray_clust
                                            learner_gpus=shares["learner"], actor_gpus=shares["actor"])
     assert out["backend"] == "vllm"
     check_broadcast_in_flight(out, tiny_model_dir)
+
+
+def test_a_lora_adapter_goes_over_nccl_alone_and_is_attested(ray_cluster, tiny_model_dir, fixed_batch):
+    """Issue 30 on CUDA: a LoRA learner (DeepSpeed, NCCL) pushes its adapter alone to an hf actor
+    on CUDA over the NCCL broadcast; the actor's report matches what was sent."""
+    from gdpo_ray.lora import lora_settings
+    from learners.deepspeed_learner import LearnerGroup
+
+    lora = lora_settings({"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})
+    shares = gpu_shares()
+    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1, lora=lora), num_learners=1,
+                            num_gpus_per_learner=shares["learner"])
+    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine_kwargs={"device": "cuda"}, lora=lora)
+    try:
+        ray_cluster.get(rollouts.slots[0].starting)
+        transport = BroadcastTransport(learners, 128 << 10)
+        for version in (1, 2):
+            learners.update(fixed_batch, ADV)
+            pushed = push_weights(transport, rollouts, version)
+        backend, attested = transport.backend, rollouts.ledger.attested
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert backend == "nccl" and attested == 2
+    assert pushed.sent.digests and all(".lora_" in name for name in pushed.sent.digests)

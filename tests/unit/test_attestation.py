@@ -1,0 +1,85 @@
+"""Weight digests and the push ledger (issue 30): exact, additive digests; every sent tensor must be
+reported once; a push is counted attested only when its reports match."""
+
+import numpy as np
+import pytest
+import torch
+
+from actors.attestation import PushLedger, WeightPushFailed
+from gdpo_ray.weights.buckets import pack_buckets, pack_flat_buckets
+from gdpo_ray.weights.digest import FUSED, MOD, Sent, combine, compare, digest, digest_as, digest_raw
+
+
+def test_a_digest_is_the_sum_of_the_bit_patterns_and_adds_over_concatenation():
+    x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float32)
+    bits = x.numpy().view(np.int32).astype(np.int64)
+    assert digest(x) == int(bits.sum()) % MOD == digest(x.numpy())
+    a, b, c = torch.randn(7, 3), torch.randn(2, 3), torch.randn(5, 3)
+    assert digest(torch.cat([a, b, c])) == combine([digest(a), digest(b), digest(c)])
+    assert digest(torch.cat([a, torch.zeros(4, 3)])) == digest(a)  # zero padding adds nothing
+    assert digest_as(a, "bfloat16") == digest(a.bfloat16()) != digest(a)
+    assert digest_raw(a.contiguous().view(-1).view(torch.uint8).numpy(), "float32") == digest(a)
+    flipped = a.clone()
+    flipped.view(-1).view(torch.int32)[5] ^= 1  # one bit of one element
+    assert digest(flipped) != digest(a)
+
+
+def test_buckets_carry_the_digest_of_every_tensor_they_pack():
+    tensors = [("a", torch.randn(300)), ("b", torch.randn(10, 10).bfloat16()), ("c", torch.randn(50))]
+    sent = Sent()
+    for bucket in pack_buckets(tensors, 1024):
+        sent.add_bucket(bucket)
+    assert sent.digests == {n: digest(t) for n, t in tensors}
+    assert sent.count == 2 and sent.buckets == {"a": 0, "b": 1, "c": 1}
+    assert sent.bytes == sum(t.numel() * t.element_size() for _, t in tensors) and sent.peak_bytes == 1200
+    flat = torch.randn(100)
+    raw = flat.view(torch.uint8).numpy()
+    entries = [(0, "x", "float32", (40,), 160), (160, "y", "float32", (60,), 240), (160, "y2", "float32", (60,), 240)]
+    digests = {n: d for b in pack_flat_buckets(raw, entries, 1 << 20) for n, d in zip(b["names"], b["digests"])}
+    assert digests == {"x": digest(flat[:40]), "y": digest(flat[40:]), "y2": digest(flat[40:])}
+
+
+def test_compare_covers_every_sent_tensor_exactly_once():
+    sent = {"q": 5, "k": 7, "v": 11, "o": 13}
+    assert compare(sent, {f"q{FUSED}k{FUSED}v": 23, "o": 13}) == []
+    assert compare(sent, {"q+k+v": 24, "o": 13}) == ["q+k+v: the engine holds other values than were sent"]
+    assert compare(sent, {"o": 13}) == ["q (and 2 more): not reported as held by the engine"]
+    assert compare(sent, {"q+k+v": 23, "o": 13, "x": 1}) == [
+        "x: the engine reports a tensor the push did not send (x)"]
+
+
+def _sent(values: dict, per_bucket: int = 2) -> Sent:
+    sent = Sent()
+    names = list(values)
+    for i in range(0, len(names), per_bucket):
+        part = names[i:i + per_bucket]
+        sent.add(part, ["float32"] * len(part), [values[n] for n in part], 8 * len(part))
+    return sent
+
+
+def test_the_ledger_counts_a_push_attested_and_names_what_differs():
+    ledger = PushLedger()
+    ledger.expect(1, _sent({"a": 1, "b": 2, "c": 3}))
+    ledger.report("rollout actor 0", 1, {"version": 1, "digests": {"a": 1, "b": 2, "c": 3}})
+    assert ledger.attested == 1
+    ledger.expect(2, _sent({"a": 4, "b": 5, "c": 6}))
+    with pytest.raises(WeightPushFailed) as err:
+        ledger.report("rollout actor 1", 2, {"version": 2, "digests": {"a": 4, "b": 5, "c": 7}})
+    assert str(err.value).startswith("rollout actor 1 does not hold the weights version 2 it was sent: "
+                                     "c: the engine holds other values than were sent (bucket 1 of 2)")
+    with pytest.raises(WeightPushFailed, match=r"a \(and 2 more\): not reported as held by the engine "
+                                               r"\(bucket 0 of 2\)"):
+        ledger.report("rollout actor 1", 2, {"version": 2, "digests": {}})
+    assert ledger.attested == 1
+
+
+def test_a_skipped_version_is_no_failure_and_a_version_pushed_again_is_checked_against_its_own_push():
+    ledger = PushLedger()
+    ledger.expect(3, _sent({"a": 1}))
+    ledger.report("rollout actor 0", 3, {"version": 4, "digests": None})  # held a newer one already
+    assert ledger.attested == 0
+    ledger.expect(3, _sent({"a": 2}))  # after a learner recovery: version 3 again, other weights
+    ledger.report("rollout actor 0", 3, {"version": 3, "digests": {"a": 2}})
+    with pytest.raises(WeightPushFailed):
+        ledger.report("rollout actor 0", 3, {"version": 3, "digests": {"a": 1}})
+    assert ledger.attested == 1
