@@ -40,6 +40,8 @@ class StreamingRolloutActor(RolloutActor):
     mode = "streaming"
 
     def __init__(self, *args: Any, engine: str = "vllm", max_staleness: int = 0, **kwargs: Any) -> None:
+        if kwargs.get("lora") and engine == "vllm":  # every live adapter version runs in a step
+            kwargs["engine_kwargs"] = {"max_loras": max_staleness + 1, **(kwargs.get("engine_kwargs") or {})}
         super().__init__(*args, engine=engine, **kwargs)
         self.max_staleness = max_staleness
         # group_id -> [version when its first request entered the engine (None: not yet), task]

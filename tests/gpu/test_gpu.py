@@ -205,3 +205,31 @@ def test_a_lora_adapter_goes_over_nccl_alone_and_is_attested(ray_cluster, tiny_m
         rollouts.shutdown()
     assert backend == "nccl" and attested == 2
     assert pushed.sent.digests and all(".lora_" in name for name in pushed.sent.digests)
+
+
+def test_a_vllm_actor_on_cuda_serves_the_pushed_adapter_attested(ray_cluster, tiny_model_dir, fixed_batch):
+    """Issue 30 on CUDA: a LoRA learner's adapter over the NCCL broadcast into a vLLM engine
+    serving it through vLLM's LoRA support (its weight transfer is off under LoRA); every push
+    attested against what vLLM's LoRA layers hold."""
+    pytest.importorskip("vllm")
+    from gdpo_ray.lora import lora_settings
+    from learners.deepspeed_learner import LearnerGroup
+
+    lora = lora_settings({"r": 8, "lora_alpha": 16, "target_modules": "all-linear"})
+    shares = gpu_shares()
+    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.05, lora=lora),
+                            num_learners=1, num_gpus_per_learner=shares["learner"])
+    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine="vllm", lora=lora, engine_kwargs={
+        "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "gpu_memory_utilization": 0.3})
+    try:
+        ray_cluster.get(rollouts.slots[0].starting)
+        transport = BroadcastTransport(learners, 256 << 20)
+        for version in (1, 2):
+            learners.update(fixed_batch, ADV)
+            pushed = push_weights(transport, rollouts, version)
+        backend, attested = transport.backend, rollouts.ledger.attested
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+    assert backend == "nccl" and attested == 2
+    assert all(".lora_" in name for name in pushed.sent.digests)

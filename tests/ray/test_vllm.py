@@ -272,7 +272,7 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
         while ray.get(actor.engine_stats.remote())["active"] < 4:
             assert time.monotonic() < deadline + 60
             time.sleep(0.01)
-        assert ray.get(actor.set_weights.remote(1, tiny_weights)) == 1
+        assert ray.get(actor.set_weights.remote(1, tiny_weights))["version"] == 1
         items = [ray.get(ref) for ref in call]
         assert items[0::2] == [None, None]  # no batch: both groups were aborted in flight
         assert sorted(m.aborted for m in items[1::2]) == [("other/e0/a0",), ("slow/e0/a1",)]
