@@ -35,12 +35,22 @@ DEMO_LORA = "llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}"
 
 
 def _learner_facts(learner) -> dict:
+    """The learner process's peak RSS, its parameters, and the bytes of its optimizer state
+    (AdamW's moments and ZeRO's fp32 partitions: what LoRA removes beside the gradients)."""
     import resource
 
+    import torch
+
     params = list(learner.engine.module.parameters())
+    opt = learner.engine.optimizer
+    inner = getattr(opt, "optimizer", opt)
+    state = sum(t.numel() * t.element_size() for s in inner.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor))
+    state += sum(t.numel() * t.element_size() for t in getattr(opt, "single_partition_of_fp32_groups", []))
     return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "trainable": sum(p.numel() for p in params if p.requires_grad),
-            "parameters": sum(p.numel() for p in params)}
+            "parameters": sum(p.numel() for p in params),
+            "optimizer_gib": state / 2**30}
 
 
 def run(preset: str, overrides: list[str], steps: int) -> dict:
@@ -63,6 +73,8 @@ def run(preset: str, overrides: list[str], steps: int) -> dict:
             "push_bytes": float(np.median([r["weights/push_bytes"] for r in rows])),
             "push_s": float(np.median([r["weights/push_s"] for r in rows])),
             "step_s": float(np.median([r["timing/step_s"] for r in rows[1:]] or [np.nan])),
+            "update_s": float(np.median([r["timing/update_s"] for r in rows[1:]] or [np.nan])),
+            "wait_s": float(np.median([r["timing/take_groups_s"] for r in rows[1:]] or [np.nan])),
             "format_first": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[:3]])),
             "format_last": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[-3:]]))}
 
@@ -92,6 +104,9 @@ def main() -> None:
         "full_learner_peak_gib": full["peak_rss_gib"], "lora_learner_peak_gib": lora["peak_rss_gib"],
         "learner_peak_ratio": lora["peak_rss_gib"] / full["peak_rss_gib"],
         "full_step_s": full["step_s"], "lora_step_s": lora["step_s"],
+        "full_update_s": full["update_s"], "lora_update_s": lora["update_s"],
+        "full_generation_wait_s": full["wait_s"], "lora_generation_wait_s": lora["wait_s"],
+        "full_optimizer_gib": full["optimizer_gib"], "lora_optimizer_gib": lora["optimizer_gib"],
         "step_time_ratio": lora["step_s"] / full["step_s"],
         "lora_pushes_attested": lora["attested"], "lora_steps": lora["steps"],
         "demo_lora_format_first": demo["format_first"], "demo_lora_format_last": demo["format_last"],
@@ -106,7 +121,9 @@ def main() -> None:
     print(f"{'':24}{'full':>14}{'LoRA':>14}{'LoRA/full':>11}  aim")
     for name, key, aim in (("trainable parameters", "trainable", ""), ("push bytes", "push_bytes", "<= 0.05"),
                            ("push seconds", "push_s", ""), ("learner peak GiB", "peak_rss_gib", "<= 0.6"),
-                           ("seconds per step", "step_s", "<= 1.0")):
+                           ("optimizer state GiB", "optimizer_gib", ""),
+                           ("seconds per step", "step_s", "<= 1.0"), ("  of which update", "update_s", ""),
+                           ("  waiting for groups", "wait_s", "")):
         print(f"{name:24}{full[key]:>14.4g}{lora[key]:>14.4g}{lora[key] / full[key]:>11.3f}  {aim}")
     print(f"pushes attested: {lora['attested']} of {lora['steps']} (LoRA), {full['attested']} of {full['steps']} (full)")
     print(f"demo under LoRA ({args.demo_steps} steps, r 8, lr 1e-3): format {demo['format_first']:.3f} -> "

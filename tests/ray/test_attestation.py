@@ -86,3 +86,26 @@ def test_the_cli_stops_with_the_message(ray_cluster, tmp_path, monkeypatch, caps
     assert code == 1, err
     assert "gdpo-ray train: stopped: rollout actor 0" in err and "does not hold the weights version 1" in err
     assert "Traceback" not in err
+
+
+def test_an_actor_that_never_reports_stops_the_run(ray_cluster):
+    """A report still missing ``timeout_s`` after its push: stopped, not waited on forever."""
+    import time
+
+    from actors.attestation import PushLedger
+    from gdpo_ray.weights.digest import Sent
+
+    @ray_cluster.remote
+    def never() -> dict:
+        time.sleep(600)
+
+    ledger = PushLedger(timeout_s=0.5)
+    ledger.expect(1, Sent())
+    ref = never.remote()
+    ledger.awaiting("rollout actor 3", 1, ref)
+    ledger.poll()  # not overdue yet: nothing happens
+    time.sleep(0.6)
+    with pytest.raises(WeightPushFailed, match=r"rollout actor 3 has not reported holding weights version 1 "
+                                               r"\d+ s after the push \(the limit is 0.5 s\)"):
+        ledger.poll()
+    ray_cluster.cancel(ref, force=True)
