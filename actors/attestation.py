@@ -8,7 +8,9 @@ reports arrive, without waiting for them: the rollout actors keep generating. A 
 attested once every actor it went to has reported matching digests (``attested``: the metric
 ``weights/attested``). A mismatch, a load that raised, or an actor that has not reported a
 version ``timeout_s`` after it was pushed stops the run (``WeightPushFailed``) with the actor,
-the version, the tensor and its bucket, and what to check. An actor that died meanwhile owes no
+the version, the tensor and its bucket, and what to check. An engine that cannot read its
+weights back (``weight_digests`` raising NotImplementedError: vLLM over several workers) is
+warned about once and its pushes are not counted attested. An actor that died meanwhile owes no
 report (its replacement loads the version and reports it); a streaming actor that skipped a
 version because it held a newer one already is attested by the newer one's report.
 """
@@ -16,10 +18,13 @@ version because it held a newer one already is attested by the newer one's repor
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 from gdpo_ray.weights.digest import Sent, compare
+
+logger = logging.getLogger(__name__)
 
 #: how long an actor may take to report a pushed version (a batched actor loads it after the
 #: generate calls queued before it)
@@ -57,6 +62,7 @@ class PushLedger:
         self._latest: dict[int, int] = {}  # version -> its latest push
         self._matched: dict[int, int] = {}  # push -> reports checked and matching
         self._counted: set[int] = set()  # pushes counted in ``attested``
+        self._unverified: set[str] = set()  # actors whose engine cannot read its weights back (warned)
         self._pushes = 0
 
     def expect(self, version: int, sent: Sent) -> None:
@@ -108,13 +114,17 @@ class PushLedger:
                     f"it may be stuck in a generate call or a load; {WHAT_TO_CHECK}")
 
     def _check(self, label: str, push: int | None, version: int, report: dict) -> None:
+        if report.get("unverified") and label not in self._unverified:
+            self._unverified.add(label)
+            logger.warning("%s cannot read back the weights it holds (%s): its pushes are loaded but "
+                           "not attested (weights/attested does not count them)", label, report["unverified"])
         sent = self.sent.get(push) if push is not None else None
         if sent is None or report.get("digests") is None:
             return  # no record of this push (a test's hand-made weights), or a version skipped
         if report.get("version") != version:
             raise WeightPushFailed(f"{label} reports version {report.get('version')} after loading "
                                    f"version {version}; {WHAT_TO_CHECK}")
-        wrong = compare(sent.digests, report["digests"])
+        wrong = compare(sent.digests, report["digests"], sent.rounded)
         if wrong:
             first = wrong[0].split(":")[0].split("+")[0].split(" ")[0]
             where = f" (bucket {sent.buckets[first]} of {sent.count})" if first in sent.buckets else ""

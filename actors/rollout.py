@@ -120,8 +120,12 @@ class RolloutActor:
     def attest(self, sent: Mapping[str, str]) -> dict:
         """``{"version", "digests"}``: the version now held and the digests of what the engine
         holds of every tensor just loaded (``sent``: name -> dtype), read back from the engine,
-        for the driver to compare with the sender's (``actors.attestation``)."""
-        return {"version": self.version, "digests": self.engine.weight_digests(sent)}
+        for the driver to compare with the sender's (``actors.attestation``); an engine that
+        cannot read its weights back (NotImplementedError) is reported ``unverified``."""
+        try:
+            return {"version": self.version, "digests": self.engine.weight_digests(sent)}
+        except NotImplementedError as err:  # an engine that cannot read back what it holds
+            return {"version": self.version, "digests": None, "unverified": str(err)}
 
     def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
         """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),

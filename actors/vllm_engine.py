@@ -30,7 +30,8 @@ Attestation (``weight_digests``): the digests of what the worker holds, read bac
 ``actors.vllm_worker_ext.WeightsFromFile.gdpo_weight_digests`` (the model's parameters, or the
 adapter's slot in vLLM's LoRA layers; the module docstring there says how CPU-packed weights and
 a lora_B scaled by vLLM are read back, and what is not). One worker (tensor and pipeline
-parallel size 1): a sharded engine's digests are refused (``one_worker``).
+parallel size 1): a sharded engine cannot read them back (``one_worker`` raises
+NotImplementedError; the actor reports the push unverified, the driver warns once).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def measure_cpu(args, model: str) -> dict:
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2), num_learners=1)
+    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2, digest_variants=()), num_learners=1)
     params = sum(v.size for v in learners.get_weights().values())
     model_bytes = params * 4
     source = np.ones(model_bytes, np.uint8)
@@ -159,7 +159,7 @@ def measure_nccl(args, model: str) -> dict:
     os.environ.setdefault(MULTI_RANK_GPU_ENV, "1")  # before Ray starts: every worker inherits it
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), MULTI_RANK_GPU_ENV: "1"}})
-    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2), num_learners=1,
+    learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2, digest_variants=()), num_learners=1,
                             num_gpus_per_learner=share)
     params = sum(v.size for v in learners.get_weights().values())
     source = torch.ones(params * 4, dtype=torch.uint8, device="cuda")

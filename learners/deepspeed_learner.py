@@ -25,6 +25,7 @@ import numpy as np
 
 from gdpo_ray.config import check_value, default, merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+from gdpo_ray.weights.digest import VARIANTS
 from learners.weight_sender import WeightSender
 
 
@@ -49,6 +50,7 @@ class LearnerConfig:
     seed: int = 0
     num_threads: int = default("num_threads")
     lora: Any = None  # llm.lora's PEFT settings (gdpo_ray.lora.lora_settings), or None: full weights
+    digest_variants: tuple = VARIANTS  # the engines' possible lower precisions (digest.engine_variants)
 
     def __post_init__(self) -> None:
         for name in ("zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",
@@ -161,7 +163,9 @@ class DeepSpeedLearner:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.ref = None
         self.device = self.engine.device
-        self.sender, self.channel = WeightSender(self.engine, cfg.zero_stage, adapter_only=bool(cfg.lora)), None
+        self.sender = WeightSender(self.engine, cfg.zero_stage, adapter_only=bool(cfg.lora),
+                                   variants=tuple(cfg.digest_variants))
+        self.channel = None
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
             # (under LoRA the reference is the same model with its adapter disabled)
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)

@@ -24,8 +24,10 @@ class WeightSender:
     """``adapter_only`` (``llm.lora``): only the trainable tensors, the adapter's, under the
     names PEFT saves them with (``gdpo_ray.lora.adapter_key``): a push of megabytes."""
 
-    def __init__(self, engine: Any, zero_stage: int, adapter_only: bool = False) -> None:
+    def __init__(self, engine: Any, zero_stage: int, adapter_only: bool = False,
+                 variants: tuple[str, ...] = ()) -> None:
         self.engine, self.zero_stage, self.adapter_only = engine, zero_stage, adapter_only
+        self.variants = variants  # the rounded digests to take too (gdpo_ray.weights.digest)
         self.device = engine.device
 
     def _state(self) -> Iterable[tuple[str, Any]]:
@@ -78,11 +80,12 @@ class WeightSender:
         there (``flat_parameters``), else packed views of the gathered tensors."""
         flat = self.flat_parameters()
         if flat is not None:
-            return (b for data, entries in flat for b in pack_flat_buckets(data, entries, bucket_bytes))
-        return pack_buckets(self.host_tensors(), bucket_bytes)
+            return (b for data, entries in flat
+                    for b in pack_flat_buckets(data, entries, bucket_bytes, self.variants))
+        return pack_buckets(self.host_tensors(), bucket_bytes, variants=self.variants)
 
     def device_buckets(self, bucket_bytes: int) -> Iterator[dict]:
-        return pack_buckets(self.device_tensors(), bucket_bytes, on_device=True)
+        return pack_buckets(self.device_tensors(), bucket_bytes, on_device=True, variants=self.variants)
 
     def put_buckets(self, bucket_bytes: int) -> tuple[list[Any], Sent]:
         """The host buckets written once into Ray's object store: (their ObjectRefs, what was

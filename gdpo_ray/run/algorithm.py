@@ -47,6 +47,7 @@ from gdpo_ray.run import preflight, validation
 from gdpo_ray.run.checkpoints import save_atomically, verify_checkpoint
 from gdpo_ray.run.presets import section_settings
 from gdpo_ray.run.sampling import take_groups
+from gdpo_ray.weights.digest import engine_variants
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class GDPOConfig(AlgorithmConfig):
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature,
             loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
-            lora=lora_settings(self.lora))
+            lora=lora_settings(self.lora), digest_variants=engine_variants(self.engine, self.engine_kwargs))
 
     @property
     def rollout_actor_kwargs(self) -> dict:

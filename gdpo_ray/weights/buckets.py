@@ -16,20 +16,21 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from gdpo_ray.weights.digest import digest_raw
+from gdpo_ray.weights.digest import digest_raw, rounded_digests
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
-                 on_device: bool = False) -> Iterator[dict]:
+                 on_device: bool = False, variants: Sequence[str] = ()) -> Iterator[dict]:
     """Buckets of at most ``bucket_bytes`` (one oversized tensor makes a bucket of its own).
 
     A bucket holds byte views of the tensors, not a copy: ``ray.put`` writes them once into the
     object store. (A ZeRO-3 parameter arrives as a gathered copy that the bucket keeps.) The
     views are numpy arrays on the host, or with ``on_device`` uint8 torch tensors left on the
-    tensors' device (CUDA buckets for an NCCL broadcast)."""
+    tensors' device (CUDA buckets for an NCCL broadcast). ``variants``: the lower precisions
+    whose ``rounded_digests`` each float32 tensor's entry also gets (``rounded``)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
-    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "digests": [], "arrays": []}
+    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "arrays": []}
     size = 0
     for name, tensor in named_tensors:
         flat = tensor.detach() if on_device else tensor.detach().cpu()
@@ -37,11 +38,12 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
         raw = raw if on_device else raw.numpy()
         if bucket["names"] and size + raw.nbytes > bucket_bytes:
             yield bucket
-            bucket, size = {"names": [], "dtypes": [], "shapes": [], "digests": [], "arrays": []}, 0
+            bucket, size = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "arrays": []}, 0
         dtype = str(tensor.dtype).removeprefix("torch.")
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
         bucket["digests"].append(digest_raw(raw, dtype))
+        bucket["rounded"].append(rounded_digests(flat, dtype, variants))
         bucket["shapes"].append(tuple(tensor.shape))
         bucket["arrays"].append(raw)
         size += raw.nbytes
@@ -50,7 +52,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
 
 
 def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, tuple, int]],
-                      bucket_bytes: int) -> Iterator[dict]:
+                      bucket_bytes: int, variants: Sequence[str] = ()) -> Iterator[dict]:
     """Buckets over one contiguous byte buffer in which the tensors already live (DeepSpeed's
     flat parameter buffers under ZeRO-1/2): each bucket is ONE view of a byte range, ``offsets``
     locate its tensors. ``entries``: (byte offset, name, dtype, shape, nbytes); tied names share
@@ -66,11 +68,12 @@ def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, t
             yield bucket
             bucket = None
         if bucket is None:
-            bucket = {"names": [], "dtypes": [], "shapes": [], "digests": [], "offsets": []}
+            bucket = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "offsets": []}
             start = end = offset
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
         bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype))
+        bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants))
         bucket["shapes"].append(tuple(shape))
         bucket["offsets"].append(offset - start)
         end = max(end, offset + nbytes)

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 import numpy as np
 
 from gdpo_ray.weights.buckets import bucket_offsets, tensor_views
-from gdpo_ray.weights.digest import Sent, digest, recorded
+from gdpo_ray.weights.digest import Sent, digest, recorded, rounded_digests
 
 BACKENDS = ("gloo", "nccl", "vllm")
 # NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected") unless this
@@ -188,7 +188,7 @@ class GlooChannel:
             header = pickle.dumps({k: bucket[k] for k in ("names", "dtypes", "shapes")}
                                   | {"offsets": bucket_offsets(bucket)})
             data = self._data(bucket)
-            sent.add(bucket["names"], bucket["dtypes"], bucket["digests"], data.nbytes)
+            sent.add(bucket["names"], bucket["dtypes"], bucket["digests"], data.nbytes, bucket.get("rounded"))
             self._broadcast(torch.tensor([len(header), data.nbytes], dtype=torch.int64, device=self.device))
             self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device))
             self._broadcast(data)
@@ -304,7 +304,8 @@ class VllmChannel:
                                    f"match the announced {want!r} {dtype} {tuple(shape)}")
             tensor = tensor.contiguous()
             self.group.broadcast(tensor, src=0, stream=stream)
-            sent.add([name], [dtype], [digest(tensor)], tensor.nbytes)
+            sent.add([name], [dtype], [digest(tensor)], tensor.nbytes,
+                     [rounded_digests(tensor, dtype, sender.variants)])
         stream.synchronize()
         return sent
 

@@ -12,7 +12,10 @@ check against silent faults, not a cryptographic hash.
 
 The sender computes the digest of what it sends (per tensor, while packing each bucket:
 ``gdpo_ray.weights.buckets``); a receiver converts what its engine holds to the sent dtype and
-digests that (``digest``); ``compare`` names the first tensors that differ.
+digests that (``digest_as``); ``compare`` names the first tensors that differ. An engine may hold
+a float32 push in a lower precision (vLLM in bfloat16): for such engines the sender also takes
+the digest of each float32 tensor rounded to that precision and back (``rounded_digests``,
+``VARIANTS``), and a held tensor matches either.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ MOD = 1 << 64
 FUSED = "+"  # joins the names of pushed tensors an engine holds as one: "a+b+c"
 
 _INT_OF_WIDTH = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+#: the lower precisions an engine may hold a float32 push in (the rounded digests a sender takes)
+VARIANTS = ("bfloat16", "float16")
 
 
 def digest(tensor: Any) -> int:
@@ -34,6 +39,8 @@ def digest(tensor: Any) -> int:
 
         flat = tensor.detach().contiguous().view(-1)
         ints = flat.view(getattr(torch, _INT_OF_WIDTH[flat.element_size()]))
+        if ints.device.type == "cpu":  # numpy's integer sum runs at memory speed, torch's ~8x slower
+            return digest(ints.numpy())
         return int(ints.sum(dtype=torch.int64).item()) % MOD
     import numpy as np
 
@@ -70,16 +77,43 @@ def recorded(named_tensors: Iterable[tuple[str, Any]], into: dict) -> Iterator[t
         yield name, tensor
 
 
+def engine_variants(engine: str, engine_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The lower precisions rollout engines of ``generation.engine`` may hold a float32 push in:
+    none for the hf engine in float32 (its default), else every one of ``VARIANTS``."""
+    if engine == "hf" and str(engine_kwargs.get("dtype", "float32")).removeprefix("torch.") == "float32":
+        return ()
+    return VARIANTS
+
+
+def rounded_digests(tensor: Any, dtype: str, variants: Iterable[str]) -> dict[str, int]:
+    """For a float32 tensor (torch, or raw uint8 bytes as numpy/torch), the digest of it rounded
+    to each of ``variants`` and back to float32: what an engine holding it in that precision
+    reports (``digest_as(held, "float32")``). Empty for other dtypes or no variants."""
+    variants = tuple(variants)
+    if dtype != "float32" or not variants:
+        return {}
+    import torch
+
+    if not hasattr(tensor, "element_size"):  # numpy bytes
+        tensor = torch.from_numpy(tensor)
+    if tensor.dtype == torch.uint8:
+        tensor = tensor.view(torch.float32)
+    return {v: digest(tensor.to(getattr(torch, v)).to(torch.float32)) for v in variants}
+
+
 def combine(digests: Any) -> int:
     """The digest of tensors laid end to end: the sum of theirs, mod 2**64."""
     return sum(digests) % MOD
 
 
-def compare(sent: Mapping[str, int], held: Mapping[str, int]) -> list[str]:
+def compare(sent: Mapping[str, int], held: Mapping[str, int],
+            rounded: Mapping[str, Mapping[str, int]] | None = None) -> list[str]:
     """What differs between the digests a sender sent (per tensor name) and those a receiver
     reports of its engine (per name, or per ``FUSED``-joined names): every sent tensor must be
-    covered exactly once. Returns readable differences, empty when they agree."""
-    wrong, covered = [], set()
+    covered exactly once. ``rounded``: per name, the digests of the tensor rounded to a lower
+    precision (``rounded_digests``), which a held tensor may match instead. Returns readable
+    differences, empty when they agree."""
+    wrong, covered, rounded = [], set(), rounded or {}
     for key, value in held.items():
         names = key.split(FUSED)
         unknown = [n for n in names if n not in sent]
@@ -87,7 +121,9 @@ def compare(sent: Mapping[str, int], held: Mapping[str, int]) -> list[str]:
             wrong.append(f"{key}: the engine reports a tensor the push did not send ({unknown[0]})")
             continue
         covered.update(names)
-        if combine(sent[n] for n in names) != value % MOD:
+        variants = set.intersection(*(set(rounded.get(n, {})) for n in names))
+        expected = {combine(sent[n] for n in names)} | {combine(rounded[n][v] for n in names) for v in variants}
+        if value % MOD not in expected:
             wrong.append(f"{key}: the engine holds other values than were sent")
     missing = [n for n in sent if n not in covered]
     if missing:
@@ -103,20 +139,24 @@ class Sent:
     all and of the largest bucket."""
 
     digests: dict[str, int] = dataclasses.field(default_factory=dict)
+    rounded: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # name -> variant -> digest
     dtypes: dict[str, str] = dataclasses.field(default_factory=dict)
     buckets: dict[str, int] = dataclasses.field(default_factory=dict)
     bytes: int = 0
     peak_bytes: int = 0
     count: int = 0  # buckets (or broadcasts)
 
-    def add(self, names: Any, dtypes: Any, digests: Any, nbytes: int) -> None:
-        """One bucket's tensors (or one tensor's), ``nbytes`` on the wire."""
-        for name, dtype, value in zip(names, dtypes, digests, strict=True):
+    def add(self, names: Any, dtypes: Any, digests: Any, nbytes: int, rounded: Any = None) -> None:
+        """One bucket's tensors (or one tensor's), ``nbytes`` on the wire; ``rounded``: their
+        ``rounded_digests``, if taken."""
+        for i, (name, dtype, value) in enumerate(zip(names, dtypes, digests, strict=True)):
             self.digests[name], self.dtypes[name], self.buckets[name] = int(value), dtype, self.count
+            if rounded and rounded[i]:
+                self.rounded[name] = dict(rounded[i])
         self.count += 1
         self.bytes += int(nbytes)
         self.peak_bytes = max(self.peak_bytes, int(nbytes))
 
     def add_bucket(self, bucket: dict) -> None:
         self.add(bucket["names"], bucket["dtypes"], bucket["digests"],
-                 sum(a.nbytes for a in bucket["arrays"]))
+                 sum(a.nbytes for a in bucket["arrays"]), bucket.get("rounded"))

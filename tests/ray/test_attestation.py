@@ -109,3 +109,17 @@ def test_an_actor_that_never_reports_stops_the_run(ray_cluster):
                                                r"\d+ s after the push \(the limit is 0.5 s\)"):
         ledger.poll()
     ray_cluster.cancel(ref, force=True)
+
+
+def test_an_engine_holding_the_push_in_bfloat16_is_attested(ray_cluster):
+    """The learners send float32; an engine computing in bfloat16 holds each tensor rounded, and
+    matches the digests of the rounded tensors the sender took too."""
+    algo = demo_config("generation.engine_kwargs={dtype: bfloat16}").build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+        ray_cluster.get([d.ref for d in algo.rollouts.ledger.due])
+        algo.rollouts.collect()
+        assert algo.rollouts.ledger.attested == 2
+    finally:
+        algo.stop()

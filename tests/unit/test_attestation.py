@@ -83,3 +83,28 @@ def test_a_skipped_version_is_no_failure_and_a_version_pushed_again_is_checked_a
     with pytest.raises(WeightPushFailed):
         ledger.report("rollout actor 0", 3, {"version": 3, "digests": {"a": 1}})
     assert ledger.attested == 1
+
+
+def test_an_engine_holding_a_float32_push_in_bfloat16_matches_the_rounded_digest():
+    t = torch.randn(1000)
+    sent = Sent()
+    for bucket in pack_buckets([("w", t)], 1 << 20, variants=("bfloat16", "float16")):
+        sent.add_bucket(bucket)
+    held = t.to(torch.bfloat16)  # what a bfloat16 engine keeps of it
+    assert digest_as(held, "float32") != sent.digests["w"]
+    assert compare(sent.digests, {"w": digest_as(held, "float32")}, sent.rounded) == []
+    assert compare(sent.digests, {"w": digest_as(held, "float32")}) != []  # without the variants: a mismatch
+    stale = torch.randn(1000).to(torch.bfloat16)  # an engine that kept other weights
+    assert compare(sent.digests, {"w": digest_as(stale, "float32")}, sent.rounded) != []
+
+
+def test_an_engine_that_cannot_read_back_is_warned_about_once_and_not_counted(caplog):
+    ledger = PushLedger()
+    for version in (1, 2):
+        ledger.expect(version, _sent({"a": version}))
+        ledger.report("rollout actor 0", version, {"version": version, "digests": None,
+                                                   "unverified": "two vLLM workers"})
+    assert ledger.attested == 0
+    warned = [r.getMessage() for r in caplog.records if "cannot read back" in r.getMessage()]
+    assert warned == ["rollout actor 0 cannot read back the weights it holds (two vLLM workers): its pushes "
+                      "are loaded but not attested (weights/attested does not count them)"]
