@@ -182,27 +182,35 @@ def test_a_vllm_broadcast_lands_in_flight_on_a_streaming_actor_on_cuda(ray_clust
     check_broadcast_in_flight(out, tiny_model_dir)
 
 
+def lora_pushes(ray_cluster, model_dir, batch, lora: dict, bucket_bytes: int, **actor_kwargs):
+    """Two NCCL-broadcast pushes of a LoRA learner's adapter (DeepSpeed on CUDA, ZeRO-2) to one
+    rollout actor on CUDA: (the group's backend, pushes attested, the last ``Pushed``)."""
+    from learners.deepspeed_learner import LearnerGroup
+
+    shares = gpu_shares()
+    learners = LearnerGroup(learner_config(model_dir, zero_stage=2, epochs=1, lr=0.05, lora=lora),
+                            num_learners=1, num_gpus_per_learner=shares["learner"])
+    rollouts = one_rollout_actor(model_dir, shares["actor"], lora=lora, **actor_kwargs)
+    try:
+        ray_cluster.get(rollouts.slots[0].starting)
+        transport = BroadcastTransport(learners, bucket_bytes)
+        for version in (1, 2):
+            learners.update(batch, ADV)
+            pushed = push_weights(transport, rollouts, version)
+        return transport.backend, rollouts.ledger.attested, pushed
+    finally:
+        learners.shutdown()
+        rollouts.shutdown()
+
+
 def test_a_lora_adapter_goes_over_nccl_alone_and_is_attested(ray_cluster, tiny_model_dir, fixed_batch):
     """Issue 30 on CUDA: a LoRA learner (DeepSpeed, NCCL) pushes its adapter alone to an hf actor
     on CUDA over the NCCL broadcast; the actor's report matches what was sent."""
     from gdpo_ray.lora import lora_settings
-    from learners.deepspeed_learner import LearnerGroup
 
     lora = lora_settings({"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})
-    shares = gpu_shares()
-    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1, lora=lora), num_learners=1,
-                            num_gpus_per_learner=shares["learner"])
-    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine_kwargs={"device": "cuda"}, lora=lora)
-    try:
-        ray_cluster.get(rollouts.slots[0].starting)
-        transport = BroadcastTransport(learners, 128 << 10)
-        for version in (1, 2):
-            learners.update(fixed_batch, ADV)
-            pushed = push_weights(transport, rollouts, version)
-        backend, attested = transport.backend, rollouts.ledger.attested
-    finally:
-        learners.shutdown()
-        rollouts.shutdown()
+    backend, attested, pushed = lora_pushes(ray_cluster, tiny_model_dir, fixed_batch, lora, 128 << 10,
+                                            engine_kwargs={"device": "cuda"})
     assert backend == "nccl" and attested == 2
     assert pushed.sent.digests and all(".lora_" in name for name in pushed.sent.digests)
 
@@ -213,23 +221,10 @@ def test_a_vllm_actor_on_cuda_serves_the_pushed_adapter_attested(ray_cluster, ti
     attested against what vLLM's LoRA layers hold."""
     pytest.importorskip("vllm")
     from gdpo_ray.lora import lora_settings
-    from learners.deepspeed_learner import LearnerGroup
 
     lora = lora_settings({"r": 8, "lora_alpha": 16, "target_modules": "all-linear"})
-    shares = gpu_shares()
-    learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.05, lora=lora),
-                            num_learners=1, num_gpus_per_learner=shares["learner"])
-    rollouts = one_rollout_actor(tiny_model_dir, shares["actor"], engine="vllm", lora=lora, engine_kwargs={
-        "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "gpu_memory_utilization": 0.3})
-    try:
-        ray_cluster.get(rollouts.slots[0].starting)
-        transport = BroadcastTransport(learners, 256 << 20)
-        for version in (1, 2):
-            learners.update(fixed_batch, ADV)
-            pushed = push_weights(transport, rollouts, version)
-        backend, attested = transport.backend, rollouts.ledger.attested
-    finally:
-        learners.shutdown()
-        rollouts.shutdown()
+    backend, attested, pushed = lora_pushes(
+        ray_cluster, tiny_model_dir, fixed_batch, lora, 256 << 20, engine="vllm", engine_kwargs={
+            "dtype": "float32", "max_model_len": 512, "enforce_eager": True, "gpu_memory_utilization": 0.3})
     assert backend == "nccl" and attested == 2
-    assert all(".lora_" in name for name in pushed.sent.digests)
+    assert pushed.sent.digests and all(".lora_" in name for name in pushed.sent.digests)
