@@ -1,10 +1,14 @@
 """The HF transformers engine (``generate``): the CPU default, also one GPU.
 
-With ``llm.lora`` the model is wrapped in PEFT's LoRA layers, as the learners' is: the pushed
-adapter tensors go into them, and generation computes exactly what the learners compute (the
-base weight's product plus the adapter's, each as PEFT computes it; merging the adapter into the
-base weights would round differently). Before the first push the adapter's B matrices are zero,
-so the engine computes the base model, as a fresh adapter does."""
+With ``llm.lora`` the model is wrapped in PEFT's LoRA layers, as the learners' is (the same
+targets, names and scaling), and the pushed adapter tensors go into them; each layer's adapter
+is then merged into its base layer's weight, W = W0 + PEFT's delta, always from the pristine W0
+(kept aside), so that pushes never accumulate rounding. Generation runs on the plain model: each
+LoRA layer is swapped out of the module tree for its base layer, at the plain model's speed. The merged model computes the learners'
+function up to float rounding (the order of a sum), as any engine does. Before the first push
+the adapter's B matrices are zero: the engine computes the base model, as a fresh adapter does.
+Attestation reads back the adapter tensors the engine holds, and reports a layer's only if its
+weight is their merge (a load that did not merge is caught)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from actors.engines import Sample, SamplingParams
+
+ADAPTER = "default"  # PEFT's name of the one adapter
 
 
 class HFEngine:
@@ -49,7 +55,14 @@ class HFEngine:
             from gdpo_ray.lora import peft_config
 
             torch.manual_seed(seed)  # the adapter's A matrices (B is zero until the first push)
-            self.model = get_peft_model(self.model, peft_config(self.lora))
+            peft_model = get_peft_model(self.model, peft_config(self.lora))
+            self._layers = _lora_layers(peft_model)
+            self._adapter = _adapter_tensors(self._layers)
+            for name, (layer, _) in self._layers.items():  # generation sees plain layers
+                parent, _, child = name.rpartition(".")
+                setattr(peft_model.get_submodule(parent), child, layer.base_layer)
+            self.model = peft_model.get_base_model()
+            self._merge(self._layers)
         self.model.to(device).eval()
         self.device = device
         self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
@@ -112,6 +125,7 @@ class HFEngine:
         params = self._held()
         with self.torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer
+            touched = set()
             for name, tensor in named_tensors:
                 if name not in params:
                     raise ValueError(f"the model has no {'adapter tensor' if self.lora else 'parameter'} "
@@ -124,23 +138,52 @@ class HFEngine:
                     target.data = source
                 else:
                     target.data = source.to(device=target.device, dtype=target.dtype)
+                touched.add(name.rpartition(".lora_")[0])
+            if self.lora:
+                self._merge(touched)
 
     def weight_digests(self, sent: Mapping[str, str]) -> dict[str, int]:
         """The digest of every pushed tensor as the model holds it (``BatchEngine``)."""
         from gdpo_ray.weights.digest import digest_as
 
         params = self._held()
+        if self.lora:  # a layer whose weight is not the merge of its adapter reports nothing of it
+            stale = {name for name in self._layers if not self.torch.equal(
+                self._layers[name][0].base_layer.weight, self._merged(name))}
+            params = {n: p for n, p in params.items() if n.rpartition(".lora_")[0] not in stale}
         return {name: digest_as(params[name].data, dtype) for name, dtype in sent.items() if name in params}
+
+    def _merged(self, name: str):
+        """Layer ``name``'s weight with its adapter merged: W0 + PEFT's delta."""
+        layer, base = self._layers[name]
+        return base + layer.get_delta_weight(ADAPTER)
+
+    def _merge(self, names: Iterable[str]) -> None:
+        """The adapter of these layers merged into their (base layers') weights."""
+        for name in names:
+            self._layers[name][0].base_layer.weight.data = self._merged(name)
 
     def _held(self) -> dict[str, Any]:
         """The tensors a push replaces, by the names it sends: every state-dict entry (tied
         weights under both names), or with LoRA the adapter's, under PEFT's saved names."""
-        held = self.model.state_dict(keep_vars=True)
-        if not self.lora:
-            return held
-        from gdpo_ray.lora import adapter_key
+        return self._adapter if self.lora else self.model.state_dict(keep_vars=True)
 
-        return {adapter_key(n): p for n, p in held.items() if "lora_" in n}
+
+def _lora_layers(model) -> dict[str, tuple[Any, Any]]:
+    """Each LoRA layer by its module name (the prefix of its adapter tensors' names), with a
+    copy of its base weight W0."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: (module, module.base_layer.weight.detach().clone())
+            for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def _adapter_tensors(layers: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
+    """The LoRA layers' adapter tensors under the names PEFT saves them with."""
+    from gdpo_ray.lora import adapter_key
+
+    return {adapter_key(f"{name}.{tensor}"): value for name, (layer, _) in layers.items()
+            for tensor, value in layer.named_parameters() if "lora_" in tensor}
 
 
 def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:

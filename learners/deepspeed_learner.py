@@ -16,6 +16,7 @@ the driver over the whole batch, and for each epoch and mini-batch:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -46,6 +47,7 @@ class LearnerConfig:
     mini_batches: int = default("mini_batches")  # optimizer steps per epoch over a batch
     epochs: int = default("num_epochs")
     temperature: float = default("temperature")  # logits / T, as in the rollouts
+    gradient_checkpointing: bool = default("gradient_checkpointing")  # recompute activations in backward
     loss: PolicyLossConfig = PolicyLossConfig()
     seed: int = 0
     num_threads: int = default("num_threads")
@@ -59,6 +61,24 @@ class LearnerConfig:
         check_value("num_epochs", self.epochs, "LearnerConfig.epochs")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be 'fp32' or 'bf16'; got {self.precision!r}")
+
+
+#: logits rows per slice of the entropy metric
+ENTROPY_ROWS = 256
+
+
+def _without_dropout(model) -> None:
+    """Turns the model's own dropout off (its modules and the attention's functional dropout
+    rate): in train mode, which gradient checkpointing and lora_dropout need, a learner's
+    logprobs stay those the rollout engines compute."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in ("attention_dropout", "dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
 
 
 @dataclasses.dataclass
@@ -147,12 +167,16 @@ class DeepSpeedLearner:
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+        _without_dropout(model)  # the model's own: its logprobs must be the rollouts' (LoRA's stays)
+        if cfg.gradient_checkpointing:  # non-reentrant: no input needs requires_grad (frozen embeddings under LoRA)
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if cfg.lora:  # PEFT's LoRA layers: only the adapter is trained (and has optimizer state)
             from peft import get_peft_model
 
             from gdpo_ray.lora import peft_config
 
             model = get_peft_model(model, peft_config(cfg.lora))
+        model.train()  # for gradient checkpointing and lora_dropout; old and reference logprobs in eval mode
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_config = {
@@ -176,31 +200,35 @@ class DeepSpeedLearner:
     def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
         """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum.
 
-        One gather of the response positions' logits and one log_softmax over all rows: a
-        per-row slice would make backward write a zero-filled gradient of the whole [B, W, V]
-        logits once per row."""
+        The LM head runs on the positions that predict a response token alone (transformers'
+        ``logits_to_keep`` with a [B, W] mask): neither a prompt's positions nor a short row's
+        padding become [V]-wide logits. A token's logprob is its logit minus the logsumexp of
+        its position's: log_softmax's value, without a second [N, V] tensor kept for backward."""
         torch = self.torch
         lengths = [len(r.prompt) + len(r.response) for r in rows]
         width, rlen = max(lengths), max(max(len(r.response) for r in rows), 1)
         ids = np.zeros((len(rows), width), np.int64)
         attn = np.zeros((len(rows), width), np.int64)
-        pos = np.zeros((len(rows), rlen), np.int64)  # the position whose logits predict each token
+        keep = np.zeros((len(rows), width), bool)  # the positions whose logits predict a response token
         mask = np.zeros((len(rows), rlen), bool)
         for i, r in enumerate(rows):
             p, n = len(r.prompt), len(r.response)
             ids[i, :p], ids[i, p:p + n], attn[i, :p + n] = r.prompt, r.response, 1
-            pos[i, :n], mask[i, :n] = np.arange(p - 1, p - 1 + n), True
-        ids_t, pos_t = torch.from_numpy(ids).to(self.device), torch.from_numpy(pos).to(self.device)
-        mask_t = torch.from_numpy(mask).to(self.device)
-        logits = model(input_ids=ids_t, attention_mask=torch.from_numpy(attn).to(self.device)).logits
-        vocab = logits.shape[-1]
-        picked = logits.gather(1, pos_t[:, :, None].expand(-1, -1, vocab)).float() / self.config.temperature
-        targets = ids_t.gather(1, torch.where(mask_t, pos_t + 1, 0))
-        out = torch.log_softmax(picked, -1).gather(2, targets[:, :, None])[:, :, 0]
-        out = torch.where(mask_t, out, torch.zeros((), device=self.device))
+            keep[i, p - 1:p - 1 + n], mask[i, :n] = True, True
+        targets = torch.from_numpy(np.concatenate([r.response for r in rows]).astype(np.int64)).to(self.device)
+        keep_t, mask_t = torch.from_numpy(keep).to(self.device), torch.from_numpy(mask).to(self.device)
+        logits = model(input_ids=torch.from_numpy(ids).to(self.device),
+                       attention_mask=torch.from_numpy(attn).to(self.device), logits_to_keep=keep_t).logits
+        if logits.dim() == 3:  # a model that computes every position's logits
+            logits = logits[keep_t]
+        picked = logits.float()  # [N, V], row-major as the mask
+        if self.config.temperature != 1.0:
+            picked = picked / self.config.temperature
+        flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
+        out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(mask_t, flat)
         entropy = torch.zeros((), device=self.device)
-        if want_entropy:
-            entropy = entropy_from_logits(picked.detach())[mask_t].sum()
+        if want_entropy:  # a metric: in slices of rows, so its [N, V] temporaries stay small
+            entropy = sum(entropy_from_logits(part).sum() for part in picked.detach().split(ENTROPY_ROWS))
         return out, mask_t, entropy
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
@@ -243,7 +271,7 @@ class DeepSpeedLearner:
         plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
                                   self.config.micro_batch_tokens)
         n_micro = int(self._all_reduce([len(plan)], "max")[0])  # ZeRO-3 gathers in every forward
-        with self.torch.no_grad():
+        with self._inference():
             for m in range(n_micro):
                 mb = plan[m] if m < len(plan) else [0]
                 lp, _, _ = self._logprobs(self.engine, [rows[i] for i in mb])
@@ -252,12 +280,20 @@ class DeepSpeedLearner:
                         out[i] = lp[j, :len(rows[i].response)].cpu().numpy()
         return out
 
+    @contextlib.contextmanager
+    def _inference(self):
+        """No gradient, and eval mode: the adapters' dropout off, as the policy samples."""
+        self.engine.eval()
+        try:
+            with self.torch.no_grad():
+                yield
+        finally:
+            self.engine.train()
+
     def _reference_logprobs(self, rows: list[_Row]):
         """Logprobs under the reference policy of the KL term: the initial model, or under
         LoRA the model with its adapter disabled (the base model, no second copy)."""
-        import contextlib
-
-        with self.torch.no_grad():
+        with self._inference():
             if self.ref is not None:
                 return self._logprobs(self.ref, rows)[0]
             with self.engine.module.disable_adapter() if self.config.lora else contextlib.nullcontext():

@@ -4,7 +4,8 @@
 - ``suites``: the registry of suite families (``SUITES``) and ``make_suite(spec)``; one module
   per family: ``task_suites`` (``task:<name>``), ``math_suite`` (``math:<path>``), ``humaneval``,
   ``bfcl``;
-- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare``.
+- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare``;
+- ``pass_at_k``: Chen et al.'s unbiased pass@k estimator, and the checks of its ks.
 
 Generation on rollout actors and the command line are the driver's: ``gdpo_ray.run.eval_runner``
 and ``gdpo_ray.run.eval_command``.

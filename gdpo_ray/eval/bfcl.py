@@ -303,16 +303,28 @@ class BFCL(Suite):
 
     def overall(self, items: Mapping[str, Mapping[str, Any]], categories: Mapping[str, Mapping]) -> dict:
         """One category: the means over its items; ``bfcl``: the leaderboard's groups."""
-        format_ratio = nanmean(i["format_ratio"] for i in items.values())
+        return {**self._grouped("accuracy", items, categories),
+                "format_ratio": nanmean(i["format_ratio"] for i in items.values())}
+
+    def overall_of(self, metric: str, items: Mapping[str, Mapping[str, Any]],
+                   categories: Mapping[str, Mapping]) -> float:
+        """pass@k grouped as ``accuracy`` is (``bfcl``: the mean of the leaderboard's groups)."""
+        return self._grouped(metric, items, categories)["accuracy"]
+
+    def _grouped(self, metric: str, items: Mapping[str, Mapping[str, Any]],
+                 categories: Mapping[str, Mapping]) -> dict:
+        """``metric`` as the leaderboard groups accuracy: one category, the mean over its items;
+        ``bfcl``, the mean of non_live (over its categories), live (over its items) and
+        irrelevance (over its categories), under ``accuracy``, with the three groups."""
         if len(self.categories) == 1:
-            return {"accuracy": nanmean(i["accuracy"] for i in items.values()), "format_ratio": format_ratio}
+            return {"accuracy": nanmean(i[metric] for i in items.values())}
 
         def acc(cat: str) -> float:
-            return categories[cat]["accuracy"] if cat in categories else math.nan
+            return categories[cat][metric] if cat in categories else math.nan
 
         non_live = nanmean(acc(c) for c in NON_LIVE_AST)
         counts = {c: categories[c]["items"] for c in LIVE_AST if c in categories}
         live = (sum(acc(c) * n for c, n in counts.items()) / sum(counts.values())) if counts else math.nan
         irrelevance = nanmean(acc(c) for c in IRRELEVANCE)
         return {"accuracy": nanmean([non_live, live, irrelevance]), "non_live": non_live, "live": live,
-                "irrelevance": irrelevance, "format_ratio": format_ratio}
+                "irrelevance": irrelevance}

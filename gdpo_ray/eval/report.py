@@ -8,7 +8,9 @@ with no token count): it is left out of that metric's means and counted under ``
 - an item's value of a metric is the mean over its n samples (avg@n: ``pass@1`` averaged over
   16 samples, as the paper reports math and code);
 - a category's is the mean over its items, and so is ``overall`` unless the suite groups
-  categories its own way (BFCL: ``Suite.overall``).
+  categories its own way (BFCL: ``Suite.overall``);
+- with ``pass_k``, ``pass@k`` (Chen et al.'s unbiased estimator, ``gdpo_ray.eval.pass_at_k``)
+  per item from its n samples, then per category and overall as above (``Suite.overall_of``).
 
 The report (``build_report``) is one JSON object: ``suite``, ``policy``, ``settings``,
 ``overall`` (metric -> value), ``categories`` (category -> metric -> value, plus ``items``),
@@ -24,6 +26,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
+
+from gdpo_ray.eval import pass_at_k
 
 
 def nanmean(values: Iterable[float]) -> float:
@@ -51,16 +55,24 @@ def mean_over_items(items: Mapping[str, Mapping[str, Any]], metrics: Sequence[st
 
 
 def build_report(suite: Any, scored: Mapping[str, Sequence[Mapping[str, Any]]], categories: Mapping[str, str],
-                 policy: str, settings: Mapping[str, Any]) -> dict:
+                 policy: str, settings: Mapping[str, Any], pass_k: Sequence[int] = ()) -> dict:
     """The report of ``suite`` from ``scored`` (item id -> its samples: the sample's
-    ``completion`` and its metric values) and ``categories`` (item id -> category)."""
+    ``completion`` and its metric values) and ``categories`` (item id -> category); with
+    ``pass_k``, each item, category and ``overall`` also has ``pass@k`` for those k
+    (``gdpo_ray.eval.pass_at_k``; ``pass@1`` stays the avg@n mean where the suite reports it)."""
     metrics = list(suite.metrics)
+    ks = [k for k in pass_k if pass_at_k.key(k) not in metrics]
+    correct = suite.correct_metric() if ks else None
+    if ks and correct is None:
+        raise ValueError(f"suite {suite.name} reports neither pass@1 nor accuracy: it has no pass@k")
     items = {}
     for item_id, samples in scored.items():
         items[item_id] = {"category": categories[item_id], **item_metrics(samples, metrics),
+                          **(pass_at_k.item_pass_at_k(samples, correct, ks) if ks else {}),
                           "samples": [dict(s) for s in samples]}
-    per_category = category_metrics(items, metrics)
+    per_category = category_metrics(items, metrics + [pass_at_k.key(k) for k in ks])
     overall = suite.overall(items, per_category)
+    overall |= {pass_at_k.key(k): suite.overall_of(pass_at_k.key(k), items, per_category) for k in ks}
     missing = {m: sum(math.isnan(float(s[m])) for ss in scored.values() for s in ss) for m in metrics}
     errors = [{"item": item_id, "sample": k, "error": s["error"]}
               for item_id, samples in scored.items() for k, s in enumerate(samples) if "error" in s]

@@ -6,6 +6,10 @@ needs) and ``score(item, completions)``, which scores every sample of one item a
 suites run all n programs of an item in one sandbox call). The families of suites and the
 registry that builds one from its name are ``gdpo_ray.eval.suites``.
 
+``correct_metric()`` names the metric that pass@k counts correct samples by, and
+``overall_of`` aggregates pass@k over items as the suite aggregates that metric
+(``gdpo_ray.eval.pass_at_k``).
+
 ``exceeds`` is the paper's length-exceed test shared by the suites that report ``exceed_ratio``.
 """
 
@@ -87,6 +91,17 @@ class Suite(abc.ABC):
     def overall(self, items: Mapping[str, Mapping[str, Any]], categories: Mapping[str, Mapping]) -> dict:
         """The ``overall`` section: each metric's mean over the items."""
         return mean_over_items(items, self.metrics)
+
+    def correct_metric(self) -> str | None:
+        """The metric by which pass@k counts a sample correct (it scores 1): ``pass@1``, else
+        ``accuracy``; None: the suite reports neither, and has no pass@k."""
+        return next((m for m in ("pass@1", "accuracy") if m in self.metrics), None)
+
+    def overall_of(self, metric: str, items: Mapping[str, Mapping[str, Any]],
+                   categories: Mapping[str, Mapping]) -> float:
+        """The overall value of a per-item metric that ``overall`` does not report (pass@k),
+        aggregated as the suite aggregates its ``correct_metric``: the mean over the items."""
+        return mean_over_items(items, [metric])[metric]
 
     def close(self) -> None:
         """Releases what the suite started (worker processes, environments)."""

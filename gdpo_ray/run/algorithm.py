@@ -135,7 +135,7 @@ class GDPOConfig(AlgorithmConfig):
             model_path=self.model_path, zero_stage=self.zero_stage, precision=self.precision,
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
-            epochs=self.num_epochs, temperature=self.temperature,
+            epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
             loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
             lora=lora_settings(self.lora), digest_variants=engine_variants(self.engine, self.engine_kwargs))
 
@@ -329,7 +329,7 @@ class GDPO(Algorithm):
     def evaluate_policy(self, **settings: Any) -> dict | None:
         """The eval suite's report (``gdpo_ray.eval``) of the current policy, generated on the
         rollout actors, with the config's eval settings (``settings`` override them: samples,
-        temperature, top_p, max_tokens, limit); None without a suite, or when the eval failed
+        temperature, top_p, max_tokens, limit, pass_k); None without a suite, or when the eval failed
         (logged; training goes on)."""
         from gdpo_ray.run.eval_runner import evaluate_during_training
 
@@ -338,7 +338,7 @@ class GDPO(Algorithm):
             return None
         report = evaluate_during_training(self.eval_suite, self.rollouts, self.policy_version, **(dict(
             samples=c.eval_samples, temperature=c.eval_temperature, top_p=c.eval_top_p,
-            max_tokens=c.eval_max_tokens, limit=c.eval_limit) | settings))
+            max_tokens=c.eval_max_tokens, limit=c.eval_limit, pass_k=c.eval_pass_k) | settings))
         self.last_eval = report or self.last_eval
         return report
 

@@ -11,7 +11,7 @@ from pathlib import Path
 DESCRIPTION = """\
 Evaluate POLICY (a model directory such as a run's policy/, a run directory, a LoRA adapter
 directory, a training checkpoint, or 'demo') on a suite, as the paper evaluates: n samples per item at temperature 0.6 / top-p 0.95 by default,
-avg@n of each metric. Or score a file of completions (--completions FILE.jsonl: one
+avg@n of each metric (--pass-k 1,4,16: pass@k too). Or score a file of completions (--completions FILE.jsonl: one
 {"id": ..., "completions": [...]} per line) without a model. Writes a JSON report (--output;
 default: eval/<suite>.json in the run directory, or in the current folder) and prints a table.
 With --compare, prints one row per run from reports already written (report files, or run
@@ -31,6 +31,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "model's tokenizer (for exceed_ratio)")
     p.add_argument("--limit", type=int, help="the first N items of the suite")
     p.add_argument("--samples", type=int, default=1, help="completions per item (n of avg@n; default 1)")
+    p.add_argument("--pass-k", metavar="K,K,...", help="also report pass@k for these k, e.g. 1,4,16 "
+                   "(Chen et al.'s unbiased estimator from the n samples; each k <= --samples)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-tokens", type=int, help="new tokens per completion (default: the suite's)")
@@ -118,11 +120,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
-    from gdpo_ray.run.eval_runner import evaluate, resolve_policy
+    from gdpo_ray.run.eval_runner import check_pass_k, evaluate, resolve_policy
     from gdpo_ray.eval.suites import make_suite
 
     suite = make_suite(args.suite, length_limit=args.length_limit)
     try:
+        check_pass_k(suite, args.pass_k, args.samples if args.policy is not None else None)  # before Ray
         if args.policy is not None:
             policy = resolve_policy(args.policy, args.base)  # a bad path fails before Ray starts
             from gdpo_ray.run.train import start_ray
@@ -135,6 +138,6 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
                         limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
                         num_actors=args.num_actors, chat_template=not args.no_chat_template,
                         tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                        label=args.policy)
+                        label=args.policy, pass_k=args.pass_k)
     finally:
         suite.close()

@@ -10,8 +10,8 @@ scorer waits on sandbox processes (``Suite.parallel_scoring``).
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
 ``policy/``, or under LoRA its ``policy-merged/``), a PEFT LoRA adapter directory (merged into its
 base model, ``merge_adapter``), a training checkpoint (its learners' weights exported into the run's base model,
-``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or the name ``demo`` (the demo's
-warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
+``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or the name ``demo`` or ``demo-tools``
+(a CPU demo's warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
 that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
 ``{"id": <item id>, "completions": [str, ...]}``, optionally ``"tokens": [int, ...]`` and
@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
 from gdpo_ray import model_files
+from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
@@ -47,10 +48,8 @@ logger = logging.getLogger(__name__)
 def resolve_policy(policy: str, base: str | None = None) -> str:
     """The model directory ``policy`` stands for (see the module docstring); ``base``: the base
     model of a LoRA adapter (default: the one its ``adapter_config.json`` names)."""
-    if policy == "demo":
-        from gdpo_ray.warm_start import demo_model_dir
-
-        return str(demo_model_dir())
+    if policy in ("demo", "demo-tools"):
+        return str(model_files.resolve_model_path(policy))
     path = Path(policy).expanduser()
     for policy_dir in (path / "policy-merged", path / "policy"):  # a run directory (LoRA: merged)
         if (policy_dir / "config.json").is_file():
@@ -69,7 +68,7 @@ def resolve_policy(policy: str, base: str | None = None) -> str:
         return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
     raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a LoRA adapter "
                      f"directory (no adapter_config.json), a run directory (no policy/ in it), a "
-                     f"training checkpoint or 'demo'")
+                     f"training checkpoint, 'demo' or 'demo-tools'")
 
 
 def merge_adapter(adapter: Path, base: str | None = None) -> str:
@@ -277,19 +276,24 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
              limit: int | None = None, engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
              num_actors: int = 1, chat_template: bool = True, tokenizer: str | None = None,
              progress: bool = True, rollouts: RolloutGroup | None = None, label: str | None = None,
-             max_prompt_tokens: int = 8192) -> dict:
+             max_prompt_tokens: int = 8192, pass_k: Sequence[int] | None = None) -> dict:
     """The report of ``suite`` for ``policy`` (generated on new rollout actors), for the policy
-    of ``rollouts`` (a run's rollout group, during training) or for ``completions_file``."""
+    of ``rollouts`` (a run's rollout group, during training) or for ``completions_file``; with
+    ``pass_k`` (ks, each at most ``samples``, or at most each item's completions in the file)
+    its pass@k too (``gdpo_ray.eval.pass_at_k``)."""
     if (policy is None) == (completions_file is None) and rollouts is None:
         raise ValueError("evaluate needs a policy to generate with or a completions file (--completions), not both")
     if samples < 1:
         raise ValueError(f"--samples must be >= 1; got {samples}")
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1; got {limit}")
+    pass_k = check_pass_k(suite, pass_k or (), None if completions_file is not None else samples)
     items = suite.items()[:limit]
     max_tokens = max_tokens or suite.max_tokens
     settings = {"samples": samples, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
                 "length_limit": suite.length_limit, "limit": limit, "items": len(items)}
+    if pass_k:
+        settings["pass_k"] = list(pass_k)
     if completions_file is not None:
         tok = None
         if tokenizer:
@@ -300,6 +304,9 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         missing = len(items) - len(found)
         if not found:
             raise ValueError(f"{completions_file}: no completions of this suite's items")
+        if pass_k:
+            item_id, fewest = min(((i, len(c)) for i, c in found.items()), key=lambda pair: pair[1])
+            check_ks(pass_k, fewest, "--pass-k", f"the number of completions of item {item_id} in {completions_file}")
         settings |= {"completions": str(completions_file), "items_missing": missing}
         completions, source = found, str(completions_file)
     else:
@@ -312,7 +319,22 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
                                rollouts=rollouts, max_prompt_tokens=max_prompt_tokens)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
-    return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings)
+    return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings, pass_k)
+
+
+def check_pass_k(suite: Suite, pass_k: Any, samples: int | None) -> tuple[int, ...]:
+    """The ks of ``--pass-k`` (a list, or "1,4,16"), checked before any actor starts: integers
+    >= 1, at most ``samples`` (None: a completions file's, checked per item once read), of a
+    suite that has a correct metric."""
+    if not pass_k:
+        return ()
+    ks = parse_ks(pass_k, "--pass-k")
+    if samples is not None:
+        check_ks(ks, samples, "--pass-k", "--samples")
+    if suite.correct_metric() is None:
+        raise ValueError(f"--pass-k: suite {suite.name} reports neither pass@1 nor accuracy (its metrics: "
+                         f"{', '.join(suite.metrics)}), so no sample counts as correct; leave --pass-k out")
+    return ks
 
 
 def evaluate_during_training(suite: Suite, rollouts: RolloutGroup, version: int, **settings: Any) -> dict | None:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from actors.engines import SamplingParams, engine_class
 from gdpo_ray import config as fields
 from gdpo_ray.advantages import ESTIMATORS
+from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.suites import make_suite
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
@@ -70,12 +71,20 @@ def check(config: Any) -> None:
 
 
 def _check_eval(c: Any) -> None:
-    """An eval schedule needs a suite, and the suite must load (its data, its packages)."""
+    """An eval schedule needs a suite, and the suite must load (its data, its packages);
+    pass@k needs k <= eval_samples and a suite with a correct metric."""
     if c.eval_every and not c.eval_suite:
         raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
                          f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
+    if c.eval_pass_k:
+        check_ks(parse_ks(c.eval_pass_k, "training.eval_pass_k"), c.eval_samples,
+                 "training.eval_pass_k", "training.eval_samples")
     if c.eval_suite:
-        make_suite(c.eval_suite).close()
+        suite = make_suite(c.eval_suite)
+        suite.close()
+        if c.eval_pass_k and suite.correct_metric() is None:
+            raise ValueError(f"training.eval_pass_k: suite {c.eval_suite} reports neither pass@1 nor accuracy "
+                             f"(its metrics: {', '.join(suite.metrics)}); set training.eval_pass_k=null")
 
 
 def _check_engine(c: Any) -> None:

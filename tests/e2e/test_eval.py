@@ -67,7 +67,7 @@ def test_the_eval_command_generates_with_rollout_actors(ray_cluster, tmp_path, c
 
 def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_policy(ray_cluster, tmp_path, capsys):
     """training.eval_every: eval/<suite>/<metric> at the eval steps only (JSONL and
-    TensorBoard), the final report in the run's eval/, a panel in the plot; then the run's
+    TensorBoard; training.eval_pass_k: pass@k among them), the final report in the run's eval/, a panel in the plot; then the run's
     checkpoint and its exported policy/ evaluate alike (same weights, same sampling seed), and
     --compare reads run directories."""
     from gdpo_ray.run.cli import main
@@ -75,15 +75,18 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     assert main(["train", "demo", "run.steps=3", "run.name=evald", f"run.output_dir={tmp_path}",
                  "training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32",
                  "training.eval_every=2", "training.eval_suite=task:addition", "training.eval_limit=6",
-                 "training.eval_samples=2"]) == 0
+                 "training.eval_samples=2", "training.eval_pass_k=[1,2]"]) == 0
     run = tmp_path / "evald"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")} for r in rows}
     assert list(evals[1]) == [] and list(evals[3]) == []  # evaluated at step 2 only ...
     assert sorted(evals[2]) == ["eval/task:addition/exceed_ratio", "eval/task:addition/format_ratio",
-                                "eval/task:addition/pass@1"]
+                                "eval/task:addition/pass@1", "eval/task:addition/pass@2"]
+    # pass@2 >= pass@1: a correct one among 2 samples is at least as likely as in 1
+    assert evals[2]["eval/task:addition/pass@2"] >= evals[2]["eval/task:addition/pass@1"]
     final = json.loads((run / "eval" / "task_addition.json").read_text())  # ... and at the end
     assert final["step"] == 3 and final["counts"] == {"items": 6, "samples": 12, "prompt_too_long": 0}
+    assert final["settings"]["pass_k"] == [1, 2] and "pass@2" in final["overall"]
     assert "eval report" in capsys.readouterr().out
     by_checkpoint, by_policy = tmp_path / "c.json", tmp_path / "p.json"
     for policy, out in ((run / "checkpoints" / "final", by_checkpoint), (run / "policy", by_policy)):

@@ -85,6 +85,26 @@ def test_one_and_two_learners_compute_the_same_update(ray_cluster, tiny_model_di
         np.testing.assert_allclose(weights[1][name], weights[0][name], rtol=0, atol=2e-6, err_msg=name)
 
 
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "all-linear"}])
+def test_gradient_checkpointing_computes_the_same_update(ray_cluster, tiny_model_dir, fixed_batch, lora):
+    """training.gradient_checkpointing recomputes the layers in backward: the same update."""
+    weights, flags = [], []
+    for on in (False, True):
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.01, lora=lora,
+                                    gradient_checkpointing=on), num_learners=1)
+        try:
+            flags.append(ray_cluster.get(group.learners[0].__ray_call__.remote(
+                lambda lr: (lr.engine.module.is_gradient_checkpointing, lr.engine.module.training))))
+            group.update(fixed_batch, ADV)
+            weights.append(group.get_weights())
+        finally:
+            group.shutdown()
+    assert flags == [(False, True), (True, True)]  # on where asked, and in train mode (else it is a no-op)
+    assert weights[0].keys() == weights[1].keys()
+    for name in weights[0]:
+        np.testing.assert_allclose(weights[1][name], weights[0][name], rtol=0, atol=1e-7, err_msg=name)
+
+
 def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):
     group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=1)
     try:

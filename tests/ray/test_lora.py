@@ -66,6 +66,35 @@ def test_one_update_changes_the_adapter_and_nothing_else(ray_cluster, tiny_model
     assert frozen and not changed & set(frozen)
 
 
+def _dropout_probe(learner, groups):
+    """Two training-mode forwards, then two old-logprob passes, of the same rows."""
+    from gdpo_ray.groups import read_rows
+    from learners.deepspeed_learner import _rows
+
+    rows = _rows(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
+    train = [learner._logprobs(learner.engine, rows)[0].detach().numpy() for _ in range(2)]
+    old = [np.concatenate(learner._old_logprobs(rows)) for _ in range(2)]
+    return train, old
+
+
+def test_lora_dropout_is_applied_in_the_update_and_nowhere_else(ray_cluster, tiny_model_dir, fixed_batch):
+    """A TRL user's lora_dropout (0.05 in PEFT's examples) is not silently ignored: the update's
+    forward drops the adapters' inputs; the old logprobs (the importance ratio's) do not."""
+    updated = []
+    for dropout in (0.0, 0.5):
+        lora = lora_settings({"r": 4, "lora_alpha": 8, "lora_dropout": dropout, "target_modules": "all-linear"})
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.05, lora=lora), num_learners=1)
+        try:
+            group.update(fixed_batch, ADV)  # B leaves zero: the adapter now changes the output
+            updated.append(ray_cluster.get(group.learners[0].__ray_call__.remote(_named, True)))
+            train, old = ray_cluster.get(group.learners[0].__ray_call__.remote(_dropout_probe, fixed_batch))
+        finally:
+            group.shutdown()
+    assert any(not np.array_equal(updated[0][n], updated[1][n]) for n in updated[0])  # dropout changed the step
+    assert not np.array_equal(train[0], train[1])  # two training forwards drop differently
+    np.testing.assert_array_equal(old[0], old[1])  # eval mode: the policy's own logprobs
+
+
 def _rollouts(model_dir, lora):
     from actors.buffer import ArrowBuffer
     from actors.prompts import PromptSource
@@ -101,7 +130,7 @@ def _learner_row_logprobs(learner, prompt, response):
 def test_only_the_adapter_is_pushed_and_every_push_is_attested(ray_cluster, tiny_model_dir, fixed_batch,
                                                                transport):
     """A LoRA push carries the adapter's tensors alone; each actor's engine then computes what
-    the learner computes, and the ledger counts the push attested."""
+    the learner computes (merged: up to rounding), and the ledger counts the push attested."""
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.05, lora=LORA), num_learners=1)
     rollouts = _rollouts(tiny_model_dir, LORA)
     prompt, response = [1, 5, 7, 9], [11, 42, 7, 300, 2]
@@ -123,8 +152,8 @@ def test_only_the_adapter_is_pushed_and_every_push_is_attested(ray_cluster, tiny
         rollouts.shutdown()
     assert pushed.sent.bytes == sum(v.nbytes for v in adapter.values())  # the adapter, nothing else
     assert len(pushed.sent.digests) == len(adapter)
-    for lp in engine_lp:
-        np.testing.assert_array_equal(lp, learner_lp)
+    for lp in engine_lp:  # the merged adapter: the learner's function up to float rounding
+        np.testing.assert_allclose(lp, learner_lp, rtol=0, atol=1e-5)
     assert rollouts.ledger.attested == 2
 
 
@@ -191,3 +220,35 @@ def test_a_lora_checkpoint_holds_the_adapter_and_its_optimizer_state(ray_cluster
     model_states = next((tmp_path / "ckpt").glob("*/mp_rank_00_model_states.pt"))
     base_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).glob("*.safetensors"))
     assert model_states.stat().st_size < base_bytes / 2  # the adapter, not the frozen base weights
+
+
+def test_the_hf_engine_merges_every_push_from_the_pristine_weights(tiny_model_dir):
+    """W = W0 + PEFT's delta after each push, never accumulated: pushing the zero adapter after
+    two others gives W0 back bit for bit. A layer whose weight is not its adapter's merge (a
+    load that did not merge) reports none of its tensors, so its push is not attested."""
+    import torch
+
+    from actors.hf_engine import HFEngine
+    from gdpo_ray.weights.digest import compare, digest
+
+    engine = HFEngine(tiny_model_dir, lora=LORA)
+    held = engine._held()
+    base = {name: w0.clone() for name, (_, w0) in engine._layers.items()}
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        adapter = {n: rng.normal(0, 0.1, p.shape).astype(np.float32) for n, p in held.items()}
+        engine.load_weights(adapter.items())
+    some = next(iter(engine._layers))
+    layer = engine._layers[some][0]
+    merged = layer.base_layer.weight.detach().clone()
+    assert not torch.equal(merged, base[some])
+    torch.testing.assert_close(merged, base[some] + layer.get_delta_weight("default"), rtol=0, atol=0)
+    sent = {n: digest(torch.from_numpy(v)) for n, v in adapter.items()}
+    dtypes = {n: "float32" for n in adapter}
+    assert compare(sent, engine.weight_digests(dtypes)) == []
+    layer.base_layer.weight.data = base[some].clone()  # the merge undone
+    wrong = compare(sent, engine.weight_digests(dtypes))
+    assert len(wrong) == 1 and f"{some}.lora_A.weight" in wrong[0] and "not reported as held" in wrong[0]
+    engine.load_weights((n, np.zeros(p.shape, np.float32)) for n, p in held.items() if ".lora_B." in n)
+    for name, (layer, _) in engine._layers.items():
+        assert torch.equal(layer.base_layer.weight, base[name]), name
