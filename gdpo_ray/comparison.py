@@ -1,0 +1,84 @@
+"""Comparing training methods over seeds, as the paper's figures and tables do.
+
+- ``band``: per step, the median and the interquartile range (25th to 75th percentile) of a
+  metric over seeds (NaN where a seed has no value is left out);
+- ``sign_test``: the exact two-sided sign test over paired seeds (the same seed for both methods):
+  each seed is a win, a loss or a tie for the first method; ties are dropped, and under the null
+  hypothesis (neither method better) the wins of n = wins + losses are Binomial(n, 1/2), so
+  p = min(1, 2 * P(X <= min(wins, losses))). Five seeds can reach p = 0.0625 at best: it says
+  how far a miniature can speak, not more;
+- ``plot_bands``: one panel per metric, one line per method with its shaded band.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+def band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median, 25th percentile, 75th percentile) per step of ``curves`` ([seeds][steps];
+    shorter curves are padded with NaN)."""
+    width = max((len(c) for c in curves), default=0)
+    values = np.full((len(curves), width), np.nan)
+    for i, c in enumerate(curves):
+        values[i, :len(c)] = np.asarray(c, dtype=float)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a step no seed reached: NaN
+            q1, median, q3 = np.nanpercentile(values, [25, 50, 75], axis=0) if width else (np.zeros(0),) * 3
+    return median, q1, q3
+
+
+def sign_test(ours: Sequence[float], theirs: Sequence[float], higher_is_better: bool = True) -> dict:
+    """Paired seeds: ``{"wins", "losses", "ties", "p"}`` for ``ours`` against ``theirs``.
+    A pair with a NaN counts as a tie (no evidence either way)."""
+    if len(ours) != len(theirs):
+        raise ValueError(f"sign_test pairs seeds: got {len(ours)} and {len(theirs)} values")
+    wins = losses = ties = 0
+    for a, b in zip(ours, theirs):
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b) or a == b:
+            ties += 1
+        elif (a > b) == higher_is_better:
+            wins += 1
+        else:
+            losses += 1
+    n = wins + losses
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1))
+    return {"wins": wins, "losses": losses, "ties": ties, "p": min(1.0, 2 * tail / 2 ** n) if n else 1.0}
+
+
+def plot_bands(curves: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], metrics: Sequence[str],
+               titles: Mapping[str, str], png: str | Path, title: str = "") -> Path:
+    """``curves``: method -> metric -> [seeds][steps]. One panel per metric: each method's
+    median over seeds, its interquartile range shaded (the paper's Fig. 4 and 5 style)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for method, by_metric in curves.items():
+            median, q1, q3 = band(by_metric.get(metric, []))
+            steps = np.arange(1, len(median) + 1)
+            line, = ax.plot(steps, median, label=method, linewidth=1.6)
+            ax.fill_between(steps, q1, q3, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(titles.get(metric, metric), fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
