@@ -74,6 +74,7 @@ FIELDS: dict[str, Field] = {
     "eval_limit": Field("training", None, "evaluate the suite's first N items (None: all)", "int?", at_least=1),
     "eval_temperature": Field("training", 0.6, "eval sampling temperature (the paper's 0.6)", above=0),
     "eval_top_p": Field("training", 0.95, "eval top-p (the paper's 0.95; no logprobs are kept, so any engine takes it)", above=0, at_most=1),
+    "eval_length_limit": Field("training", None, "exceed_ratio's limit in tokens (None: the suite's own; gdpo-ray eval --length-limit)", "int?", at_least=1),
     "eval_max_tokens": Field("training", None, "new tokens per eval completion (None: the suite's)", "int?", at_least=1),
     "eval_pass_k": Field("training", None, "also pass@k of the eval for these k, e.g. [1, 4, 16] (Chen et al.'s unbiased estimator; each k <= eval_samples): metrics eval/<suite>/pass@<k>; None: none", "list?"),
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),

@@ -186,6 +186,7 @@ class DeepSpeedLearner:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.ref = None
+        self._fused: dict[int, bool] = {}  # id(model) -> its logprobs through token_logprobs
         self.device = self.engine.device
         self.sender = WeightSender(self.engine, cfg.zero_stage, adapter_only=bool(cfg.lora),
                                    variants=tuple(cfg.digest_variants))
@@ -217,19 +218,40 @@ class DeepSpeedLearner:
             keep[i, p - 1:p - 1 + n], mask[i, :n] = True, True
         targets = torch.from_numpy(np.concatenate([r.response for r in rows]).astype(np.int64)).to(self.device)
         keep_t, mask_t = torch.from_numpy(keep).to(self.device), torch.from_numpy(mask).to(self.device)
-        logits = model(input_ids=torch.from_numpy(ids).to(self.device),
-                       attention_mask=torch.from_numpy(attn).to(self.device), logits_to_keep=keep_t).logits
-        if logits.dim() == 3:  # a model that computes every position's logits
-            logits = logits[keep_t]
-        picked = logits.float()  # [N, V], row-major as the mask
-        if self.config.temperature != 1.0:
-            picked = picked / self.config.temperature
-        flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
+
+        def forward():
+            return model(input_ids=torch.from_numpy(ids).to(self.device),
+                         attention_mask=torch.from_numpy(attn).to(self.device), logits_to_keep=keep_t)
+
+        if self._fused_head(model):  # [N, V] logits in slices only
+            from learners.token_logprobs import head_input, output_embedding, token_logprobs
+
+            head = output_embedding(model)
+            flat, entropies = token_logprobs(head_input(model, head, forward), head.weight, targets,
+                                             self.config.temperature)
+            entropy = entropies.sum()
+        else:
+            logits = forward().logits
+            if logits.dim() == 3:  # a model that computes every position's logits
+                logits = logits[keep_t]
+            picked = logits.float()  # [N, V], row-major as the mask
+            if self.config.temperature != 1.0:
+                picked = picked / self.config.temperature
+            flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
+            entropy = torch.zeros((), device=self.device)
+            if want_entropy:  # a metric: in slices of rows, so its [N, V] temporaries stay small
+                entropy = sum(entropy_from_logits(part).sum() for part in picked.detach().split(ENTROPY_ROWS))
         out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(mask_t, flat)
-        entropy = torch.zeros((), device=self.device)
-        if want_entropy:  # a metric: in slices of rows, so its [N, V] temporaries stay small
-            entropy = sum(entropy_from_logits(part).sum() for part in picked.detach().split(ENTROPY_ROWS))
         return out, mask_t, entropy
+
+    def _fused_head(self, model) -> bool:
+        """Whether ``model``'s logprobs go through ``token_logprobs`` (probed once per model)."""
+        from learners.token_logprobs import fused_head
+
+        if id(model) not in self._fused:
+            with self._inference():
+                self._fused[id(model)] = fused_head(model, self.device)
+        return self._fused[id(model)]
 
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         torch = self.torch
@@ -283,12 +305,13 @@ class DeepSpeedLearner:
     @contextlib.contextmanager
     def _inference(self):
         """No gradient, and eval mode: the adapters' dropout off, as the policy samples."""
+        training = self.engine.training
         self.engine.eval()
         try:
             with self.torch.no_grad():
                 yield
         finally:
-            self.engine.train()
+            self.engine.train(training)
 
     def _reference_logprobs(self, rows: list[_Row]):
         """Logprobs under the reference policy of the KL term: the initial model, or under

@@ -59,20 +59,21 @@ def _bfcl(category: str, **options: Any) -> Suite:
 
 def make_suite(spec: str, **options: Any) -> Suite:
     """The suite ``spec`` names (see the module docstring); ``options`` go to its constructor
-    (``length_limit``, and the suite's own)."""
+    (``length_limit``, and the suite's own), those that are None left out (the suite's default)."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"--suite must name a suite ({USAGE}); got {spec!r}")
     family, _, argument = spec.partition(":")
     if family not in SUITES:
         raise ValueError(f"unknown suite {spec!r}: use {USAGE} (families: {', '.join(SUITES.names())})")
-    return SUITES.get(family)(argument, **options)
+    return SUITES.get(family)(argument, **{k: v for k, v in options.items() if v is not None})
 
 
-def held_out_suite(spec: str, training_data: Any, prompt_column: str = "prompt") -> Suite:
-    """The suite a training run evaluates on: ``spec``'s, without the items whose prompt is a
-    prompt of ``training_data`` (rows, a ``gdpo_ray.data.Rows``, or a dataset path; other data,
-    e.g. a ``datasets.Dataset``, leaves the suite whole)."""
-    suite = make_suite(spec)
+def held_out_suite(spec: str, training_data: Any, prompt_column: str = "prompt", **options: Any) -> Suite:
+    """The suite a training run evaluates on: ``spec``'s (built with ``options``, as
+    ``make_suite``), without the items whose prompt is a prompt of ``training_data`` (rows, a
+    ``gdpo_ray.data.Rows``, or a dataset path; other data, e.g. a ``datasets.Dataset``, leaves
+    the suite whole)."""
+    suite = make_suite(spec, **options)
     if isinstance(training_data, (str, Path)):
         training_data = read_dataset(training_data)  # read by the start-up check already (cached)
     rows = getattr(training_data, "rows", training_data)

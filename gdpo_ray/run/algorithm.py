@@ -218,11 +218,10 @@ class GDPO(Algorithm):
             except BaseException:
                 self.rollouts.shutdown()
                 raise
-        self.eval_suite = None
-        if c.eval_suite:
-            from gdpo_ray.eval.suites import held_out_suite
+        from gdpo_ray.eval.suites import held_out_suite
 
-            self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c.prompts, c.num_prompts, c.seed or 0), c.prompt_column)
+        self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c.prompts, c.num_prompts, c.seed or 0), c.prompt_column,
+                                         length_limit=c.eval_length_limit) if c.eval_suite else None
         self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)

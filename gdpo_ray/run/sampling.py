@@ -36,6 +36,7 @@ def take_groups(config: Any, rollouts: Any, buffer: Any, prompts: Any,
         kept += taken
         if len(kept) == c.prompts_per_step or not c.dynamic_sampling:
             break
+    buffer.short_step(c.prompts_per_step - len(kept))  # admission keeps B per step
     if not kept:
         raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
                            "rounds: no weighted reward varies within any group; raise max_refills, "

@@ -80,7 +80,7 @@ def _check_eval(c: Any) -> None:
         check_ks(parse_ks(c.eval_pass_k, "training.eval_pass_k"), c.eval_samples,
                  "training.eval_pass_k", "training.eval_samples")
     if c.eval_suite:
-        suite = make_suite(c.eval_suite)
+        suite = make_suite(c.eval_suite, length_limit=c.eval_length_limit)
         suite.close()
         if c.eval_pass_k and suite.correct_metric() is None:
             raise ValueError(f"training.eval_pass_k: suite {c.eval_suite} reports neither pass@1 nor accuracy "

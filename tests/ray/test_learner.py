@@ -154,17 +154,21 @@ def _learner_logprobs(learner, groups):
     return [logp[i, :len(r.response)].detach().numpy() for i, r in enumerate(rows)], mask.sum().item()
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_learner_logprobs_are_a_plain_forward_pass_per_row(ray_cluster, tiny_model_dir, fixed_batch, temperature):
-    """The batched logprobs (one gather, one log_softmax) equal each row's own forward pass."""
+@pytest.mark.parametrize("temperature, stage", [(1.0, 2), (0.7, 2), (0.7, 3)])
+def test_learner_logprobs_are_a_plain_forward_pass_per_row(ray_cluster, tiny_model_dir, fixed_batch, temperature,
+                                                           stage):
+    """The batched logprobs equal each row's own forward pass: through the LM head in slices
+    (learners/token_logprobs.py), or under ZeRO-3 (a partitioned head) the plain path."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    learners = LearnerGroup(config(tiny_model_dir, zero_stage=2, temperature=temperature), num_learners=1)
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=stage, temperature=temperature), num_learners=1)
     try:
         got, tokens = ray_cluster.get(learners.learners[0].__ray_call__.remote(_learner_logprobs, fixed_batch))
+        fused = ray_cluster.get(learners.learners[0].__ray_call__.remote(lambda lr: list(lr._fused.values())))
     finally:
         learners.shutdown()
+    assert fused == [stage < 3]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     batches = [ray_cluster.get(g.ref).slice(g.start, g.stop - g.start) for g in fixed_batch]
     expected = []

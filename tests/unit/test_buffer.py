@@ -58,3 +58,34 @@ def test_group_ids_are_the_buffered_groups_oldest_first():
     assert buffer.group_ids() == ["a", "b"]
     buffer.take(1)
     assert buffer.group_ids() == ["b"]
+
+
+def test_a_short_step_of_dynamic_sampling_keeps_the_buffer_within_capacity():
+    """Refills ran out and a step trained fewer than B groups: without counting the shortfall,
+    admission let in more groups than the buffer holds (found by the math-length study)."""
+    import types
+
+    import numpy as np
+
+    from gdpo_ray.run.sampling import take_groups
+
+    def group(i, rewards):
+        return GroupRef(None, 0, 2, f"g{i}", buffer.version, np.asarray(rewards, np.float32)[:, None])
+
+    class Prompts:
+        def mark_filtered(self, group_id, why):
+            pass
+
+    buffer = ArrowBuffer(groups_per_step=2, max_staleness=1)  # capacity 4
+    config = types.SimpleNamespace(prompts_per_step=2, max_refills=1, dynamic_sampling=True,
+                                   estimator="gdpo", eps=1e-6)
+    rollouts = types.SimpleNamespace(wait_for=lambda n: None)
+    buffer.add([group(0, [0, 1]), group(1, [1, 1]), group(2, [0, 0])])  # room at version 0: 4
+    kept, filtered = take_groups(config, rollouts, buffer, Prompts(), np.ones(1))
+    # round 1 keeps g0 and drops g1; round 2 drops g2; no refills left: a step of 1 group
+    assert [g.group_id for g in kept] == ["g0"] and filtered == 2 and len(buffer) == 0
+    buffer.set_version(1)
+    room = buffer.room(in_flight=0)
+    assert room == 4  # (1 + 1 + 1) * 2 - accepted (3 admitted - 2 released + 1 short)
+    buffer.add([group(10 + i, [0, 1]) for i in range(room)])  # every admitted group arrives
+    assert len(buffer) == buffer.capacity

@@ -230,6 +230,9 @@ def test_a_runs_eval_suite_leaves_out_its_training_prompts(tmp_path):
     assert not {it.prompt for it in suite.items()} & {r["prompt"] for r in trained}
     path = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "What is 1 + 2?"}])  # a dataset file
     assert len(held_out_suite("task:addition", str(path)).items()) == 99
+    # training.eval_length_limit reaches the suite; None leaves the suite's own (16 tokens)
+    assert held_out_suite("task:addition", trained, length_limit=12).length_limit == 12
+    assert held_out_suite("task:addition", trained, length_limit=None).length_limit == 16
 
 
 # --- hostile completions (issue 29, items 3 and 5) ------------------------------------------
