@@ -96,8 +96,9 @@ def run(study: Study, method: str, seed: int, steps: int | None) -> dict:
 
 
 def summarize(name: str, study: Study, runs: dict, seeds: list[int], out: Path) -> dict:
-    """Plots, the held-out table with every seed, the sign tests and the saturation check."""
-    from gdpo_ray.comparison import plot_bands, sign_test
+    """Plots, the held-out table with every seed, the sign tests, the saturation check, and per
+    method and metric the per-step median and quartiles over seeds (``curves``)."""
+    from gdpo_ray.comparison import band, plot_bands, sign_test
 
     curves = {m: {k: [r["curves"][k] for r in runs[m]] for k in runs[m][0]["curves"]} for m in runs}
     plots = [str(plot_bands(curves, study.curves, TITLES, out / f"{name}.png", study.title))]
@@ -111,7 +112,9 @@ def summarize(name: str, study: Study, runs: dict, seeds: list[int], out: Path) 
              for b in runs if b != "gdpo"} if "gdpo" in runs else {}
     saturated = {m: [reward for reward, top in study.rewards.items()
                      if np.nanmedian(final[m][reward]) >= top - 0.02 * top] for m in runs}
-    return {"seeds": seeds, "held_out": held, "final_train_reward": final, "sign_tests": tests,
+    bands = {m: {k: dict(zip(("median", "q1", "q3"), (v.tolist() for v in band(c)))) for k, c in by.items()}
+             for m, by in curves.items()}
+    return {"seeds": seeds, "held_out": held, "final_train_reward": final, "sign_tests": tests, "curves": bands,
             "saturated": saturated, "plots": plots,
             "minutes": sum(r["seconds"] for rs in runs.values() for r in rs) / 60}
 

@@ -66,11 +66,16 @@ def local_dir(path: str, shipped: Any | None, cache: str | Path | None = None) -
 
 
 def resolve_model_path(spec: str) -> Path:
-    """``demo`` (the warm-started tiny model), ``tiny`` (random), ``smollm2`` or a directory."""
+    """``demo`` (the warm-started tiny model of the addition demo), ``demo-tools`` (the one of
+    the tool-calling study), ``tiny`` (random), ``smollm2`` or a directory."""
     if spec == "demo":
         from gdpo_ray.warm_start import demo_model_dir
 
         return demo_model_dir()
+    if spec == "demo-tools":
+        from gdpo_ray.warm_start_tools import tools_model_dir
+
+        return tools_model_dir()
     if spec == "smollm2":
         from gdpo_ray.pretrained import smollm2_dir
 

@@ -1,16 +1,21 @@
-"""The CPU demo's policy: a tiny local model with a short supervised warm start, cached.
+"""The CPU demos' policies: tiny local models with a short supervised warm start, cached.
 
-A randomly initialised model never writes ``<answer>7</answer>``, so RL would have no signal. The
-warm start fits the tiny model (``gdpo_ray.tiny_model``) to a teacher on the ``addition`` task in
-two stages: ``clean_steps`` where every sum is right (the model learns to add: it cannot learn
-it from noisy answers alone), then ``steps`` of a deliberately mediocre teacher that writes the
-right sum only ``p_correct`` of the time (else one of the two operands, a slip the model can
-represent per prompt: uniformly wrong answers make it forget how to add). Throughout, the teacher writes
-the answer tags only ``p_format`` of the time (else ``\\boxed{}``) and a thought of 0-7 words
-(so about half the responses are short). Every demo reward therefore starts at or below half its
-maximum, and RL has each of them to improve. The result is cached under
-``$GDPO_RAY_CACHE`` (default ``~/.cache/gdpo-ray``), keyed by the recipe, so it is built once per
-machine (about 20 s on 2 cores).
+A randomly initialised model never writes ``<answer>7</answer>``, so RL would have no signal. A
+warm start fits the tiny model (``gdpo_ray.tiny_model``) to a deliberately mediocre teacher on
+its task, so that every reward starts well below its maximum and RL has each of them to improve.
+A task brings its teacher and its recipe (a dict of the settings, the cache key); this module
+holds what they share: ``cached_model`` (built once per machine under ``$GDPO_RAY_CACHE``,
+default ``~/.cache/gdpo-ray``, keyed by the recipe, renamed into place atomically) and
+``supervised_fit`` (teacher forcing, the loss on the response tokens only).
+
+``demo`` (this module): the ``addition`` task in two stages: ``clean_steps`` where every sum is
+right (the model learns to add: it cannot learn it from noisy answers alone), then ``steps`` of
+a teacher that writes the right sum only ``p_correct`` of the time (else one of the two
+operands, a slip the model can represent per prompt: uniformly wrong answers make it forget how
+to add). Throughout, the teacher writes the answer tags only ``p_format`` of the time (else
+``\\boxed{}``) and a thought of 0-7 words (so about half the responses are short). Every demo
+reward therefore starts at or below half its maximum (about 40 s on 2 cores, once).
+``demo-tools``: ``gdpo_ray.warm_start_tools``.
 """
 
 from __future__ import annotations
@@ -20,13 +25,104 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 THOUGHT_WORDS = ["add", "the", "numbers", "step", "by", "think"]
 
+#: the demo's recipe; changing any value (or the RNG order of its training) changes the model the
+#: tests and docs quote numbers of
 RECIPE = dict(hidden_size=128, layers=2, clean_steps=400, steps=200, batch_size=64, lr=3e-3,
               mix_lr=1e-3, p_format=0.4, p_correct=0.3, max_words=7, seed=0, version=1)
+
+#: one training example: (prompt token ids, response token ids ending with the EOS token)
+Example = tuple[list[int], list[int]]
+
+
+def cache_root(cache: str | Path | None = None) -> Path:
+    """``cache``, else ``$GDPO_RAY_CACHE``, else ``~/.cache/gdpo-ray``."""
+    return Path(cache or os.environ.get("GDPO_RAY_CACHE", Path.home() / ".cache" / "gdpo-ray"))
+
+
+def cached_model(name: str, recipe: dict, build: Callable[[Path, dict], None],
+                 cache: str | Path | None = None) -> Path:
+    """``<cache>/<name>-<hash of recipe>``, made by ``build(directory, recipe)`` if missing."""
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_root(cache) / f"{name}-{key}"
+    if (target / "config.json").exists():
+        return target
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp, recipe)
+    try:
+        tmp.rename(target)  # atomic: a concurrent reader never sees half a directory
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def supervised_fit(model: Any, batches: Iterable[tuple[float, list[Example]]], lr: float,
+                   pad_id: int, prefix: list[int] | None = None) -> None:
+    """AdamW (no weight decay) on each ``(lr, examples)`` of ``batches`` in turn: one step of
+    ``response_loss``."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for step_lr, examples in batches:
+        for group in optimizer.param_groups:
+            group["lr"] = step_lr
+        loss = response_loss(model, examples, pad_id, prefix)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list[int] | None = None) -> Any:
+    """The mean cross-entropy of the response tokens given the prompt (right-padded; prompt and
+    padding are out of the loss).
+
+    ``prefix``: tokens every prompt starts with, left out of the examples' prompts (which must
+    not be empty): run once and repeated across the batch in the model's KV cache, so a long
+    shared system message costs one sequence, not one per example; the loss and its gradient
+    are those of the whole prompts (up to float rounding)."""
+    import torch
+
+    ids = [prompt + target for prompt, target in examples]
+    labels = [[-100] * len(prompt) + target for prompt, target in examples]
+    width = max(len(x) for x in ids)
+    input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in ids])
+    label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
+    mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
+    if not prefix:
+        return model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
+    from transformers import DynamicCache
+
+    cache = {_cache_argument(model): DynamicCache()}
+    model(input_ids=torch.tensor([prefix]), use_cache=True, **cache)  # fills the cache
+    next(iter(cache.values())).batch_repeat_interleave(len(ids))  # autograd sums the copies' gradients
+    mask = torch.cat([torch.ones(len(ids), len(prefix), dtype=mask.dtype), mask], dim=1)
+    return model(input_ids=input_ids, attention_mask=mask, labels=label_ids, **cache).loss
+
+
+def _cache_argument(model: Any) -> str:
+    """The name of the forward's KV cache argument (``past_key_values`` before transformers 5.25)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def chat_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """The token ids a rollout actor gives the model for ``messages`` (chat template, generation
+    prompt, no extra special tokens)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def response_ids(tokenizer: Any, response: str) -> list[int]:
+    """``response``'s token ids and the EOS token that ends it."""
+    return tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
 def teacher_response(a: int, b: int, rng: np.random.Generator, p_format: float, p_correct: float,
@@ -41,20 +137,24 @@ def teacher_response(a: int, b: int, rng: np.random.Generator, p_format: float, 
 
 def demo_model_dir(cache: str | Path | None = None, **overrides) -> Path:
     """The warm-started demo model directory (built on first use, then reused)."""
-    recipe = RECIPE | overrides
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    root = Path(cache or os.environ.get("GDPO_RAY_CACHE", Path.home() / ".cache" / "gdpo-ray"))
-    target = root / f"demo-addition-{key}"
-    if (target / "config.json").exists():
-        return target
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _warm_start(tmp, recipe)
-    try:
-        tmp.rename(target)  # atomic: a concurrent reader never sees half a directory
-    except OSError:  # another process finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_model("demo-addition", RECIPE | overrides, _warm_start, cache)
+
+
+def _addition_batches(tokenizer: Any, recipe: dict, rng: np.random.Generator
+                      ) -> Iterator[tuple[float, list[Example]]]:
+    """The demo's stages: ``clean_steps`` of right sums at ``lr``, then ``steps`` of the
+    mediocre teacher at ``mix_lr``."""
+    prompts = {(a, b): chat_prompt_ids(tokenizer, [{"role": "user", "content": f"What is {a} + {b}?"}])
+               for a in range(10) for b in range(10)}
+    for step in range(recipe["clean_steps"] + recipe["steps"]):
+        clean = step < recipe["clean_steps"]
+        examples = []
+        for _ in range(recipe["batch_size"]):
+            a, b = (int(x) for x in rng.integers(0, 10, size=2))
+            response = teacher_response(a, b, rng, recipe["p_format"], 1.0 if clean else recipe["p_correct"],
+                                        recipe["max_words"])
+            examples.append((prompts[a, b], response_ids(tokenizer, response)))
+        yield (recipe["lr"] if clean else recipe["mix_lr"]), examples
 
 
 def _warm_start(path: Path, recipe: dict) -> None:
@@ -69,35 +169,5 @@ def _warm_start(path: Path, recipe: dict) -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     rng = np.random.default_rng(recipe["seed"])
     torch.manual_seed(recipe["seed"])
-    prompts = {}
-    for a in range(10):
-        for b in range(10):
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": f"What is {a} + {b}?"}], add_generation_prompt=True,
-                tokenize=False)
-            prompts[a, b] = tokenizer(text, add_special_tokens=False)["input_ids"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
-    model.train()
-    for step in range(recipe["clean_steps"] + recipe["steps"]):
-        p_correct = 1.0 if step < recipe["clean_steps"] else recipe["p_correct"]
-        if step == recipe["clean_steps"]:
-            for group in optimizer.param_groups:
-                group["lr"] = recipe["mix_lr"]
-        ids, labels = [], []
-        for _ in range(recipe["batch_size"]):
-            a, b = (int(x) for x in rng.integers(0, 10, size=2))
-            response = teacher_response(a, b, rng, recipe["p_format"], p_correct,
-                                        recipe["max_words"])
-            target = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-            ids.append(prompts[a, b] + target)
-            labels.append([-100] * len(prompts[a, b]) + target)
-        width = max(len(x) for x in ids)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-        label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
-        mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
-        loss = model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    supervised_fit(model, _addition_batches(tokenizer, recipe, rng), recipe["lr"], tokenizer.pad_token_id)
     model.save_pretrained(path)

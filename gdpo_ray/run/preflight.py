@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from gdpo_ray.run.placement import check_placement
 
-BUILT_IN_MODELS = ("demo", "tiny", "smollm2")
+BUILT_IN_MODELS = ("demo", "demo-tools", "tiny", "smollm2")
 #: dataset rows scored on placeholders at start-up
 SAMPLE_ROWS = 4
 
@@ -150,7 +150,7 @@ def check_lora(c: Any) -> None:
 
 def context_length(spec: Any) -> int | None:
     """The model's context length (positions), where its config says it (None: unknown)."""
-    if spec in ("demo", "tiny"):
+    if spec in ("demo", "demo-tools", "tiny"):
         from gdpo_ray.tiny_model import MAX_POSITIONS
 
         return MAX_POSITIONS

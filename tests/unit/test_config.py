@@ -110,6 +110,11 @@ def test_presets_load_merge_and_build_a_valid_config():
     assert apply_sections(GDPOConfig(), load_preset("smollm2_math")).model_path == "smollm2"
     for name in ("tool_calling", "math", "code"):  # the paper's presets, as shipped (GPU scale)
         apply_sections(GDPOConfig(), load_preset(name)).validate()
+    # the tool-calling study in miniature: the paper preset's rewards on the warm-started tiny model
+    study = apply_sections(GDPOConfig(), load_preset("study_tool_calling"))
+    study.validate()
+    assert (study.model_path, study.prompts, study.eval_suite) == ("demo-tools", "task:tool_calls", "task:tool_calls")
+    assert study.rewards == apply_sections(GDPOConfig(), load_preset("tool_calling")).rewards
     # an override replaces the preset's value, a mapping too (it is not merged into it)
     gpu = load_preset("math", ["generation.engine_kwargs={}", "data.columns={ground_truth: a.b}",
                                "training.rewards.1.params.limit=12"])
