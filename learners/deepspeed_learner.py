@@ -201,10 +201,11 @@ class DeepSpeedLearner:
     def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
         """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum.
 
-        The LM head runs on the positions that predict a response token alone (transformers'
-        ``logits_to_keep`` with a [B, W] mask): neither a prompt's positions nor a short row's
-        padding become [V]-wide logits. A token's logprob is its logit minus the logsumexp of
-        its position's: log_softmax's value, without a second [N, V] tensor kept for backward."""
+        Where the model's logits are its head's product (``_fused_head``), the head runs on the
+        positions that predict a response token alone, in slices of rows
+        (``learners/token_logprobs.py``): neither a prompt's positions nor a short row's padding
+        become [V]-wide logits, and those that do never exist whole. Otherwise (ZeRO-3, a
+        head with a scale or soft cap) every position's logits, as the model computes them."""
         torch = self.torch
         lengths = [len(r.prompt) + len(r.response) for r in rows]
         width, rlen = max(lengths), max(max(len(r.response) for r in rows), 1)
@@ -221,20 +222,17 @@ class DeepSpeedLearner:
 
         def forward():
             return model(input_ids=torch.from_numpy(ids).to(self.device),
-                         attention_mask=torch.from_numpy(attn).to(self.device), logits_to_keep=keep_t)
+                         attention_mask=torch.from_numpy(attn).to(self.device))
 
-        if self._fused_head(model):  # [N, V] logits in slices only
+        if self._fused_head(model):  # the response positions' [N, V] logits in slices only
             from learners.token_logprobs import head_input, output_embedding, token_logprobs
 
             head = output_embedding(model)
-            flat, entropies = token_logprobs(head_input(model, head, forward), head.weight, targets,
+            flat, entropies = token_logprobs(head_input(model, head, forward)[keep_t], head.weight, targets,
                                              self.config.temperature)
             entropy = entropies.sum()
-        else:
-            logits = forward().logits
-            if logits.dim() == 3:  # a model that computes every position's logits
-                logits = logits[keep_t]
-            picked = logits.float()  # [N, V], row-major as the mask
+        else:  # every position's logits, then the response positions'
+            picked = forward().logits[keep_t].float()  # [N, V], row-major as the mask
             if self.config.temperature != 1.0:
                 picked = picked / self.config.temperature
             flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)

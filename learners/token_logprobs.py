@@ -10,7 +10,7 @@ hidden states and, where it is trained, of the weight. One more matmul per slice
 O(slice x V). The same values as log_softmax then gather, up to float rounding.
 
 ``head_input`` runs a model's forward with its output embedding short-circuited (a forward
-pre-hook hands it no rows) and returns the hidden states it would have projected; ``fused_head``
+pre-hook hands it no positions) and returns the hidden states it would have projected; ``fused_head``
 says whether a model's logits are exactly its output embedding's product (a probe: no soft cap,
 no scale, no bias, not partitioned by ZeRO-3), else the learner keeps the plain path.
 """
@@ -87,15 +87,14 @@ def head_input(model: Any, head: Any, forward: Callable[[], Any]) -> torch.Tenso
 
     def take(_module, args):
         taken["hidden"] = args[0]
-        return (args[0][:0],)
+        return (args[0][..., :0, :],)  # no positions (no rows, for a flattened input)
 
     handle = head.register_forward_pre_hook(take)
     try:
         forward()
     finally:
         handle.remove()
-    hidden = taken["hidden"]
-    return hidden.reshape(-1, hidden.shape[-1])
+    return taken["hidden"]
 
 
 def fused_head(model: Any, device: Any) -> bool:
@@ -107,9 +106,8 @@ def fused_head(model: Any, device: Any) -> bool:
             or hasattr(weight, "ds_id") or weight.dim() != 2):
         return False  # a LoRA-wrapped head, a bias, or a ZeRO-3 partition: the plain path
     ids = torch.arange(1, 9, device=device)[None, :] % weight.shape[0]
-    keep = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
-        logits = model(input_ids=ids, logits_to_keep=keep).logits.reshape(-1, weight.shape[0]).float()
-        hidden = head_input(model, head, lambda: model(input_ids=ids, logits_to_keep=keep))
+        logits = model(input_ids=ids).logits.float()
+        hidden = head_input(model, head, lambda: model(input_ids=ids))
         mine = torch.nn.functional.linear(hidden, weight).float()
     return mine.shape == logits.shape and torch.allclose(mine, logits, rtol=1e-4, atol=1e-4)
