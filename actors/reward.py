@@ -78,7 +78,7 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
     sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
     os.chdir(cwd)
     try:
-        fns = [spec.resolve() for spec in specs]
+        fns = [None if spec.from_environment else spec.resolve() for spec in specs]
     except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
         conn.send(("failed", f"{type(err).__name__}: {err}"))
         return
@@ -193,7 +193,8 @@ class RewardPool:
             raise ValueError(f"num_workers ({num_workers}) and rows_per_call ({rows_per_call}) must be >= 1")
         self.specs = [RewardSpec.from_dict(r) for r in rewards]
         fns = check_specs(self.specs)
-        self.timeouts = [spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
+        self.timeouts = [None if fn is None else spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
+        self.given = [spec.name for spec in self.specs if spec.from_environment]  # columns not scored here
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
         self.num_workers, self.rows_per_call = num_workers, rows_per_call
@@ -213,9 +214,12 @@ class RewardPool:
     def score(self, prompts: Sequence[Any], completions: Sequence[Any],
               columns: Mapping[str, Sequence[Any]] | None = None,
               completion_ids: Sequence[Sequence[int]] | None = None,
-              trainer_state: TrainerState | None = None) -> ScoreResult:
+              trainer_state: TrainerState | None = None,
+              given: Mapping[str, GivenColumn] | None = None) -> ScoreResult:
         """[N] prompts and completions (strings, or chat messages), plus per-row columns
-        (ground_truth, response_length, ...) and the completions' token ids."""
+        (ground_truth, response_length, ...) and the completions' token ids. ``given``: the
+        environment's columns (``fn: environment``), by name, as the rollouts scored them; their
+        conditions apply as any reward's."""
         n, k = len(completions), len(self.specs)
         columns = dict(columns or {})
         ids = list(completion_ids) if completion_ids is not None else [[] for _ in range(n)]
@@ -225,6 +229,8 @@ class RewardPool:
             raise ValueError(f"score: every column needs {n} rows (one per completion); got {lengths}")
         state = trainer_state or TrainerState()
         run = _Scoring(n, k)
+        for name in self.given:
+            run.take(self.names.index(name), *(dict(given or {}).get(name) or _not_given(n)))
         pending = self._tasks(n, k)
 
         def start(w: _Worker, task: _Task) -> None:
@@ -265,8 +271,9 @@ class RewardPool:
     def _tasks(self, n: int, k: int) -> deque:
         """The calls of one score: rewards scored row by row get a task per row, the others
         share tasks of ``rows_per_call`` rows (default: the rows split among the workers)."""
-        single = [j for j in range(k) if j in self._row_by_row]
-        batched = [j for j in range(k) if j not in self._row_by_row]
+        scored = [j for j in range(k) if self.timeouts[j] is not None]  # not an environment's column
+        single = [j for j in scored if j in self._row_by_row]
+        batched = [j for j in scored if j not in self._row_by_row]
         size = self.rows_per_call or max(1, math.ceil(n / self.num_workers))
         tasks = deque(_Task(list(range(i, min(i + size, n))), batched) for i in range(0, n, size) if batched)
         tasks.extend(_Task([i], single) for i in range(n) if single)
@@ -387,6 +394,15 @@ class RewardPool:
         self.close()
 
 
+#: an environment's column as the rollouts scored it: per row (value, failure kind or "", error text)
+GivenColumn = tuple[Sequence[float], Sequence[str], Sequence[str]]
+
+
+def _not_given(n: int) -> GivenColumn:
+    why = "the environment's column was not given to the scoring (no environment ran)"
+    return [math.nan] * n, ["error"] * n, [why] * n
+
+
 class _Scoring:
     """Accumulates one score() call."""
 
@@ -409,6 +425,15 @@ class _Scoring:
     def fail(self, row: int, k: int, kind: str, error: str) -> None:
         self.errors[row][k] = f"{kind}: {error or 'reward failed'}"
         self.counts[kind][k] += 1
+
+    def take(self, k: int, values: Sequence[float], kinds: Sequence[str], errors: Sequence[str]) -> None:
+        """Column ``k`` as given (an environment's): per row its value, and where it failed the
+        failure's kind ("error" or "timeout") and text (the value is then NaN)."""
+        self.values[:, k] = values
+        for row, (kind, error) in enumerate(zip(kinds, errors)):
+            if kind:
+                self.values[row, k] = np.nan
+                self.fail(row, k, kind, error)
 
     def result(self, specs: Sequence[RewardSpec]) -> ScoreResult:
         stored = apply_conditions(self.values, specs)

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from actors.engines import SamplingParams, VersionedSample, make_engine
 from actors.prompts import Prompt
+from actors.tool_loop import ToolEnvironment, with_observation
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
 from gdpo_ray.groups import describe_groups
@@ -52,6 +53,9 @@ class RolloutActor:
             used when this node cannot read ``model_path``.
         lora: ``llm.lora``'s PEFT settings (the engine serves the base model plus the pushed
             adapter), or None (full weights).
+        environment: ``data.environment``, 'module:Class': multi-turn rollouts with its tools
+            (``actors.tool_loop``), at most ``max_turns`` model turns, each tool call within
+            ``tool_timeout`` seconds; None: single-turn.
     """
 
     mode = "batched"  # generation.mode: which of an engine's classes, and its protocol
@@ -61,7 +65,9 @@ class RolloutActor:
                  sampling: Mapping[str, Any] | None = None, chat_template: bool = default("chat_template"),
                  max_prompt_tokens: int = default("max_prompt_tokens"),
                  reward_workers: int = default("reward_workers"), num_threads: int = default("num_threads"),
-                 seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None) -> None:
+                 seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None,
+                 environment: str | None = None, max_turns: int = default("max_turns"),
+                 tool_timeout: float = default("tool_timeout")) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -78,6 +84,8 @@ class RolloutActor:
         self.engine = make_engine(engine, model_path, mode=self.mode, seed=seed,
                                   **dict(engine_kwargs or {}), **extra)
         self.tokenizer = self.engine.tokenizer
+        self.tools = None if environment is None else ToolEnvironment(environment, self.tokenizer, max_turns,
+                                                                     tool_timeout)
         # no rewards: an actor that only completes prompts (evaluation: ``complete``)
         self.rewards = RewardPool(rewards, num_workers=reward_workers) if rewards else None
         self.version, self.channel = 0, None
@@ -172,8 +180,8 @@ class RolloutActor:
     def tokenize(self, prompt: str | list) -> list[int]:
         if isinstance(prompt, list) or self.chat_template:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                      tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                      tools=self.tools.schemas if self.tools else None)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
@@ -196,8 +204,25 @@ class RolloutActor:
         kept, ids, filtered = self.split(prompts)
         if not kept:
             return CallMeta(groups=[], filtered=filtered), None
+        if self.tools is not None:
+            return self._generate_turns(kept, version, filtered, start)
         samples = self.engine.generate(ids, self.group_size, self.sampling)
         return self.score(kept, ids, samples, version, filtered, start, time.perf_counter())
+
+    def _generate_turns(self, kept: Sequence[Prompt], version: int, filtered: list[tuple[str, str]],
+                        start: float) -> tuple[CallMeta, pa.RecordBatch]:
+        """Multi-turn rollouts (``actors.tool_loop``): an environment instance per rollout, reset
+        with its row (the whole row, ``prompt`` included, as TRL calls it), the text it returns
+        appended to the rollout's prompt."""
+        g = self.group_size
+        rows = [p for p in kept for _ in range(g)]
+        started = self.tools.start([{"prompt": p.prompt, **p.columns} for p in rows])
+        prompts = [with_observation(p.prompt, observation) for p, (_, observation) in zip(rows, started)]
+        ids = [self.tokenize(prompt) for prompt in prompts]
+        trajectories = [t for t, _ in started]
+        self.tools.run(self.engine, ids, trajectories, self.sampling)
+        samples = [trajectories[i * g:(i + 1) * g] for i in range(len(kept))]
+        return self.score(kept, ids, samples, version, filtered, start, time.perf_counter(), prompts)
 
     def stream(self, prompts: Sequence[Prompt]) -> Iterator[Any]:
         """The call the driver makes (``num_returns="streaming"``): pairs of (record batch or
@@ -208,39 +233,46 @@ class RolloutActor:
         yield meta
 
     def score(self, kept: Sequence[Prompt], ids: Sequence[list[int]], samples: Sequence[Sequence[Any]],
-              version: int, filtered: list[tuple[str, str]], start: float,
-              generated: float) -> tuple[CallMeta, pa.RecordBatch]:
+              version: int, filtered: list[tuple[str, str]], start: float, generated: float,
+              rollout_prompts: Sequence[Any] | None = None) -> tuple[CallMeta, pa.RecordBatch]:
         """Scores the G samples of each prompt of ``kept`` and builds their groups: -> (metadata,
         one record batch). A sample with ``versions`` (streaming) gives each token's policy
-        version; a group's ``policy_version`` is the oldest of its tokens."""
+        version; a group's ``policy_version`` is the oldest of its tokens. Multi-turn rollouts
+        (``samples`` of ``actors.tool_loop.Trajectory``): ``rollout_prompts`` and ``ids`` are per
+        rollout (an environment's reset text may differ), the completions their conversations."""
         flat = [s for group in samples for s in group]
-        texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
         g = self.group_size
         columns = {name: [value for p in kept for value in [p.columns[name]] * g]
                    for name in kept[0].columns}
         columns["response_length"] = [len(s.token_ids) for s in flat]
         # as TRL passes them: a conversational row's prompt is its messages, its completion one
-        # assistant message
-        chat = [not isinstance(p.prompt, str) for p in kept for _ in range(g)]
-        prompts_in = [p.prompt for p in kept for _ in range(g)]
-        completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat)]
+        # assistant message (multi-turn: the assistant and tool messages after the prompt)
+        prompts_in = list(rollout_prompts) if rollout_prompts else [p.prompt for p in kept for _ in range(g)]
+        if self.tools is not None:
+            completions = [t.messages for t in flat]
+        else:
+            texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
+            completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+                           for t, p in zip(texts, prompts_in)]
         scored = self.rewards.score(prompts_in, completions, columns,
                                     completion_ids=[list(s.token_ids) for s in flat],
-                                    trainer_state=TrainerState(global_step=version))
+                                    trainer_state=TrainerState(global_step=version),
+                                    given=self.tools.rewards(flat, self.rewards.given) if self.tools else None)
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
             versions = [s.versions if isinstance(s, VersionedSample) else [version] * len(s.token_ids)
                         for s in group]
+            turns = None if self.tools is None else self.tools.turns(group, ids[rows])
             groups.append(GroupData(
-                prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i],
+                prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i * g] if turns else ids[i],
                 response_token_ids=[s.token_ids for s in group],
                 response_logprobs=[s.logprobs for s in group],
                 finish_reasons=[s.finish_reason for s in group],
                 policy_version=min((v for vs in versions for v in vs), default=version),
                 response_versions=versions,
                 rewards=scored.values[rows], reward_errors=scored.errors[rows],
-                task_columns=p.columns,
+                task_columns=p.columns, turns=turns,
             ))
         batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
         timing = CallTiming(generate_s=generated - start, score_s=time.perf_counter() - generated)
@@ -251,5 +283,7 @@ class RolloutActor:
     def shutdown(self) -> None:
         if self.rewards is not None:
             self.rewards.close()
+        if self.tools is not None:
+            self.tools.close()
         self.engine.shutdown()
 

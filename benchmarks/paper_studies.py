@@ -6,11 +6,13 @@ without std, the same seeds, settings and compute, judged as the paper judges.
    below their maximum) with ToolRL's rewards, format in {0, 1} beside correctness in [-3, 3];
    trained on ``task:tool_calls``, evaluated on held-out requests with BFCL-style scoring
    (``accuracy``: the calls equal the gold calls; ``format_ratio``).
-2. ``math_length`` (§4.2, Fig. 5 and Table 3): the ``study_math_length`` preset, the demo's
-   model on sums with correctness and a length reward whose limit (16 tokens) binds, under
+2. ``math_length`` (§4.2, Fig. 5 and Table 3): the ``study_math_length`` preset, ``demo-count``
+   on ``task:count`` with correctness and a length reward whose limit (14 tokens) binds: the
+   right answers to half the items are longer than the limit, so no format escapes it; under
    DAPO's settings (dynamic sampling, clip-higher, token-mean); per step the correctness, the
-   length reward and the batch's maximum response length; held out: ``pass@1`` and
-   ``exceed_ratio``.
+   length reward (over the trained batch, as the paper plots them, and over every sampled
+   rollout, the groups dynamic sampling dropped too) and the batch's maximum response length;
+   held out: ``pass@1`` and ``exceed_ratio``.
 
 Per study: a PNG of each plotted metric per step (median over seeds, interquartile range
 shaded) and one of the per-reward advantage shares (``adv/<name>/share``: how much of the
@@ -19,7 +21,9 @@ a table of the held-out results with every seed's value; the exact sign test of 
 each baseline over the paired seeds (``gdpo_ray.comparison``); and whether a reward saturated
 (a study where a method reaches a reward's maximum cannot separate the methods on it).
 Evaluation: the paper's sampling (temperature 0.6, top-p 0.95), ``eval_samples`` completions
-per held-out item.
+per held-out item; for the tool-calling study also at the training temperature (1.0, no top-p:
+the metrics named ``<metric> at T=1``), where the format ratio saturates at 0.6. (The CPU demo's
+comparison, all three rewards in {0, 1}: ``benchmarks/gdpo_vs_grpo.py``.)
 
     python benchmarks/paper_studies.py [--json] [--study all|tool_calling|math_length]
         [--seeds 0 1 2 3 4] [--steps N] [--out runs/paper_studies]
@@ -51,6 +55,8 @@ class Study:
     rewards: dict  # reward name -> its maximum (the saturation test)
     curves: tuple  # per-step metrics plotted
     held_out: tuple  # (metric, higher is better)
+    final: str = "rewards/{}/mean"  # the final training reward of a reward name (saturation test)
+    at_t1: bool = False  # the held-out metrics at temperature 1.0 too
 
 
 STUDIES = {
@@ -58,17 +64,27 @@ STUDIES = {
         "study_tool_calling", "tool calling (format in {0,1}, correctness in [-3,3])",
         {"format": 1.0, "correctness": 3.0},
         ("rewards/format/mean", "rewards/correctness/mean"),
-        (("accuracy", True), ("format_ratio", True))),
+        (("accuracy", True), ("format_ratio", True)), at_t1=True),
     "math_length": Study(
         "study_math_length", "math with a length limit (DAPO settings)",
         {"correct": 1.0, "length": 1.0},
-        ("rewards/correct/mean", "rewards/length/mean", "response_length/max"),
-        (("pass@1", True), ("exceed_ratio", False))),
+        ("rewards/correct/mean", "rewards/length/mean", "response_length/max",
+         "rewards/correct/sampled_mean", "rewards/length/sampled_mean"),
+        (("pass@1", True), ("exceed_ratio", False)), "rewards/{}/sampled_mean"),
 }
+#: the held-out evaluations: the paper's sampling, and the training temperature's
+SAMPLINGS = {"": dict(temperature=0.6, top_p=0.95), " at T=1": dict(temperature=1.0, top_p=1.0)}
 TITLES = {"rewards/format/mean": "format reward", "rewards/correctness/mean": "correctness reward",
           "rewards/correct/mean": "correctness reward", "rewards/length/mean": "length reward",
-          "response_length/max": "max response length (tokens)"}
+          "response_length/max": "max response length (tokens)",
+          "rewards/correct/sampled_mean": "correctness, every sampled rollout",
+          "rewards/length/sampled_mean": "length reward, every sampled rollout"}
 LAST = 5  # the final training reward: the mean over the last steps
+
+
+def held_out_metrics(study: Study) -> list[tuple[str, bool]]:
+    """(metric, higher is better) of the study's held-out table: at each of its samplings."""
+    return [(m + label, higher) for label in (SAMPLINGS if study.at_t1 else [""]) for m, higher in study.held_out]
 
 
 def run(study: Study, method: str, seed: int, steps: int | None) -> dict:
@@ -84,14 +100,15 @@ def run(study: Study, method: str, seed: int, steps: int | None) -> dict:
     algo = config.build_algo()
     try:
         rows = [algo.train() for _ in range(steps)]
-        report = algo.evaluate_policy(temperature=0.6, top_p=0.95)
+        reports = {label: algo.evaluate_policy(**SAMPLINGS[label]) for label in (SAMPLINGS if study.at_t1 else [""])}
     finally:
         algo.stop()
     shares = [f"adv/{name}/share" for name in study.rewards]
     return {"curves": {m: [float(r.get(m, np.nan)) for r in rows] for m in (*study.curves, *shares)},
-            "final": {name: float(np.nanmean([r.get(f"rewards/{name}/mean", np.nan) for r in rows[-LAST:]]))
+            "final": {name: float(np.nanmean([r.get(study.final.format(name), np.nan) for r in rows[-LAST:]]))
                       for name in study.rewards},
-            "held_out": {m: float(report["overall"][m]) if report else np.nan for m, _ in study.held_out},
+            "held_out": {m + label: float(report["overall"][m]) if report else np.nan
+                         for label, report in reports.items() for m, _ in study.held_out},
             "seconds": time.perf_counter() - start}
 
 
@@ -105,10 +122,10 @@ def summarize(name: str, study: Study, runs: dict, seeds: list[int], out: Path) 
     shares = [f"adv/{r}/share" for r in study.rewards]
     plots.append(str(plot_bands(curves, shares, {s: f"advantage share: {s.split('/')[1]}" for s in shares},
                                 out / f"{name}_shares.png", f"{study.title}: per-reward advantage shares")))
-    held = {m: {metric: [r["held_out"][metric] for r in runs[m]] for metric, _ in study.held_out} for m in runs}
+    held = {m: {metric: [r["held_out"][metric] for r in runs[m]] for metric, _ in held_out_metrics(study)} for m in runs}
     final = {m: {reward: [r["final"][reward] for r in runs[m]] for reward in study.rewards} for m in runs}
     tests = {f"gdpo_vs_{b}": {metric: sign_test(held["gdpo"][metric], held[b][metric], higher)
-                              for metric, higher in study.held_out}
+                              for metric, higher in held_out_metrics(study)}
              for b in runs if b != "gdpo"} if "gdpo" in runs else {}
     saturated = {m: [reward for reward, top in study.rewards.items()
                      if np.nanmedian(final[m][reward]) >= top - 0.02 * top] for m in runs}
@@ -121,7 +138,7 @@ def summarize(name: str, study: Study, runs: dict, seeds: list[int], out: Path) 
 
 def print_summary(name: str, study: Study, summary: dict) -> None:
     print(f"\n== {name}: {study.title}; seeds {summary['seeds']}, {summary['minutes']:.1f} min")
-    for metric, higher in study.held_out:
+    for metric, higher in held_out_metrics(study):
         print(f"held-out {metric} ({'higher' if higher else 'lower'} is better): mean, then every seed")
         for method, by_metric in summary["held_out"].items():
             values = by_metric[metric]

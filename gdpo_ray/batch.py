@@ -22,6 +22,20 @@ one or more whole groups (each a zero-copy slice). Columns (names are the contra
     reward_errors       list<string>                 K strings, "" where computed
     ...task columns (e.g. ground_truth), one value per row
 
+Multi-turn rollouts (a tool environment) add, after ``reward_errors`` (``TURN_COLUMNS``):
+
+    response_mask       large_list<int8>             per token: 1 = sampled by the policy, 0 = a
+                                                     tool turn's or the template's (out of the loss
+                                                     and of the token count; its logprob is 0)
+    num_turns           int32                        the policy's turns (generations)
+    num_tool_calls      int32                        tool calls parsed and run
+    tool_errors         int32                        calls that failed (unparsable, unknown tool,
+                                                     bad arguments, raised, timed out)
+    tool_timeouts       int32                        calls abandoned after generation.tool_timeout
+
+Their rollouts' prompts may differ within a group (an environment's ``reset`` text is appended
+to each rollout's prompt): ``prompt_token_ids`` is per row.
+
 Schema metadata: ``gdpo.reward_names`` (JSON list of the K names, in column order) and
 ``gdpo.sampling`` (JSON of the sampling parameters: temperature, top_p, top_k).
 """
@@ -53,13 +67,17 @@ _CORE = [
     ("response_versions", pa.large_list(pa.int32())),
 ]
 CORE_COLUMNS = [name for name, _ in _CORE] + ["rewards", "reward_errors"]
+#: the columns of a multi-turn rollout (see the module docstring)
+TURN_COLUMNS = [("response_mask", pa.large_list(pa.int8())), ("num_turns", pa.int32()),
+                ("num_tool_calls", pa.int32()), ("tool_errors", pa.int32()), ("tool_timeouts", pa.int32())]
 
 
 def group_schema(reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
-                 task_fields: Sequence[pa.Field] = ()) -> pa.Schema:
+                 task_fields: Sequence[pa.Field] = (), multi_turn: bool = False) -> pa.Schema:
     fields = [pa.field(n, t) for n, t in _CORE] + [
         pa.field("rewards", pa.list_(pa.float32(), len(reward_names))),
         pa.field("reward_errors", pa.list_(pa.string())),
+        *(pa.field(n, t) for n, t in (TURN_COLUMNS if multi_turn else ())),
         *task_fields,
     ]
     meta = {REWARD_NAMES_KEY: json.dumps(list(reward_names)).encode()}
@@ -99,6 +117,19 @@ class GroupData:
     reward_errors: Sequence[Sequence[str]]  # [G][K]
     task_columns: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     response_versions: Sequence[Sequence[int]] | None = None  # [G][tokens]; None: all policy_version
+    turns: "Turns | None" = None  # a multi-turn group's masks and counts; None: single-turn
+
+
+@dataclasses.dataclass
+class Turns:
+    """A multi-turn group's ``TURN_COLUMNS``, per rollout."""
+
+    response_mask: Sequence[Sequence[int]]  # [G][tokens]: 1 = sampled by the policy
+    num_turns: Sequence[int]
+    num_tool_calls: Sequence[int]
+    tool_errors: Sequence[int]
+    tool_timeouts: Sequence[int]
+    prompt_token_ids: Sequence[Sequence[int]] | None = None  # [G]: each rollout's, where they differ
 
 
 def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
@@ -108,7 +139,8 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
     sizes = [len(g.response_token_ids) for g in groups]
     k = len(reward_names)
     responses = [r for g in groups for r in g.response_token_ids]
-    prompts = [g.prompt_token_ids for g, n in zip(groups, sizes) for _ in range(n)]
+    prompts = [p for g, n in zip(groups, sizes)
+               for p in (g.turns.prompt_token_ids if g.turns and g.turns.prompt_token_ids else [g.prompt_token_ids] * n)]
     task_names = list(groups[0].task_columns) if groups else []
     arrays = [
         pa.array([g.prompt_id for g, n in zip(groups, sizes) for _ in range(n)], pa.string()),
@@ -126,12 +158,20 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
         ).reshape(-1)), k),
         pa.array([list(e) for g in groups for e in g.reward_errors], pa.list_(pa.string())),
     ]
+    multi_turn = any(g.turns is not None for g in groups)
+    if multi_turn:
+        if not all(g.turns is not None for g in groups):
+            raise ValueError("a batch holds multi-turn groups or single-turn ones, not both")
+        turns = [g.turns for g in groups]
+        arrays += [_ragged([m for t in turns for m in t.response_mask], np.int8, large=True),
+                   *(pa.array(np.concatenate([np.asarray(getattr(t, name), np.int32) for t in turns]))
+                     for name, _ in TURN_COLUMNS[1:])]
     task_fields = []
     for name in task_names:
         col = pa.array([g.task_columns[name] for g, n in zip(groups, sizes) for _ in range(n)])
         arrays.append(col)
         task_fields.append(pa.field(name, col.type))
-    batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields))
+    batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields, multi_turn))
     check_groups(batch)
     return batch
 
@@ -172,7 +212,7 @@ def check_groups(batch: pa.RecordBatch) -> None:
     """Raises ValueError naming what breaks the contract of DESIGN.md §3 (every group of it)."""
     schema = batch.schema
     names = reward_names(schema)
-    for field in group_schema(names):
+    for field in group_schema(names, multi_turn="response_mask" in schema.names):
         if field.name not in schema.names:
             raise ValueError(f"group batch lacks column {field.name!r}")
         got = schema.field(field.name).type
@@ -207,6 +247,12 @@ def check_groups(batch: pa.RecordBatch) -> None:
     if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():
         bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {sorted(bad)}")
+    if "response_mask" in schema.names:
+        mask = batch.column("response_mask")
+        if not np.array_equal(np.diff(mask.offsets.to_numpy()), lengths):
+            raise ValueError("response_mask and response_length disagree")
+        if not np.isin(mask.flatten().to_numpy(), (0, 1)).all():
+            raise ValueError("response_mask holds only 0 (tool or template token) and 1 (sampled)")
     errors = batch.column("reward_errors")
     if not np.all(np.diff(errors.offsets.to_numpy()) == len(names)):
         raise ValueError(f"reward_errors must hold {len(names)} strings per rollout")

@@ -81,7 +81,7 @@ FIELDS: dict[str, Field] = {
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
     # llm: the policy
-    "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | tiny | smollm2 (built locally)", "str?"),
+    "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | demo-count | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     "lora": Field("llm", None, "LoRA adapters instead of full fine-tuning, in PEFT's names: {r (rank, required), lora_alpha (8), lora_dropout (0.0), target_modules (a list of module names, or all-linear: every linear layer but the output head; the default)}; null or {}: full fine-tuning (gdpo_ray.lora)", "mapping?", fixed_on_resume=True),
@@ -94,6 +94,8 @@ FIELDS: dict[str, Field] = {
     "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)", at_least=0),
     "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
+    "max_turns": Field("generation", 10, "most model turns of a multi-turn rollout (data.environment); max_tokens bounds the whole trajectory, tool turns included", at_least=1),
+    "tool_timeout": Field("generation", 30.0, "seconds an environment's tool call, reset or get_rewards may take; one past it is abandoned and counted", above=0, at_most=3600, why="a hung tool must not stall its rollout for longer than an hour"),
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
     "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor", at_least=1),
@@ -103,6 +105,7 @@ FIELDS: dict[str, Field] = {
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
+    "environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout)", "str?", fixed_on_resume=True),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 
@@ -205,7 +208,6 @@ def generation_mode(c: Any) -> str:
     return c.mode or ("streaming" if c.engine == "vllm" else "batched")
 
 
-
 def merge_resources(*bundles: Mapping[str, float]) -> dict:
     """Ray resource bundles added up, keys of amount 0 dropped (a bundle shared by a learner
     and the rollout actor beside it)."""
@@ -227,6 +229,13 @@ def env_runner_range(c: Any) -> tuple[int, int]:
         raise ValueError(f"num_env_runners must be an integer >= 1 or a range [min, max] with "
                          f"1 <= min <= max; got {value!r}; use .env_runners(num_env_runners=1)")
     return low, high
+
+
+def environment_settings(c: Any) -> dict:
+    """A rollout actor's multi-turn settings (none without ``data.environment``)."""
+    if c.environment is None:
+        return {}
+    return dict(environment=c.environment, max_turns=c.max_turns, tool_timeout=c.tool_timeout)
 
 
 def sampling_params(c: Any) -> dict:

@@ -18,7 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gdpo_ray.batch import group_bounds
+from gdpo_ray.batch import TURN_COLUMNS, group_bounds
+
+#: a multi-turn rollout's counts, in ``GroupRef.turns``' column order
+TURN_COUNTS = tuple(name for name, _ in TURN_COLUMNS[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,8 @@ class GroupRef:
     reward_errors: tuple | None = dataclasses.field(default=None, compare=False, repr=False)  # [G][K]
     response_length: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)  # [G]
     finish_reason: tuple | None = dataclasses.field(default=None, compare=False, repr=False)  # [G]
+    # multi-turn: [G, 4] num_turns, num_tool_calls, tool_errors, tool_timeouts (TURN_COUNTS)
+    turns: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def describe_groups(batch: pa.RecordBatch, ref: Any = None) -> list[GroupRef]:
@@ -45,8 +50,11 @@ def describe_groups(batch: pa.RecordBatch, ref: Any = None) -> list[GroupRef]:
     lengths = batch.column("response_length").to_numpy().astype(np.int32)
     reasons = batch.column("finish_reason").to_pylist()
     versions = batch.column("policy_version").to_numpy()
+    turns = np.stack([batch.column(c).to_numpy() for c in TURN_COUNTS], 1) \
+        if "response_mask" in batch.schema.names else None
     return [GroupRef(ref, a, b, gid, int(versions[a:b].min()), rewards[a:b].copy(),
-                     tuple(tuple(e) for e in errors[a:b]), lengths[a:b].copy(), tuple(reasons[a:b]))
+                     tuple(tuple(e) for e in errors[a:b]), lengths[a:b].copy(), tuple(reasons[a:b]),
+                     None if turns is None else turns[a:b].copy())
             for gid, a, b in group_bounds(batch)]
 
 
@@ -81,6 +89,12 @@ def response_lengths(groups: Sequence[GroupRef]) -> np.ndarray:
 
 def finish_reasons(groups: Sequence[GroupRef]) -> list[str]:
     return [r for g in _described(groups) for r in g.finish_reason]
+
+
+def turn_counts(groups: Sequence[GroupRef]) -> np.ndarray | None:
+    """[N, 4] ``TURN_COUNTS`` of the rollouts of multi-turn groups (None: none is)."""
+    turns = [g.turns for g in _described(groups) if g.turns is not None]
+    return np.concatenate(turns) if turns else None
 
 
 def _objects(refs: Sequence[GroupRef]) -> dict:

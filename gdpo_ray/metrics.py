@@ -41,6 +41,19 @@ def reward_metrics(rewards: np.ndarray, names: Sequence[str]) -> dict[str, float
     return out
 
 
+def sampled_reward_metrics(kept: np.ndarray, dropped: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """Under dynamic sampling, ``rewards/<name>/sampled_mean``: the mean over every rollout the
+    step sampled, the dropped groups' (``dropped``, [M, K]; M may be 0) with the trained ones
+    (``kept``, [N, K]). ``rewards/<name>/mean`` is the trained batch's, which leaves out the groups
+    whose rewards did not vary: a reward every rollout of an item meets, or none does."""
+    sampled = np.concatenate([kept, dropped]) if dropped.size else kept
+    out = {}
+    for k, name in enumerate(names):
+        valid = sampled[:, k][~np.isnan(sampled[:, k])]
+        out[f"rewards/{name}/sampled_mean"] = float(valid.mean()) if valid.size else float("nan")
+    return out
+
+
 def failure_metrics(errors: Sequence[Sequence[str]], names: Sequence[str]) -> dict[str, float]:
     """errors: [N][K] ``reward_errors`` texts -> per reward, the rollouts it failed on by class:
     ``rewards/<name>/{errors,timeouts,infra_failures}`` (raised, timed out, the scoring
@@ -121,10 +134,18 @@ def cancelling_pairs(details: AdvantageDetails, names: Sequence[str]) -> list[tu
     return pairs
 
 
-def length_metrics(lengths: np.ndarray, finish_reasons: Sequence[str]) -> dict[str, float]:
-    return {"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-            "response_length/min": float(lengths.min()),
-            "response_length/clip_ratio": float(np.mean([r == "length" for r in finish_reasons]))}
+def rollout_metrics(lengths: np.ndarray, finish_reasons: Sequence[str],
+                    turns: np.ndarray | None = None) -> dict[str, float]:
+    """Response lengths and finish reasons; for multi-turn rollouts (``turns``: [N, 4] of
+    ``gdpo_ray.groups.TURN_COUNTS``) the mean turns and tool calls per rollout and the step's
+    failed and abandoned tool calls."""
+    out = {"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+           "response_length/min": float(lengths.min()),
+           "response_length/clip_ratio": float(np.mean([r == "length" for r in finish_reasons]))}
+    if turns is not None:
+        out |= {"rollout/turns/mean": float(turns[:, 0].mean()), "rollout/tool_calls/mean": float(turns[:, 1].mean()),
+                "rollout/tool_errors": float(turns[:, 2].sum()), "rollout/tool_timeouts": float(turns[:, 3].sum())}
+    return out
 
 
 def staleness_metrics(step: int, versions: np.ndarray) -> dict[str, float]:

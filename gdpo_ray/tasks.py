@@ -13,6 +13,10 @@ would name a dataset path (``data.prompts``).
   system message lists tools as JSON schemas; the gold answer is ToolRL's text,
   ``<think>…</think>`` then one ``<tool_call>`` block with a JSON call per line, or a
   ``<response>`` when no tool fits.
+- ``count`` (the math-with-a-length-limit study): "Count from a to b." for two-digit a and 2-7
+  numbers; the answer is the numbers in order, space-separated, in ``<answer>`` (the
+  ``exact_answer`` reward). The right answer's own length grows with the count, so a length
+  limit can rule out every right answer to the longer counts (``gdpo_ray.warm_start_count``).
 - ``code`` (a stand-in for Eurus-2-RL of the ``code`` preset): small Python exercises with test
   cases in the PRIME/APPS layout, ``{"fn_name", "inputs", "outputs"}`` (call-based) or stdin/stdout.
 """
@@ -73,6 +77,25 @@ def arithmetic(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
         question = text.format(name=_NAMES[int(rng.integers(len(_NAMES)))], a=a, b=b)
         rows.append({"id": f"arith-{i}", "ground_truth": str(answer),
                      "prompt": question + " Put the final answer in \\boxed{}."})
+    return rows
+
+
+COUNT_INSTRUCTION = "Count from {a} to {b}."
+#: the counts of ``count``: from 2 to 7 numbers
+COUNT_SPANS = range(2, 8)
+
+
+@TASKS.register("count")
+def count(n: int = 300, seed: int = 0) -> list[dict[str, Any]]:
+    """The 300 counts (start 10-59, 2-7 numbers) in a seeded order, repeated up to ``n`` rows."""
+    items = [(a, k) for a in range(10, 60) for k in COUNT_SPANS]
+    order = np.random.default_rng(seed).permutation(len(items))
+    rows = []
+    for i in range(n):
+        a, k = items[order[i % len(items)]]
+        rows.append({"id": f"count-{a}-{a + k - 1}-{i // len(items)}",
+                     "prompt": COUNT_INSTRUCTION.format(a=a, b=a + k - 1),
+                     "ground_truth": " ".join(str(x) for x in range(a, a + k))})
     return rows
 
 

@@ -87,6 +87,11 @@ class _Row:
     response: np.ndarray
     rollout_logprobs: np.ndarray
     advantage: float
+    sampled: np.ndarray | None = None  # multi-turn: 1 where the policy sampled the token; None: all
+
+    def sampled_tokens(self) -> int:
+        """Tokens of the loss and of the token-mean count (a tool turn's are not)."""
+        return len(self.response) if self.sampled is None else int(np.count_nonzero(self.sampled))
 
 
 def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
@@ -98,9 +103,11 @@ def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
 
     rows = []
     for b in batches:
-        rows.extend(_Row(p, r, lp, 0.0) for p, r, lp in zip(
+        masks = split(b.column("response_mask"), np.int8) if "response_mask" in b.schema.names \
+            else [None] * b.num_rows
+        rows.extend(_Row(p, r, lp, 0.0, m) for p, r, lp, m in zip(
             split(b.column("prompt_token_ids"), np.int64), split(b.column("response_token_ids"), np.int64),
-            split(b.column("response_logprobs"), np.float32)))
+            split(b.column("response_logprobs"), np.float32), masks))
     if len(rows) != len(advantages):
         raise ValueError(f"{len(advantages)} advantages for {len(rows)} rollouts")
     for row, a in zip(rows, advantages):
@@ -199,7 +206,8 @@ class DeepSpeedLearner:
     # -- the update -------------------------------------------------------------------------
 
     def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
-        """[B, R] logprobs of the response tokens under logits / T, mask, entropy sum.
+        """[B, R] logprobs of the response tokens under logits / T, the loss mask (the tokens
+        the policy sampled: a multi-turn rollout's tool turns are out), their entropy sum.
 
         Where the model's logits are its head's product (``_fused_head``), the head runs on the
         positions that predict a response token alone, in slices of rows
@@ -212,13 +220,16 @@ class DeepSpeedLearner:
         ids = np.zeros((len(rows), width), np.int64)
         attn = np.zeros((len(rows), width), np.int64)
         keep = np.zeros((len(rows), width), bool)  # the positions whose logits predict a response token
-        mask = np.zeros((len(rows), rlen), bool)
+        present = np.zeros((len(rows), rlen), bool)  # a response token (the rest: padding)
+        mask = np.zeros((len(rows), rlen), bool)  # a token the policy sampled
         for i, r in enumerate(rows):
             p, n = len(r.prompt), len(r.response)
             ids[i, :p], ids[i, p:p + n], attn[i, :p + n] = r.prompt, r.response, 1
-            keep[i, p - 1:p - 1 + n], mask[i, :n] = True, True
+            keep[i, p - 1:p - 1 + n], present[i, :n] = True, True
+            mask[i, :n] = True if r.sampled is None else r.sampled.astype(bool)
         targets = torch.from_numpy(np.concatenate([r.response for r in rows]).astype(np.int64)).to(self.device)
-        keep_t, mask_t = torch.from_numpy(keep).to(self.device), torch.from_numpy(mask).to(self.device)
+        keep_t, mask_t, present_t = (torch.from_numpy(a).to(self.device) for a in (keep, mask, present))
+        sampled = mask_t[present_t]  # per response token, row-major: the policy sampled it
 
         def forward():
             return model(input_ids=torch.from_numpy(ids).to(self.device),
@@ -230,7 +241,7 @@ class DeepSpeedLearner:
             head = output_embedding(model)
             flat, entropies = token_logprobs(head_input(model, head, forward)[keep_t], head.weight, targets,
                                              self.config.temperature)
-            entropy = entropies.sum()
+            entropy = entropies[sampled].sum()
         else:  # every position's logits, then the response positions'
             picked = forward().logits[keep_t].float()  # [N, V], row-major as the mask
             if self.config.temperature != 1.0:
@@ -238,8 +249,9 @@ class DeepSpeedLearner:
             flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
             entropy = torch.zeros((), device=self.device)
             if want_entropy:  # a metric: in slices of rows, so its [N, V] temporaries stay small
-                entropy = sum(entropy_from_logits(part).sum() for part in picked.detach().split(ENTROPY_ROWS))
-        out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(mask_t, flat)
+                entropy = sum(entropy_from_logits(part).sum()
+                              for part in picked.detach()[sampled].split(ENTROPY_ROWS))
+        out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(present_t, flat)
         return out, mask_t, entropy
 
     def _fused_head(self, model) -> bool:
@@ -329,7 +341,7 @@ class DeepSpeedLearner:
     def _mini_batch(self, rows: list[_Row], old: list[np.ndarray] | None) -> dict[str, float]:
         torch, cfg = self.torch, self.config
         plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], cfg.micro_batch_tokens)
-        tokens, seqs = self._all_reduce([sum(len(r.response) for r in rows), len(rows)])
+        tokens, seqs = self._all_reduce([sum(r.sampled_tokens() for r in rows), len(rows)])
         n_micro = int(self._all_reduce([len(plan)], "max")[0])
         # DeepSpeed averages gradients over ranks: normalize by the global counts / world size
         norm_tokens, norm_seqs = tokens / self.world_size, seqs / self.world_size

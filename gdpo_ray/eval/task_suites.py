@@ -9,6 +9,8 @@ rewards score it, reported under the paper's metric names:
 - ``addition``: ``pass@1`` (the sum in ``<answer>``), ``format_ratio`` (the demo's
   ``<think>…</think><answer>…</answer>``), ``exceed_ratio`` (over 16 tokens: the demo's limit);
 - ``arithmetic``: ``pass@1`` (the ``\\boxed{}`` answer), ``exceed_ratio``;
+- ``count``: ``pass@1`` (``exact_answer``: the numbers in order in ``<answer>``), ``exceed_ratio``
+  (over 14 tokens: the math-length study's limit); all 300 counts, less those a run trained on;
 - ``tool_calls``: ``accuracy`` (the calls equal the gold calls: same names and type-strictly
   equal arguments, in any order; or no call where none fits), ``format_ratio`` (ToolRL's format);
 - ``code``: ``pass@1`` (every test case passes), ``bug_ratio`` (a compile or runtime error),
@@ -81,6 +83,19 @@ class ArithmeticSuite(TaskSuite):
         return self._rewards({"pass@1": get("math_correctness")}, item, completions)
 
 
+class CountSuite(TaskSuite):
+    metrics = ("pass@1", "exceed_ratio")
+    max_tokens, length_limit = 40, 14
+
+    def __init__(self, length_limit: int | None = None) -> None:
+        super().__init__("count", 300, length_limit)
+
+    def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
+        from gdpo_ray.rewards import get
+
+        return self._rewards({"pass@1": get("exact_answer")}, item, completions)
+
+
 def calls_equal(completion: str, gold: Any) -> bool:
     """The completion's tool calls are the gold calls (names and type-strictly equal arguments,
     as a multiset); a gold answer without calls wants none (and a parsable answer)."""
@@ -144,8 +159,8 @@ class CodeTaskSuite(TaskSuite):
         return out
 
 
-TASK_SUITES = {"addition": AdditionSuite, "arithmetic": ArithmeticSuite, "tool_calls": ToolCallSuite,
-               "code": CodeTaskSuite}
+TASK_SUITES = {"addition": AdditionSuite, "arithmetic": ArithmeticSuite, "count": CountSuite,
+               "tool_calls": ToolCallSuite, "code": CodeTaskSuite}
 
 
 def task_suite(name: str, length_limit: int | None = None) -> TaskSuite:

@@ -91,25 +91,25 @@ def call_reward(fn: Callable, **kwargs: Any) -> Any:
     return result
 
 
-def import_object(path: str) -> Any:
-    """``package.module:attribute`` -> the attribute."""
+def import_object(path: str, what: str = "reward") -> Any:
+    """``package.module:attribute`` -> the attribute; ``what`` names it in errors."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"reward import path must look like 'package.module:function'; got {path!r}")
+        raise ValueError(f"{what} import path must look like 'package.module:name'; got {path!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ValueError(
-            f"cannot import module {module_name!r} of reward {path!r}: {err}; run from the folder "
+            f"cannot import module {module_name!r} of {what} {path!r}: {err}; run from the folder "
             f"that holds it (it is put on the path), add that folder to PYTHONPATH, or install "
             f"it") from err
     except Exception as err:  # noqa: BLE001 - the module itself is broken (SyntaxError, ...)
-        raise ValueError(f"importing module {module_name!r} of reward {path!r} failed: "
+        raise ValueError(f"importing module {module_name!r} of {what} {path!r} failed: "
                          f"{type(err).__name__}: {err}") from err
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"module {module_name!r} has no attribute {attr!r} (reward {path!r})")
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})")
         obj = getattr(obj, part)
     return obj
 

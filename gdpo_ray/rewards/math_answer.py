@@ -97,3 +97,19 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
         return out
 
     return math_correctness
+
+
+def exact_answer(answer_tag: str | None = "answer", after_tag: str | None = None):
+    """1 if the final answer (as ``math_correctness`` finds it) is the ground truth's text, runs
+    of whitespace counting as one space and the ends stripped, else 0: for answers that are not
+    one mathematical object (a list in order: ``12 13 14``), where math-verify would compare sets."""
+
+    def exact_answer(prompts, completions, *, ground_truth, **_columns) -> list[float]:
+        return [float(_words(final_answer(completion_text(c), answer_tag, after_tag)) == _words(str(t)))
+                for c, t in zip(completions, ground_truth)]
+
+    return exact_answer
+
+
+def _words(text: str | None) -> list[str] | None:
+    return None if text is None else text.split()

@@ -13,7 +13,7 @@ from gdpo_ray.registry import Registry
 from gdpo_ray.rewards.adapters import RewardFn, bind_params, from_verl, import_object
 from gdpo_ray.rewards.code import code_bug, code_passrate
 from gdpo_ray.rewards.length import length
-from gdpo_ray.rewards.math_answer import math_correctness
+from gdpo_ray.rewards.math_answer import exact_answer, math_correctness
 from gdpo_ray.rewards.pattern import regex
 from gdpo_ray.rewards.toolrl import toolrl_correctness, toolrl_format
 
@@ -22,6 +22,7 @@ REWARDS: Registry[Callable[..., RewardFn]] = Registry("reward")
 REWARDS.register("toolrl_format")(toolrl_format)
 REWARDS.register("toolrl_correctness")(toolrl_correctness)
 REWARDS.register("math_correctness")(math_correctness)
+REWARDS.register("exact_answer")(exact_answer)
 REWARDS.register("length")(length)
 REWARDS.register("regex")(regex)
 REWARDS.register("code_passrate")(code_passrate)

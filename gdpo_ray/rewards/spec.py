@@ -57,8 +57,16 @@ class RewardSpec:
         return cls(name=str(d["name"]), fn=d.get("fn"), params=dict(d.get("params") or {}),
                    weight=float(d.get("weight", 1.0)), condition=cond, timeout_s=d.get("timeout_s"))
 
+    @property
+    def from_environment(self) -> bool:
+        """``fn: environment``: the column is the rollout environment's (``get_rewards()[name]``,
+        or ``get_reward()`` for the one column named after its class), not a function's."""
+        return self.fn == ENVIRONMENT
+
     def resolve(self) -> Callable:
         """The reward function, params bound (fails now on unknown names or params)."""
+        if self.from_environment:
+            raise ValueError(f"reward {self.name!r} is the environment's (fn: {ENVIRONMENT}): no function to call")
         fn = self.fn if self.fn is not None else self.name
         if callable(fn):
             return bind_params(fn, dict(self.params), self.name)
@@ -87,6 +95,8 @@ def plain_declaration(reward: Any) -> Any:
     return reward
 
 
+#: the ``fn`` of a reward column an environment gives (``RewardSpec.from_environment``)
+ENVIRONMENT = "environment"
 #: the largest |weight| of a reward: weights are relative, and far larger ones overflow the
 #: weighted sums of rewards (GRPO) or of normalized advantages (GDPO) in float64
 MAX_WEIGHT = 1e6
@@ -94,8 +104,9 @@ MAX_WEIGHT = 1e6
 MAX_TIMEOUT_S = 3600.0
 
 
-def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
-    """Validates a reward list (before any worker starts); returns the resolved functions."""
+def check_specs(specs: Sequence[RewardSpec]) -> list[Callable | None]:
+    """Validates a reward list (before any worker starts); returns the resolved functions (None
+    for an environment's column)."""
     if not specs:
         raise ValueError("rewards: at least one reward is needed")
     names = [s.name for s in specs]
@@ -120,9 +131,13 @@ def check_specs(specs: Sequence[RewardSpec]) -> list[Callable]:
             if not math.isfinite(s.condition.min):
                 raise ValueError(f"reward {s.name!r}: condition.min must be finite; got {s.condition.min}")
     _condition_order(specs)
-    fns = [s.resolve() for s in specs]
+    fns = [None if s.from_environment else s.resolve() for s in specs]
     for s, fn in zip(specs, fns):
-        s.call_timeout_s(fn)
+        if fn is not None:
+            s.call_timeout_s(fn)
+        elif s.params or s.timeout_s is not None:
+            raise ValueError(f"reward {s.name!r} is the environment's (fn: {ENVIRONMENT}): it takes no "
+                             "params or timeout_s (generation.tool_timeout bounds get_rewards)")
     return fns
 
 

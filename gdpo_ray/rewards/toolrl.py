@@ -75,7 +75,7 @@ def format_matches(completion: str, ground_truth: Any, strict: bool = False) -> 
     return counts_ok and re.fullmatch(pattern, text, re.DOTALL) is not None
 
 
-def _depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether ``value`` nests lists and dicts at most ``limit`` levels deep (iteratively: it
     may be as deep as the JSON parser allows)."""
     stack = [(value, 1)]
@@ -98,7 +98,7 @@ def parse_calls(block: str) -> list[tuple[str, dict]]:
             obj = json.loads(line)
         except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser's limit
             raise Unparsable(f"not JSON: {line[:80]!r}") from err
-        if not _depth_ok(obj):
+        if not depth_ok(obj):
             raise Unparsable(f"nested deeper than {MAX_DEPTH} levels: {line[:80]!r}")
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise Unparsable(f"not a call object with a name: {line[:80]!r}")
@@ -109,7 +109,7 @@ def parse_calls(block: str) -> list[tuple[str, dict]]:
     return calls
 
 
-def _blocks(text: str) -> list[str]:
+def tool_call_blocks(text: str) -> list[str]:
     """The contents of the <tool_call>…</tool_call> blocks: each opening tag with the first
     closing tag after it, left to right (``re.findall(r"<tool_call>(.*?)</tool_call>", text,
     re.DOTALL)``, without its quadratic search when closing tags are missing)."""
@@ -143,7 +143,7 @@ def calls_in(text_or_calls: Any) -> list[tuple[str, dict]] | None:
         except (ValueError, RecursionError) as err:
             raise Unparsable(f"not a JSON list of calls: {text[:80]!r}") from err
         return _list_calls(values)
-    blocks = _blocks(text)
+    blocks = tool_call_blocks(text)
     if not blocks:
         return None
     return [call for block in blocks for call in parse_calls(block)]

@@ -37,10 +37,9 @@ from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files
 from gdpo_ray.advantages import compute_advantage_details
 from gdpo_ray.data import load_prompts
-from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix
+from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
-from gdpo_ray.model_files import resolve_model_path
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, validation
@@ -108,7 +107,7 @@ class GDPOConfig(AlgorithmConfig):
         return _section(self, "generation", kwargs)
 
     def data(self, **kwargs: Any) -> "GDPOConfig":
-        """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``prompt_column``, ..."""
+        """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``environment``, ..."""
         return _section(self, "data", kwargs)
 
     def validate(self) -> None:
@@ -123,8 +122,7 @@ class GDPOConfig(AlgorithmConfig):
                 **self.custom_resources_per_env_runner}
 
     @property
-    def weight_bucket_bytes(self) -> int:
-        """``weight_bucket_mb`` in bytes: the size of one bucket of a weight push."""
+    def weight_bucket_bytes(self) -> int:  # weight_bucket_mb: the size of one bucket of a push
         return int(self.weight_bucket_mb) << 20
 
     @property
@@ -145,7 +143,8 @@ class GDPOConfig(AlgorithmConfig):
                     engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=fields.generation_mode(self),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
-                    num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora))
+                    num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora),
+                    **fields.environment_settings(self))  # data.environment: multi-turn rollouts
 
 
 class GDPO(Algorithm):
@@ -196,7 +195,7 @@ class GDPO(Algorithm):
                              for s in specs if s.condition is not None}
         self.reward_watch = RewardWatch(
             self.reward_names, c.reward_failure_limit, c.reward_failure_steps)
-        self.model_path = resolve_model_path(c.model_path)
+        self.model_path = model_files.resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0), prompt_column=c.prompt_column,
                                     id_column=c.id_column, seed=c.seed or 0,
@@ -294,8 +293,8 @@ class GDPO(Algorithm):
         c, timers, step = self.config, {}, self.policy_version
         with _timed(timers, "take_groups"):
             self.rollouts.fit_to_cluster(*fields.env_runner_range(c))
-            groups, filtered = take_groups(c, self.rollouts, self.buffer, self.prompts, self.reward_weights)
-            self.counters["filtered_groups"] += filtered
+            groups, dropped = take_groups(c, self.rollouts, self.buffer, self.prompts, self.reward_weights)
+            self.counters["filtered_groups"] += len(dropped)
         with _timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
             rewards, index = rewards_matrix(groups)
             errors = reward_errors(groups)
@@ -309,7 +308,7 @@ class GDPO(Algorithm):
         with _timed(timers, "metrics"):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
-            values = self._step_metrics(step, groups, rewards, details, filtered)
+            values = self._step_metrics(step, groups, rewards, details, dropped)
             values |= step_metrics.failure_metrics(errors, self.reward_names)
             values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
@@ -372,16 +371,18 @@ class GDPO(Algorithm):
         self.policy_version = version
         self._pushed = {"weights/push_bytes": float(pushed.sent.bytes), "weights/push_s": time.perf_counter() - start}
 
-    def _step_metrics(self, step, groups, rewards, details, filtered) -> dict:
-        lengths, reasons = response_lengths(groups), finish_reasons(groups)
+    def _step_metrics(self, step, groups, rewards, details, dropped) -> dict:
+        lengths, reasons, turns = response_lengths(groups), finish_reasons(groups), turn_counts(groups)
         values = {"step": float(self.policy_version), "groups": float(len(groups)),
-                  "filtered_groups": float(filtered),
+                  "filtered_groups": float(len(dropped)),
                   "tokens": float(lengths.sum()), "prompt_epoch": float(self.prompts.epoch)}
         values |= step_metrics.reward_metrics(rewards, self.reward_names)
+        if self.config.dynamic_sampling:  # what the policy sampled, the dropped groups too
+            values |= step_metrics.sampled_reward_metrics(rewards, rewards_matrix(dropped)[0], self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)
         values |= step_metrics.signal_metrics(rewards, details, self.reward_names, self.reward_gates)
         self.reward_watch.warn_cancelling(details)
-        values |= step_metrics.length_metrics(lengths, reasons)
+        values |= step_metrics.rollout_metrics(lengths, reasons, turns)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
         values |= self.rollouts.step_metrics()
         values |= {"rollout/dropped_stale": float(self.buffer.dropped_stale),

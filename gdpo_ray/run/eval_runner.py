@@ -10,8 +10,9 @@ scorer waits on sandbox processes (``Suite.parallel_scoring``).
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
 ``policy/``, or under LoRA its ``policy-merged/``), a PEFT LoRA adapter directory (merged into its
 base model, ``merge_adapter``), a training checkpoint (its learners' weights exported into the run's base model,
-``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or the name ``demo`` or ``demo-tools``
-(a CPU demo's warm-started starting point, for a baseline). The model's files are shipped to actors on nodes
+``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or a built-in model's name, as
+``llm.model_path`` takes it (``demo``, ``demo-tools``, ``demo-count``, ``tiny``, ``smollm2``: a
+run's starting point, for a baseline). The model's files are shipped to actors on nodes
 that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
 ``{"id": <item id>, "completions": [str, ...]}``, optionally ``"tokens": [int, ...]`` and
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 def resolve_policy(policy: str, base: str | None = None) -> str:
     """The model directory ``policy`` stands for (see the module docstring); ``base``: the base
     model of a LoRA adapter (default: the one its ``adapter_config.json`` names)."""
-    if policy in ("demo", "demo-tools"):
+    if policy in model_files.BUILT_IN_MODELS:
         return str(model_files.resolve_model_path(policy))
     path = Path(policy).expanduser()
     for policy_dir in (path / "policy-merged", path / "policy"):  # a run directory (LoRA: merged)
@@ -68,7 +69,7 @@ def resolve_policy(policy: str, base: str | None = None) -> str:
         return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
     raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a LoRA adapter "
                      f"directory (no adapter_config.json), a run directory (no policy/ in it), a "
-                     f"training checkpoint, 'demo' or 'demo-tools'")
+                     f"training checkpoint, or one of {' | '.join(model_files.BUILT_IN_MODELS)}")
 
 
 def merge_adapter(adapter: Path, base: str | None = None) -> str:

@@ -28,9 +28,9 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from gdpo_ray.model_files import BUILT_IN_MODELS
 from gdpo_ray.run.placement import check_placement
 
-BUILT_IN_MODELS = ("demo", "demo-tools", "tiny", "smollm2")
 #: dataset rows scored on placeholders at start-up
 SAMPLE_ROWS = 4
 
@@ -91,7 +91,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     fns = check_specs(specs)
     available = [*source.columns, *ROLLOUT_COLUMNS]
     for spec, fn in zip(specs, fns):
-        for column in required_columns(fn):
+        for column in required_columns(fn) if fn is not None else ():  # None: an environment's column
             if column not in available:
                 raise ValueError(
                     f"reward {spec.name!r} needs column {column!r} (a parameter of "
@@ -150,7 +150,7 @@ def check_lora(c: Any) -> None:
 
 def context_length(spec: Any) -> int | None:
     """The model's context length (positions), where its config says it (None: unknown)."""
-    if spec in ("demo", "demo-tools", "tiny"):
+    if spec in BUILT_IN_MODELS and spec != "smollm2":
         from gdpo_ray.tiny_model import MAX_POSITIONS
 
         return MAX_POSITIONS
@@ -216,8 +216,8 @@ def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
     for k, spec in enumerate(specs):
         errors = [row[k] for row in scored.errors]
         bad = [e for e in errors if e]
-        failed.append(f"{len(bad)}/{m}")
-        if not bad:
+        failed.append("environment" if spec.from_environment else f"{len(bad)}/{m}")
+        if not bad or spec.from_environment:  # an environment scores only real rollouts
             continue
         if len(bad) == m and all(failure_kind(e) == "error" for e in bad):
             raise ValueError(

@@ -13,12 +13,13 @@ from gdpo_ray.groups import rewards_matrix
 
 
 def take_groups(config: Any, rollouts: Any, buffer: Any, prompts: Any,
-                weights: np.ndarray) -> tuple[list, int]:
-    """``(groups, filtered)``: ``config.prompts_per_step`` groups (fewer only when dynamic
-    sampling ran out of refills), as references with their metadata, and how many were dropped.
+                weights: np.ndarray) -> tuple[list, list]:
+    """``(groups, dropped)``: ``config.prompts_per_step`` groups (fewer only when dynamic
+    sampling ran out of refills), as references with their metadata, and the groups dynamic
+    sampling dropped (their metadata: what the policy sampled is kept and dropped together).
     Raises RuntimeError when every round was filtered whole."""
     c = config
-    kept, filtered = [], 0
+    kept, dropped = [], []
     for _ in range(c.max_refills + 1):
         need = c.prompts_per_step - len(kept)
         rollouts.wait_for(need)
@@ -31,7 +32,7 @@ def take_groups(config: Any, rollouts: Any, buffer: Any, prompts: Any,
                     prompts.mark_filtered(g.group_id, "no training signal in the group "
                                           "(no weighted reward varies)")
             buffer.release(int((~informative).sum()))
-            filtered += int((~informative).sum())
+            dropped += [g for g, ok in zip(taken, informative) if not ok]
             taken = [g for g, ok in zip(taken, informative) if ok]
         kept += taken
         if len(kept) == c.prompts_per_step or not c.dynamic_sampling:
@@ -41,4 +42,4 @@ def take_groups(config: Any, rollouts: Any, buffer: Any, prompts: Any,
         raise RuntimeError(f"dynamic sampling filtered every group for {c.max_refills + 1} "
                            "rounds: no weighted reward varies within any group; raise max_refills, "
                            "group_size or temperature, or turn dynamic_sampling off")
-    return kept, filtered
+    return kept, dropped

@@ -34,9 +34,8 @@ def check(config: Any) -> None:
         raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
                          "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
-    check_specs(specs)
-    for spec in specs:
-        spec.resolve()  # unknown functions or params fail here, before any actor starts
+    check_specs(specs)  # unknown functions or params fail here, before any actor starts
+    _check_environment(c, specs)
     if c.weight_sync not in TRANSPORTS:
         raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
     if c.precision not in ("fp32", "bf16"):
@@ -70,6 +69,30 @@ def check(config: Any) -> None:
                              f"{c.num_learners})")
 
 
+def _check_environment(c: Any, specs: list[RewardSpec]) -> None:
+    """data.environment loads (``gdpo_ray.environments.spec``), and the rewards declared as its
+    columns (``fn: environment``) are columns it gives."""
+    from gdpo_ray.environments.spec import load_environment
+    from gdpo_ray.rewards.spec import ENVIRONMENT
+
+    columns = [s.name for s in specs if s.from_environment]
+    if c.environment is None:
+        if columns:
+            raise ValueError(f"rewards {columns} are an environment's (fn: {ENVIRONMENT}), and no "
+                             "environment is set: set data.environment='module:Class', or give them a function")
+        return
+    env = load_environment(c.environment)
+    name = env.cls.__name__
+    if env.reward_getter == "get_reward" and columns != [name]:
+        raise ValueError(f"environment {c.environment!r} scores a rollout with get_reward(): declare its "
+                         f"one column as TRL names it, {{name: {name}, fn: {ENVIRONMENT}}} in training.rewards "
+                         f"(declared as the environment's: {columns or 'none'})")
+    if env.reward_getter is None and columns:
+        raise ValueError(f"rewards {columns} are the environment's (fn: {ENVIRONMENT}), and "
+                         f"{c.environment!r} has neither get_rewards() nor get_reward(): add "
+                         "get_rewards() returning {name: value} for them")
+
+
 def _check_eval(c: Any) -> None:
     """An eval schedule needs a suite, and the suite must load (its data, its packages);
     pass@k needs k <= eval_samples and a suite with a correct metric."""
@@ -100,6 +123,9 @@ def _check_engine(c: Any) -> None:
                          f"({cls.__module__}.{cls.__qualname__}) cannot serve one: its __init__ takes "
                          f"no lora= argument (the PEFT settings; see actors.engines.BatchEngine); use "
                          f"engine 'hf' or 'vllm', or leave llm.lora out")
+    if mode == "streaming" and c.environment is not None:
+        raise ValueError("data.environment (multi-turn tool rollouts) runs on batched generation for now: "
+                         "set generation.mode='batched'")
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "

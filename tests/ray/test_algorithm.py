@@ -322,3 +322,23 @@ def test_tune_runs_and_restores(ray_cluster, tmp_path):
     # the restored experiment is complete (stop reached): fit returns the same trial result
     again = restored.fit().get_best_result(metric="rewards/format/mean", mode="max")
     assert again.metrics["step"] == 1 and again.error is None
+
+
+def test_a_run_with_a_tool_environment_trains_on_multi_turn_records(ray_cluster):
+    """data.environment through the whole run: every rollout gets its own Calculator, reset with
+    its row; the environment's column beside a function's; the records carry the turn columns,
+    the learners train on them, and the turn metrics are logged. (The demo model writes no tool
+    calls: each rollout is one turn. tests/unit/test_tool_loop.py runs rollouts that call tools.)"""
+    config = demo_config("data.environment=tests.unit.trl_style_environments:Calculator",
+                         "generation.max_turns=3")
+    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}]
+    algo = config.training(rewards=rewards).build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    for r in results:
+        assert r["rollout/turns/mean"] == 1.0 and r["rollout/tool_calls/mean"] == 0.0
+        assert r["rollout/tool_errors"] == 0.0 and r["rollout/tool_timeouts"] == 0.0
+        assert r["rewards/memory_used/mean"] == 0.0 and r["rewards/memory_used/failure_rate"] == 0.0
+        assert np.isfinite(r["learner/loss"])

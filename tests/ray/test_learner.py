@@ -183,6 +183,83 @@ def test_learner_logprobs_are_a_plain_forward_pass_per_row(ray_cluster, tiny_mod
         np.testing.assert_allclose(g, e, atol=1e-5)
 
 
+def _turn_batch(ray_cluster, mask_of, tool_logprob=0.0):
+    """4 groups x 4 rollouts of random tokens (the seed of ``fixed_batch``), as multi-turn
+    rollouts whose tokens ``mask_of(n)`` marks (None: a single-turn record); a tool token's
+    rollout logprob is ``tool_logprob``."""
+    from gdpo_ray.batch import Turns
+
+    rng = np.random.default_rng(0)
+    groups = []
+    for p in range(4):
+        responses = [rng.integers(3, 300, rng.integers(4, 12)).tolist() for _ in range(4)]
+        masks = [mask_of(len(r)) for r in responses]
+        logprobs = [[-5.0 if masks[j] is None or masks[j][t] else tool_logprob for t in range(len(r))]
+                    for j, r in enumerate(responses)]
+        turns = None if masks[0] is None else Turns(masks, [2] * 4, [1] * 4, [0] * 4, [0] * 4)
+        groups.append(GroupData(
+            prompt_id=str(p), group_id=f"{p}/e0/a0", prompt_token_ids=[1, 5, 7, 9],
+            response_token_ids=responses, response_logprobs=logprobs, finish_reasons=["stop"] * 4,
+            policy_version=0, rewards=np.zeros((4, 1)), reward_errors=[[""]] * 4, turns=turns))
+    batch = build_groups(groups, ["r"])
+    ref = ray_cluster.put(batch)
+    return [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
+
+
+def _tool_mask(n):
+    """A tool turn in the middle of the response: tokens 2..3 (and 5 when there is one) not sampled."""
+    return [0 if t in (2, 3, 5) else 1 for t in range(n)]
+
+
+def _loss_gradient(learner, groups):
+    """d loss / d logprob per response token, and the loss mask, for the learner's own loss."""
+    import torch
+
+    from gdpo_ray.groups import read_rows
+    from gdpo_ray.losses import policy_loss
+    from learners.deepspeed_learner import _rows
+
+    rows = _rows(read_rows(groups), ADV)
+    logp, mask, _ = learner._logprobs(learner.engine, rows)
+    adv = torch.tensor([r.advantage for r in rows])
+    rollout = learner._padded([r.rollout_logprobs for r in rows], logp.shape[1])
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, learner.config.loss, rollout_logprobs=rollout)
+    (grad,) = torch.autograd.grad(loss, logp)
+    return grad.numpy(), mask.numpy(), [len(r.response) for r in rows]
+
+
+def test_tool_tokens_are_out_of_the_loss(ray_cluster, tiny_model_dir):
+    """A multi-turn rollout's tool-turn tokens (response_mask 0): their gradient is exactly zero,
+    their rollout logprobs change nothing, they are not counted; a multi-turn record whose
+    tokens were all sampled trains exactly as today's single-turn record."""
+    plain = _turn_batch(ray_cluster, lambda n: None)
+    all_sampled = _turn_batch(ray_cluster, lambda n: [1] * n)
+    tools = _turn_batch(ray_cluster, _tool_mask)
+    tools_garbage = _turn_batch(ray_cluster, _tool_mask, tool_logprob=-40.0)
+    weights, metrics = [], []
+    for batch in (plain, all_sampled, tools, tools_garbage):
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=2, lr=0.01,
+                                    loss=PolicyLossConfig(is_cap=2.0)), num_learners=1)
+        try:
+            if batch is tools:
+                grad, mask, lengths = ray_cluster.get(group.learners[0].__ray_call__.remote(_loss_gradient, tools))
+            metrics.append(group.update(batch, ADV))
+            weights.append(group.get_weights())
+        finally:
+            group.shutdown()
+    for name in weights[0]:
+        assert np.array_equal(weights[1][name], weights[0][name]), name  # bitwise: today's update
+        assert np.array_equal(weights[3][name], weights[2][name]), name  # tool logprobs play no part
+    assert any(not np.array_equal(weights[2][n], weights[0][n]) for n in weights[0])
+    assert metrics[1]["loss_first"] == metrics[0]["loss_first"]
+    tool = np.zeros_like(mask)
+    for i, n in enumerate(lengths):
+        tool[i, :n] = np.array(_tool_mask(n)) == 0
+    assert tool.sum() > 0 and (grad[tool] == 0.0).all()  # exactly zero
+    assert (grad[mask] != 0.0).all() and not mask[tool].any()
+    assert metrics[2]["tokens"] == sum(lengths) - tool.sum() < metrics[0]["tokens"] == sum(lengths)
+
+
 def test_micro_batch_plan_and_group_split():
     # longest first; rows x longest <= budget
     assert plan_micro_batches([5, 10, 3, 8], budget=20) == [[1, 3], [0, 2]]

@@ -117,6 +117,14 @@ def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
         assert np.array_equal(b.column("rewards").flatten().to_numpy(), (lengths <= 8).astype(np.float32))
 
 
+def test_vllm_multi_turn_logprobs_match_a_forward_pass_over_the_whole_context(engine, tiny_model_dir):
+    """Multi-turn rollouts on vLLM (actors/tool_loop.py): the turn after a tool turn has the
+    logprobs of a forward pass over the whole conversation."""
+    from tests.unit.test_tool_loop import multi_turn_logprobs_match_a_forward_pass
+
+    multi_turn_logprobs_match_a_forward_pass(engine, tiny_model_dir, atol=2e-3)
+
+
 def test_vllm_loads_weight_buckets(engine, tiny_model_dir):
     """The object-store push: buckets of raw bytes, loaded one at a time into the running engine."""
     from transformers import AutoModelForCausalLM

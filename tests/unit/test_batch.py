@@ -63,6 +63,35 @@ def test_response_versions_per_token_and_the_oldest_is_the_group_version():
         build_groups([GroupData(policy_version=3, response_versions=[[3, 3], [4]], **fields)], ["r"])
 
 
+def test_a_multi_turn_group_carries_its_mask_and_counts_after_the_rewards():
+    from gdpo_ray.batch import GroupData, Turns, build_groups
+
+    fields = dict(prompt_id="p", group_id="g", prompt_token_ids=[1], response_token_ids=[[5, 6, 7, 9], [8]],
+                  response_logprobs=[[-1.0, 0.0, 0.0, -1.0], [-1.0]], finish_reasons=["stop", "stop"],
+                  policy_version=0, rewards=np.zeros((2, 1)), reward_errors=[[""], [""]],
+                  task_columns={"ground_truth": "x"})
+    turns = Turns(response_mask=[[1, 0, 0, 1], [1]], num_turns=[2, 1], num_tool_calls=[1, 0], tool_errors=[1, 0],
+                  tool_timeouts=[1, 0], prompt_token_ids=[[1, 40], [1, 41, 42]])
+    b = build_groups([GroupData(turns=turns, **fields)], ["r"])
+    assert b.schema.names[10:] == ["rewards", "reward_errors", "response_mask", "num_turns", "num_tool_calls",
+                                   "tool_errors", "tool_timeouts", "ground_truth"]
+    assert b.schema.field("response_mask").type == pa.large_list(pa.int8())
+    assert b.column("response_mask").to_pylist() == [[1, 0, 0, 1], [1]]
+    assert [b.column(c).to_pylist() for c in ("num_turns", "num_tool_calls", "tool_errors", "tool_timeouts")] == [
+        [2, 1], [1, 0], [1, 0], [1, 0]]
+    assert b.column("prompt_token_ids").to_pylist() == [[1, 40], [1, 41, 42]]  # each rollout's reset text
+    same = build_groups([GroupData(turns=Turns([[1, 0, 0, 1], [1]], [2, 1], [1, 0], [0, 0], [0, 0]), **fields)], ["r"])
+    assert same.column("prompt_token_ids").to_pylist() == [[1], [1]]
+    with pytest.raises(ValueError, match="response_mask and response_length disagree"):
+        build_groups([GroupData(turns=Turns([[1, 0], [1]], [2, 1], [1, 0], [0, 0], [0, 0]), **fields)], ["r"])
+    with pytest.raises(ValueError, match="only 0 .* and 1"):
+        build_groups([GroupData(turns=Turns([[1, 2, 0, 1], [1]], [2, 1], [1, 0], [0, 0], [0, 0]), **fields)], ["r"])
+    with pytest.raises(ValueError, match="multi-turn groups or single-turn ones, not both"):
+        build_groups([GroupData(turns=turns, **fields), GroupData(**dict(fields, group_id="h"))], ["r"])
+    single = build_groups([GroupData(**fields)], ["r"])
+    assert "response_mask" not in single.schema.names  # a single-turn record is today's
+
+
 def test_check_group_names_the_broken_rule():
     b = group()
     with pytest.raises(ValueError, match="finish_reason must be one of"):

@@ -81,9 +81,10 @@ def test_a_short_step_of_dynamic_sampling_keeps_the_buffer_within_capacity():
                                    estimator="gdpo", eps=1e-6)
     rollouts = types.SimpleNamespace(wait_for=lambda n: None)
     buffer.add([group(0, [0, 1]), group(1, [1, 1]), group(2, [0, 0])])  # room at version 0: 4
-    kept, filtered = take_groups(config, rollouts, buffer, Prompts(), np.ones(1))
+    kept, dropped = take_groups(config, rollouts, buffer, Prompts(), np.ones(1))
     # round 1 keeps g0 and drops g1; round 2 drops g2; no refills left: a step of 1 group
-    assert [g.group_id for g in kept] == ["g0"] and filtered == 2 and len(buffer) == 0
+    assert [g.group_id for g in kept] == ["g0"] and [g.group_id for g in dropped] == ["g1", "g2"]
+    assert len(buffer) == 0
     buffer.set_version(1)
     room = buffer.room(in_flight=0)
     assert room == 4  # (1 + 1 + 1) * 2 - accepted (3 admitted - 2 released + 1 short)

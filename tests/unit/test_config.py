@@ -8,6 +8,7 @@ from gdpo_ray.config import FIELDS
 from gdpo_ray.run.presets import apply_sections, load_preset, preset_names
 
 REWARDS = [{"name": "correct", "fn": "math_correctness"}]
+ENV = "tests.unit.trl_style_environments:"
 
 
 def good() -> GDPOConfig:
@@ -56,6 +57,19 @@ def test_defaults_and_sections():
     (lambda c: c.generation(engine="vllm", colocate=True), "use generation.mode='batched' with colocate=True"),
     (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
     (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
+    # tool environments (data.environment) and their reward columns
+    (lambda c: c.training(rewards=REWARDS + [{"name": "state", "fn": "environment"}]),
+     "rewards ['state'] are an environment's (fn: environment), and no environment is set"),
+    (lambda c: c.data(environment="tests.unit.trl_style_environments:NoTools"), "has no tool"),
+    (lambda c: c.data(environment="Calculator"), "data.environment must be 'module:Class'"),
+    (lambda c: c.data(environment=ENV + "Counter"), "declare its one column as TRL names it, {name: Counter, fn: environment}"),
+    (lambda c: c.data(environment=ENV + "NoReset"), "has no reset method"),
+    (lambda c: c.data(environment=ENV + "Calculator").training(
+        rewards=REWARDS + [{"name": "state", "fn": "environment", "params": {"x": 1}}]), "it takes no params"),
+    (lambda c: c.data(environment=ENV + "Calculator").generation(engine="vllm"),
+     "data.environment (multi-turn tool rollouts) runs on batched generation for now"),
+    (lambda c: c.generation(max_turns=0), "max_turns must be an integer >= 1"),
+    (lambda c: c.generation(tool_timeout=0), "tool_timeout must be a number > 0"),
     # GSPO: the default clip range (0.2 / 0.28) barely acts on a sequence ratio within ~1e-3 of 1
     (lambda c: c.training(ratio_level="sequence", loss_agg="seq_mean_token_mean"),
      "use .training(clip_eps_low=3e-4, clip_eps_high=4e-4)"),
@@ -82,6 +96,13 @@ def test_generation_mode_defaults_to_streaming_on_vllm_only():
     streaming = good().generation(engine="vllm").training(weight_sync="broadcast")
     streaming.validate()
     assert streaming.rollout_actor_kwargs["mode"] == "streaming"
+
+
+def test_an_environment_and_its_columns_validate():
+    good().data(environment=ENV + "Calculator").training(
+        rewards=REWARDS + [{"name": "state", "fn": "environment"}]).validate()
+    good().data(environment=ENV + "Counter").training(rewards=REWARDS + [{"name": "Counter", "fn": "environment"}]).validate()
+    good().data(environment=ENV + "Calculator").validate()  # an environment's tools without its rewards
 
 
 def test_gspo_with_its_own_clip_range_and_aggregation_validates():

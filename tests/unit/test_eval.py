@@ -154,6 +154,13 @@ def test_task_suites_score_their_gold_answers_one_and_wrong_ones_zero():
     assert values == [{"pass@1": 1.0, "format_ratio": 1.0, "exceed_ratio": 0.0},
                       {"pass@1": 0.0, "format_ratio": 0.0, "exceed_ratio": 1.0},
                       {"pass@1": 0.0, "format_ratio": 0.0, "exceed_ratio": 1.0}]
+    count = make_suite("task:count")
+    it = next(i for i in count.items() if i.prompt == "Count from 23 to 27.")
+    values = count.score(it, [Completion("<answer>23 24 25 26 27</answer>", 17, "stop"),
+                              Completion("<answer>23 24 25</answer>", 11, "stop")])
+    # the right count takes 17 tokens: over the study's limit of 14; the short one is wrong
+    assert values == [{"pass@1": 1.0, "exceed_ratio": 1.0}, {"pass@1": 0.0, "exceed_ratio": 0.0}]
+    assert len(count.items()) == 300
     code = make_suite("task:code")
     it = code.items()[0]
     values = code.score(it, [Completion("```python\nprint(1/0)\n```", 10, "stop")])
@@ -163,7 +170,7 @@ def test_task_suites_score_their_gold_answers_one_and_wrong_ones_zero():
 def test_unknown_suites_name_the_known_ones():
     with pytest.raises(ValueError, match="use task:<name>"):
         make_suite("mmlu")
-    with pytest.raises(ValueError, match="known: task:addition, task:arithmetic"):
+    with pytest.raises(ValueError, match="known: task:addition, task:arithmetic, task:count"):
         make_suite("task:chess")
 
 
@@ -560,3 +567,22 @@ def test_humaneval_candidate_process_reaches_nothing_of_the_harness():
                 "    return 'reached'\n" for probe in [*reach.values(), *controls.values()]]
     outcomes = dict(zip([*reach, *controls], suite.outcomes("Probe/0", programs)))
     assert outcomes == {**{name: "pass" for name in reach}, **{name: "wrong" for name in controls}}
+
+
+def test_eval_takes_every_model_name_a_run_takes(tmp_path, monkeypatch):
+    """``gdpo-ray eval smollm2`` was refused although ``llm.model_path: smollm2`` trains: eval
+    now resolves the same built-in names, and a wrong one is told them."""
+    from gdpo_ray import model_files
+    from gdpo_ray.run import eval_runner
+
+    resolved = []
+    monkeypatch.setattr(model_files, "resolve_model_path", lambda spec: resolved.append(spec) or tmp_path)
+    eval_runner.resolve_policy.cache_clear()
+    try:
+        for name in model_files.BUILT_IN_MODELS:
+            assert eval_runner.resolve_policy(name) == str(tmp_path)
+        assert resolved == ["demo", "demo-tools", "demo-count", "tiny", "smollm2"]
+        with pytest.raises(ValueError, match="demo \\| demo-tools \\| demo-count \\| tiny \\| smollm2"):
+            eval_runner.resolve_policy(str(tmp_path / "nowhere"))
+    finally:
+        eval_runner.resolve_policy.cache_clear()

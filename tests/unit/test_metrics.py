@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gdpo_ray.advantages import compute_advantage_details
-from gdpo_ray.metrics import advantage_metrics, cancelling_pairs, signal_metrics
+from gdpo_ray.metrics import advantage_metrics, cancelling_pairs, rollout_metrics, sampled_reward_metrics, signal_metrics
 
 H = 1 / math.sqrt(2)
 
@@ -58,6 +58,31 @@ def test_no_signal_gives_zero_shares_and_gate_rates():
     r[:, 0] = [1.0, np.nan, 0.0, 1.0]
     assert signal_metrics(r, details(r, [0, 0, 1, 1]), ["a", "b"],
                           gates={"b": (0, 1.0)})["rewards/b/gate_open"] == pytest.approx(2 / 3)
+
+
+def test_the_sampled_mean_counts_the_dropped_groups():
+    # trained: (1, 0), (0, 1); dropped by dynamic sampling: (0, 1), (0, 1), NaN in b.
+    # a: (1 + 0 + 0 + 0 + 0) / 5 = 0.2; b over its 4 computed values: (0 + 1 + 1 + 1) / 4 = 0.75
+    kept = np.array([[1, 0], [0, 1]], np.float32)
+    dropped = np.array([[0, 1], [0, 1], [0, np.nan]], np.float32)
+    m = sampled_reward_metrics(kept, dropped, ["a", "b"])
+    assert m == {"rewards/a/sampled_mean": pytest.approx(0.2), "rewards/b/sampled_mean": 0.75}
+    # nothing dropped (rewards_matrix of no groups is [0, 0]): the trained batch's mean
+    assert sampled_reward_metrics(kept, np.zeros((0, 0), np.float32), ["a", "b"]) == {
+        "rewards/a/sampled_mean": 0.5, "rewards/b/sampled_mean": 0.5}
+
+
+def test_rollout_metrics_of_single_and_multi_turn_rollouts():
+    lengths, reasons = np.array([4, 10, 7]), ["stop", "length", "stop"]
+    single = rollout_metrics(lengths, reasons)
+    assert single == {"response_length/mean": 7.0, "response_length/max": 10.0, "response_length/min": 4.0,
+                      "response_length/clip_ratio": pytest.approx(1 / 3)}
+    # per rollout: turns, tool calls, failed calls, abandoned calls
+    turns = np.array([[1, 0, 0, 0], [3, 4, 2, 1], [2, 1, 0, 0]])
+    multi = rollout_metrics(lengths, reasons, turns)
+    assert {k: v for k, v in multi.items() if k.startswith("rollout/")} == {
+        "rollout/turns/mean": 2.0, "rollout/tool_calls/mean": pytest.approx(5 / 3),
+        "rollout/tool_errors": 2.0, "rollout/tool_timeouts": 1.0}
 
 
 def test_cancelling_rewards_are_named_and_counted():

@@ -202,6 +202,22 @@ def test_math_correctness_equivalent_forms():
     assert fn([""] * 5, completions, ground_truth=["0.5"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_exact_answer_compares_the_words_in_order():
+    fn = rewards.get("exact_answer")
+    completions = [
+        "<think>count</think><answer>23 24 25</answer>",  # right
+        "<answer>  23\n24   25 </answer>",  # whitespace runs are one space, ends stripped
+        "<answer>23 25 24</answer>",  # the order counts (math-verify would compare sets)
+        "<answer>23 24 25 25</answer>",  # so do repeats
+        "<answer>23 24</answer>",  # a number short
+        "23 24 25",  # no <answer>, no \boxed{}: no answer
+        "\\boxed{23 24 25}",  # the boxed fallback, as math_correctness finds the answer
+    ]
+    assert fn([""] * 7, completions, ground_truth=["23 24 25"] * 7) == [1, 1, 0, 0, 0, 0, 1]
+    tagless = rewards.get("exact_answer", answer_tag=None)
+    assert tagless([""] * 2, ["<answer>7</answer>", "\\boxed{7}"], ground_truth=["7", "7"]) == [0, 1]
+
+
 def test_math_correctness_after_tag():
     plain = rewards.get("math_correctness")
     after = rewards.get("math_correctness", after_tag="</think>")
@@ -312,7 +328,7 @@ def test_harness_serializes_plain_values():
 
 def test_registry_lists_known_names():
     with pytest.raises(ValueError, match="unknown reward 'toolrl'; known: code_bug, code_passrate, "
-                                         "length, math_correctness, regex, toolrl_correctness, toolrl_format"):
+                                         "exact_answer, length, math_correctness, regex, toolrl_correctness, toolrl_format"):
         rewards.get("toolrl")
     with pytest.raises(ValueError, match=r"reward 'length': bad params"):
         rewards.get("length", lim=3)
@@ -483,7 +499,7 @@ def test_linear_scans_equal_the_plain_ones_on_random_text():
     their tokens."""
     import random
 
-    from gdpo_ray.rewards.toolrl import _blocks
+    from gdpo_ray.rewards.toolrl import tool_call_blocks
 
     rng = random.Random(0)
     box = ["\\boxed", "{", "}", " ", "x", "\\boxedx", "\n"]
@@ -501,8 +517,8 @@ def test_linear_scans_equal_the_plain_ones_on_random_text():
         assert final_answer(text, "answer") == (last_boxed(found[-1]) or found[-1].strip() if found else last_boxed(text))
         seen["tagged"] += bool(found)
         text = "".join(rng.choice(tool) for _ in range(rng.randint(0, 12)))
-        assert _blocks(text) == re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL), text
-        seen["blocks"] += bool(_blocks(text))
+        assert tool_call_blocks(text) == re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL), text
+        seen["blocks"] += bool(tool_call_blocks(text))
         gold, strict = rng.choice(golds), rng.random() < 0.5
         if rng.random() < 0.5:  # a gold answer with a few tokens inserted: the shape nearly right
             text = rng.choice(golds)

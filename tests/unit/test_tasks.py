@@ -9,11 +9,23 @@ from gdpo_ray.rewards import get
 from gdpo_ray.tasks import TOOL_SYSTEM, task_rows
 
 
-@pytest.mark.parametrize("name", ["addition", "arithmetic", "tool_calls", "code"])
+@pytest.mark.parametrize("name", ["addition", "arithmetic", "count", "tool_calls", "code"])
 def test_rows_are_seeded_and_ids_unique(name):
     rows = task_rows(f"task:{name}", 40, seed=3)
     assert rows == task_rows(f"task:{name}", 40, seed=3) != task_rows(f"task:{name}", 40, seed=4)
     assert len({r["id"] for r in rows}) == 40 and all(r["prompt"] and r["ground_truth"] for r in rows)
+
+
+def test_counts_are_the_300_items_and_their_answers_are_the_numbers_in_order():
+    rows = task_rows("task:count")
+    assert len({r["prompt"] for r in rows}) == 300 == len(rows)
+    row = next(r for r in rows if r["prompt"] == "Count from 23 to 27.")
+    assert row["ground_truth"] == "23 24 25 26 27" and row["id"] == "count-23-27-0"
+    spans = [len(r["ground_truth"].split()) for r in rows]
+    assert sorted(set(spans)) == [2, 3, 4, 5, 6, 7] and all(spans.count(k) == 50 for k in range(2, 8))
+    exact = get("exact_answer")
+    golds = [r["ground_truth"] for r in rows]
+    assert exact([None] * 300, [f"<answer>{g}</answer>" for g in golds], ground_truth=golds) == [1.0] * 300
 
 
 def test_tool_call_gold_answers_score_the_maximum():

@@ -1,0 +1,199 @@
+"""Multi-turn rollouts on a batch engine: the model generates, the tools its turn calls run on
+its rollout's environment, their answers are appended as the chat template's tool turn, and the
+model goes on, until it answers without a call, ``max_turns`` turns, or the token budget.
+
+Token in, token out: a trajectory is exactly the tokens the policy sampled plus the tool turns'
+tokens (each tool turn tokenized once, on its own); the model's own tokens are never decoded and
+encoded again. ``response_mask`` marks which is which (1: sampled; 0: a tool turn's, whose
+logprob is 0 and which the learners leave out of the loss).
+
+A round generates the next turn of every rollout still going, in one engine call; the calls of
+the rollouts that made some then run on a thread pool, each rollout's in its order, while none
+generates (the batch engine is idle meanwhile; the streaming engine overlaps them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
+
+from actors.engines import SamplingParams
+from gdpo_ray.batch import Turns
+from gdpo_ray.environments.session import ToolAnswer, ToolSession
+from gdpo_ray.environments.spec import load_environment
+from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
+
+#: the assistant's text in the template probe (``ToolTurns``)
+_PROBE = "\x00gdpo-probe\x00"
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One rollout's tokens after the prompt and what happened in it."""
+
+    session: ToolSession | None  # None: the environment failed to start (its rewards are NaN)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    mask: list[int] = dataclasses.field(default_factory=list)  # 1: sampled by the policy
+    messages: list[dict] = dataclasses.field(default_factory=list)  # the completion, as TRL passes it
+    finish_reason: str = "stop"
+    done: bool = False
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0  # failed calls of any kind, timeouts included
+    tool_timeouts: int = 0
+    failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
+
+    @property
+    def token_ids(self) -> list[int]:  # as an engine's Sample names them
+        return self.tokens
+
+    def append(self, tokens: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        """Sampled tokens with their logprobs, or (``logprobs`` None) a tool turn's."""
+        self.tokens += tokens
+        self.logprobs += [0.0] * len(tokens) if logprobs is None else logprobs
+        self.mask += [0 if logprobs is None else 1] * len(tokens)
+
+
+class ToolTurns:
+    """The token ids of a tool turn as the tokenizer's chat template writes it: the tool
+    messages after an assistant turn that ended with its end-of-turn token, up to and including
+    the next assistant turn's header. Found by rendering a probe conversation with and without
+    the tool messages and taking the difference."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
+        before = tokenizer.apply_chat_template(probe, tokenize=False)
+        self._probe = probe
+        self._cut = before.index(_PROBE) + len(_PROBE)
+        eos = tokenizer.eos_token or ""
+        if before[self._cut:].startswith(eos):  # the stop token the model sampled
+            self._cut += len(eos)
+        self._before = before[:self._cut]
+
+    def ids(self, answers: Sequence[tuple[str, str]]) -> list[int]:
+        """The tokens of the tool messages (tool name, answer text) and the next assistant header."""
+        tools = [{"role": "tool", "name": name, "content": text} for name, text in answers]
+        after = self.tokenizer.apply_chat_template(self._probe + tools, tokenize=False,
+                                                   add_generation_prompt=True)
+        if not after.startswith(self._before):
+            raise ValueError("the chat template writes the earlier turns differently once tool turns "
+                             "follow them: multi-turn rollouts need a template that keeps the "
+                             "conversation's prefix (give the tokenizer a template that does)")
+        return self.tokenizer(after[self._cut:], add_special_tokens=False)["input_ids"]
+
+
+def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
+                      sampling: SamplingParams, max_turns: int, tool_turns: ToolTurns,
+                      pool: ThreadPoolExecutor) -> None:
+    """Runs every trajectory (one per rollout, ``prompt_ids`` its prompt) to its end, in place.
+    ``sampling.max_tokens`` is the budget of a whole trajectory, tool turns included."""
+    budget = sampling.max_tokens
+    while True:
+        going = [i for i, t in enumerate(trajectories) if not t.done]
+        if not going:
+            return
+        room = max(budget - len(trajectories[i].tokens) for i in going)
+        samples = engine.generate([prompt_ids[i] + trajectories[i].tokens for i in going], 1,
+                                  dataclasses.replace(sampling, max_tokens=room))
+        calling = []
+        for i, (sample,) in zip(going, samples):
+            t = trajectories[i]
+            keep = budget - len(t.tokens)  # a turn cut at the budget, as if the engine stopped there
+            t.append(sample.token_ids[:keep], sample.logprobs[:keep])
+            t.turns += 1
+            text = engine.tokenizer.decode(sample.token_ids[:keep], skip_special_tokens=True)
+            t.messages.append({"role": "assistant", "content": text})
+            calls = parse_tool_calls(text) if t.session is not None else []
+            if len(sample.token_ids) > keep or sample.finish_reason != "stop":
+                t.finish_reason, t.done = "length" if len(sample.token_ids) > keep else sample.finish_reason, True
+            elif not calls or t.turns >= max_turns:
+                t.done = True
+            else:
+                calling.append((t, calls))
+        for (t, calls), answers in zip(calling, pool.map(lambda tc: [tc[0].session.call(c) for c in tc[1]], calling)):
+            _answered(t, calls, answers, tool_turns, budget)
+
+
+def _answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer], tool_turns: ToolTurns,
+              budget: int) -> None:
+    t.tool_calls += len(calls)
+    t.tool_errors += sum(a.kind is not None for a in answers)
+    t.tool_timeouts += sum(a.kind == "timeout" for a in answers)
+    named = [(c.name if isinstance(c, ToolCall) else "", a.text) for c, a in zip(calls, answers)]
+    ids = tool_turns.ids(named)
+    if len(t.tokens) + len(ids) >= budget:  # no room for the answers and a turn after them: rolled back
+        t.finish_reason, t.done = "length", True
+        return
+    t.messages += [{"role": "tool", "name": name, "content": text} for name, text in named]
+    t.append(ids, None)
+
+
+#: threads running environments' resets, tool calls and rewards (each rollout's in its order)
+ENV_THREADS = 16
+
+
+class ToolEnvironment:
+    """A rollout actor's environment class (``data.environment``) and what its multi-turn
+    rollouts need: the tool turns' template, the turn limit, the tools' time limit, a thread pool."""
+
+    def __init__(self, path: str, tokenizer: Any, max_turns: int, timeout_s: float) -> None:
+        self.spec = load_environment(path)
+        self.tool_turns, self.max_turns, self.timeout_s = ToolTurns(tokenizer), max_turns, timeout_s
+        self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
+
+    @property
+    def schemas(self) -> list[dict]:
+        return list(self.spec.schemas)
+
+    def start(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Trajectory, str | None]]:
+        """A fresh instance per row, reset with it: (trajectory, the text ``reset`` returned). An
+        instance that cannot be made or reset gives a trajectory without tools whose
+        environment rewards are NaN with the error."""
+        return list(self.pool.map(self._start, rows))
+
+    def _start(self, row: Mapping[str, Any]) -> tuple[Trajectory, str | None]:
+        try:
+            session = ToolSession(self.spec.new(), self.spec.tools, self.timeout_s)
+            return Trajectory(session), session.reset(dict(row))
+        except TimeoutError as err:
+            return Trajectory(None, failed=("timeout", f"reset: {err}")), None
+        except Exception as err:  # noqa: BLE001 - the rollout goes on; its environment rewards are NaN
+            return Trajectory(None, failed=("error", f"the environment failed to start: {type(err).__name__}: {err}"[:500])), None
+
+    def run(self, engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
+            sampling: SamplingParams) -> None:
+        run_tool_rollouts(engine, prompt_ids, trajectories, sampling, self.max_turns, self.tool_turns, self.pool)
+
+    def rewards(self, trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, tuple]:
+        """The environment's columns ``names`` over the rollouts, as ``RewardPool.score`` takes them."""
+        if not names:
+            return {}
+        per_rollout = list(self.pool.map(lambda t: _rewards(t, names, self.spec.reward_getter), trajectories))
+        return {name: tuple(list(col) for col in zip(*(r[k] for r in per_rollout))) for k, name in enumerate(names)}
+
+    @staticmethod
+    def turns(trajectories: Sequence[Trajectory], prompt_ids: Sequence[list[int]]) -> Turns:
+        return Turns([t.mask for t in trajectories], [t.turns for t in trajectories],
+                     [t.tool_calls for t in trajectories], [t.tool_errors for t in trajectories],
+                     [t.tool_timeouts for t in trajectories], [list(p) for p in prompt_ids])
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _rewards(t: Trajectory, names: Sequence[str], getter: str | None) -> list[tuple[float, str, str]]:
+    if t.failed is not None:
+        return [(float("nan"), *t.failed)] * len(names)
+    return t.session.rewards(names, getter)
+
+
+def with_observation(prompt: str | list, observation: str | None) -> str | list:
+    """The prompt with ``reset``'s text appended to its last message (TRL's rule: no separator)."""
+    if not observation:
+        return prompt
+    if isinstance(prompt, str):
+        return prompt + observation
+    return [*prompt[:-1], {**prompt[-1], "content": prompt[-1]["content"] + observation}]

@@ -1,0 +1,7 @@
+"""Tool environments for multi-turn rollouts, as TRL defines them (the basement: no Ray).
+
+- ``spec``: an environment class loaded and checked before any actor starts; its tools (public
+  methods) and their JSON schemas for the chat template;
+- ``tool_calls``: the calls in a model's turn, parsed, never evaluated;
+- ``session``: one rollout's instance, its calls under a time limit, its reward columns.
+"""

@@ -1,0 +1,87 @@
+"""An environment class as configured: loaded, checked, and its tools described.
+
+A TRL environment is a class whose public methods are its tools (``async`` ones too); their type hints and
+Google-style docstrings give the JSON schema the model sees (``transformers``'
+``get_json_schema``, as TRL builds it). ``reset(**row)`` starts a rollout; ``get_reward()``
+(one reward column, named after the class) or ``get_rewards()`` (ours: several columns, named by
+its keys) score it. One instance per rollout, made by calling the class with no arguments.
+
+``load_environment`` checks a class before any actor starts and names what is wrong and how to
+fix it: not importable, not a class, no ``reset``, no tool, a tool whose schema cannot be built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+#: public methods that are not tools
+NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards"})
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentSpec:
+    """A checked environment class: ``tools`` (method names), ``schemas`` (their JSON schemas,
+    for the chat template's ``tools=``), ``reward_getter`` (``get_rewards``, ``get_reward`` or
+    None)."""
+
+    path: str
+    cls: type
+    tools: tuple[str, ...]
+    schemas: tuple[dict, ...]
+    reward_getter: str | None
+
+    def new(self) -> Any:
+        return self.cls()
+
+
+def tool_names(cls: type) -> list[str]:
+    """The public methods of ``cls`` that are tools, in definition order (base classes first):
+    as TRL finds them (the bound methods of an instance), plain, async and class methods, not
+    static methods or properties."""
+    names: dict[str, None] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # object's methods are never tools
+        for name, value in vars(klass).items():
+            if not name.startswith("_") and name not in NOT_TOOLS and (
+                    inspect.isfunction(value) or isinstance(value, classmethod)):
+                names[name] = None
+    return list(names)
+
+
+def load_environment(path: str) -> EnvironmentSpec:
+    """``module:Class`` imported and checked (see the module docstring)."""
+    from gdpo_ray.rewards.adapters import import_object
+
+    if not isinstance(path, str) or ":" not in path:
+        raise ValueError(f"data.environment must be 'module:Class' (a class whose public methods are "
+                         f"the tools, importable from the run's working directory); got {path!r}")
+    cls = import_object(path, "environment")
+    if not inspect.isclass(cls):
+        raise ValueError(f"data.environment {path!r} is a {type(cls).__name__}, not a class: name the "
+                         "class whose public methods are the tools (one instance is made per rollout)")
+    if not callable(getattr(cls, "reset", None)):
+        raise ValueError(f"environment {path!r} has no reset method: add `def reset(self, **row)` "
+                         "(it starts a rollout; it may return text to append to the prompt)")
+    tools = tool_names(cls)
+    if not tools:
+        raise ValueError(f"environment {path!r} has no tool: its public methods (not starting with '_', "
+                         f"other than {', '.join(sorted(NOT_TOOLS))}) are the tools the model may call")
+    try:
+        instance = cls()
+    except Exception as err:  # noqa: BLE001 - reported with the path
+        raise ValueError(f"environment {path!r} cannot be made with no arguments ({type(err).__name__}: "
+                         f"{err}): one instance is made per rollout as {cls.__name__}()") from err
+    getter = next((g for g in ("get_rewards", "get_reward") if callable(getattr(cls, g, None))), None)
+    return EnvironmentSpec(path, cls, tuple(tools), tuple(_schema(path, instance, t) for t in tools), getter)
+
+
+def _schema(path: str, instance: Any, name: str) -> dict:
+    from transformers.utils import get_json_schema
+
+    try:
+        return get_json_schema(getattr(instance, name))
+    except Exception as err:  # noqa: BLE001 - transformers' parsing errors, reported with the tool
+        raise ValueError(f"environment {path!r}: the tool {name!r} cannot be described to the model "
+                         f"({type(err).__name__}: {err}); give every argument a type hint and the "
+                         "method a Google-style docstring with an Args: line per argument") from err

@@ -1,0 +1,225 @@
+"""The multi-turn loop (actors/tool_loop.py) on a scripted engine: what a policy that calls
+tools produces, token for token. The engine here replays fixed token ids (the sampled tokens a
+policy could have produced, including a non-canonical tokenization); everything else is real:
+the tiny model's tokenizer and chat template, the environment, the parser, the sessions."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from actors.engines import Sample, SamplingParams
+from actors.tool_loop import ToolTurns, Trajectory, run_tool_rollouts
+from gdpo_ray.environments.session import ToolSession
+from gdpo_ray.environments.spec import load_environment
+
+SPEC = "tests.unit.trl_style_environments:Calculator"
+
+
+class ScriptedEngine:
+    """Replays, for the rollout whose context starts with prompt k, its turns in order."""
+
+    def __init__(self, tokenizer, prompts, scripts):
+        self.tokenizer, self.prompts, self.scripts = tokenizer, prompts, scripts
+        self.calls = []
+
+    def generate(self, contexts, n, sampling, logprobs=True):
+        self.calls.append((len(contexts), sampling.max_tokens))
+        out = []
+        for context in contexts:
+            k = next(i for i, p in enumerate(self.prompts) if context[:len(p)] == p)
+            ids = self.scripts[k].pop(0)[:sampling.max_tokens]
+            eos = ids[-1] == self.tokenizer.eos_token_id
+            out.append([Sample(ids, [-0.5] * len(ids), "stop" if eos else "length")])
+        return out
+
+
+def chars(tokenizer, text):
+    """``text`` as one token per character: ids a policy may sample, which its tokenizer would
+    never produce from the text (it merges characters)."""
+    return [tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(
+        tokenizer(c, add_special_tokens=False)["input_ids"])[0]) for c in text]
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def trajectories(n, row=None):
+    spec = load_environment(SPEC)
+    out = []
+    for _ in range(n):
+        session = ToolSession(spec.new(), spec.tools, timeout_s=5)
+        session.reset(row or {"target": 3})
+        out.append(Trajectory(session))
+    return out
+
+
+def test_a_trajectory_is_the_sampled_tokens_and_the_tool_turns_never_re_tokenized(tokenizer):
+    eos = tokenizer.eos_token_id
+    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    turn1 = chars(tokenizer, call) + [eos]
+    turn2 = tokenizer("The memory is 3.", add_special_tokens=False)["input_ids"] + [eos]
+    assert tokenizer(tokenizer.decode(turn1), add_special_tokens=False)["input_ids"] != turn1  # re-encoding differs
+    prompt = tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": "Put 3 in memory."}],
+                                                     add_generation_prompt=True, tokenize=False),
+                       add_special_tokens=False)["input_ids"]
+    engine = ScriptedEngine(tokenizer, [prompt], [[turn1, turn2]])
+    (t,) = trajectories(1)
+    turns = ToolTurns(tokenizer)
+    with ThreadPoolExecutor(2) as pool:
+        run_tool_rollouts(engine, [prompt], [t], SamplingParams(max_tokens=200), 4, turns, pool)
+    tool_turn = tokenizer("\n<|im_start|>tool\nmemory = 3<|im_end|>\n<|im_start|>assistant\n",
+                          add_special_tokens=False)["input_ids"]
+    assert turns.ids([("add", "memory = 3")]) == tool_turn
+    assert t.tokens == turn1 + tool_turn + turn2  # exactly the sampled ids, then the tool turn's
+    assert t.mask == [1] * len(turn1) + [0] * len(tool_turn) + [1] * len(turn2)
+    assert t.logprobs == [-0.5] * len(turn1) + [0.0] * len(tool_turn) + [-0.5] * len(turn2)
+    assert (t.turns, t.tool_calls, t.tool_errors, t.finish_reason) == (2, 1, 0, "stop")
+    assert t.messages == [{"role": "assistant", "content": call},
+                          {"role": "tool", "name": "add", "content": "memory = 3"},
+                          {"role": "assistant", "content": "The memory is 3."}]
+    assert t.session.rewards(["state"], "get_rewards") == [(1.0, "", "")]
+    # the whole conversation as the template writes it is the prompt and the trajectory, token for
+    # token, where the model's tokens are the template's own (not where it sampled characters)
+    assert engine.calls == [(1, 200), (1, 200 - len(turn1) - len(tool_turn))]
+
+
+def test_rollouts_end_on_an_answer_max_turns_or_the_budget_and_errors_are_counted(tokenizer):
+    eos = tokenizer.eos_token_id
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    good = enc('<tool_call>{"name": "add", "arguments": {"value": 1}}</tool_call>') + [eos]
+    bad = enc('<tool_call>{"name": "launch", "arguments": {}}</tool_call>'
+              '<tool_call>not json</tool_call>') + [eos]
+    answer = enc("Done.") + [eos]
+    prompts = [enc(f"<|im_start|>user\nq{i}<|im_end|>\n<|im_start|>assistant\n") for i in range(4)]
+    scripts = [
+        [good, answer],  # one call, then the answer
+        [bad, bad, bad, answer],  # errors every turn: stopped at max_turns = 3
+        [answer],  # no call at all: a single-turn rollout
+        [good, good, good, good],  # calls until the budget cannot hold another tool turn
+    ]
+    engine = ScriptedEngine(tokenizer, prompts, scripts)
+    ts = trajectories(4)
+    with ThreadPoolExecutor(2) as pool:
+        run_tool_rollouts(engine, prompts[:3], ts[:3], SamplingParams(max_tokens=2000), 3, ToolTurns(tokenizer), pool)
+        tool_turn = len(ToolTurns(tokenizer).ids([("add", "memory = 1")]))
+        budget = 3 * len(good) + 2 * tool_turn + 5  # room for 3 turns and 2 tool turns, not a third
+        run_tool_rollouts(engine, prompts[3:], ts[3:], SamplingParams(max_tokens=budget), 9, ToolTurns(tokenizer), pool)
+    assert [(t.turns, t.tool_calls, t.tool_errors, t.finish_reason) for t in ts] == [
+        (2, 1, 0, "stop"), (3, 4, 4, "stop"), (1, 0, 0, "stop"), (3, 3, 0, "length")]  # max_turns: the 3rd turn's calls do not run
+    assert ts[1].messages[1]["content"].startswith("Error: there is no tool 'launch'")
+    assert ts[1].messages[2]["content"].startswith("Error: the tool call is not valid JSON: 'not json'")
+    assert ts[2].mask == [1] * len(answer) and ts[2].messages == [{"role": "assistant", "content": "Done."}]
+    assert len(ts[3].tokens) == 3 * len(good) + 2 * tool_turn <= budget
+    assert ts[3].mask[-1] == 1  # ended on the model's turn: the tool turn that did not fit is rolled back
+    assert ts[3].messages[-1]["role"] == "assistant" and len(ts[3].messages) == 5
+    assert [c[0] for c in engine.calls] == [3, 2, 1, 1, 1, 1]  # each round generates the rollouts still going
+
+
+def completion_roles(prompts, completions, **_):
+    """A TRL-style reward on the whole conversation: 1 per tool message in the completion."""
+    return [float(sum(m["role"] == "tool" for m in c)) for c in completions]
+
+
+def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny_model_dir):
+    import numpy as np
+
+    from actors.prompts import Prompt
+    from actors.rollout import RolloutActor
+
+    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
+               {"name": "state", "fn": "environment"},
+               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}}]
+    actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                         engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
+                         environment=SPEC, max_turns=4, tool_timeout=5)
+    try:
+        prompts = [Prompt("0", 0, 0, 0, [{"role": "user", "content": "Put 3 in memory."}], {"target": 3}),
+                   Prompt("1", 1, 0, 0, "Put 5 in memory.", {"target": 5})]
+        meta, batch = actor.generate(prompts)
+    finally:
+        actor.shutdown()
+    tok = actor.tokenizer
+    assert batch.column("num_turns").to_pylist() == [2] * 4
+    assert batch.column("num_tool_calls").to_pylist() == [1] * 4
+    assert batch.column("tool_errors").to_pylist() == [0] * 4
+    masks = batch.column("response_mask").to_pylist()
+    tokens = batch.column("response_token_ids").to_pylist()
+    first = len(tok(call, add_special_tokens=False)["input_ids"]) + 1
+    assert all(m[:first] == [1] * first and 0 in m and m[-1] == 1 for m in masks)
+    assert [lp for lp, m in zip(batch.column("response_logprobs").to_pylist()[0], masks[0]) if not m] == [0.0] * masks[0].count(0)
+    assert tok.decode([t for t, m in zip(tokens[0], masks[0]) if not m]) == \
+        "\n<|im_start|>tool\nmemory = 3<|im_end|>\n<|im_start|>assistant\n"
+    # the reset text is appended to the prompt's last message (TRL's rule), each rollout's own
+    prompt = tok.decode(batch.column("prompt_token_ids").to_pylist()[0])
+    assert "Put 3 in memory.The memory starts at 0.<|im_end|>" in prompt
+    values = batch.column("rewards").flatten().to_numpy().reshape(4, 3)
+    # tools_used: one tool message each; state: memory 3 == target 3 in prompt 0, 3 != 5 in prompt 1;
+    # memory_used is paid only where state >= 1
+    np.testing.assert_array_equal(values, [[1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 0, 0]])
+    assert [g.turns.tolist() for g in meta.groups] == [[[2, 1, 0, 0]] * 2] * 2
+
+
+def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_rewards(tiny_model_dir):
+    import math
+
+    from actors.prompts import Prompt
+    from actors.rollout import RolloutActor
+
+    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
+               {"name": "state", "fn": "environment"}]
+    actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                         engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
+                         environment="tests.unit.trl_style_environments:Fragile", max_turns=4, tool_timeout=5)
+    try:
+        meta, batch = actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3, "broken": False}),
+                                      Prompt("1", 1, 0, 0, "Put 3 in memory.", {"target": 3, "broken": True})])
+    finally:
+        actor.shutdown()
+    values = batch.column("rewards").flatten().to_numpy().reshape(4, 2)
+    errors = batch.column("reward_errors").to_pylist()
+    assert values[:2].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    # the broken rows: no tools (their calls are text), one turn, the environment's column NaN with the reason
+    assert values[2:, 0].tolist() == [0.0, 0.0] and all(math.isnan(v) for v in values[2:, 1])
+    assert errors[2][1] == "error: the environment failed to start: ConnectionError: backend unreachable"
+    assert batch.column("num_turns").to_pylist() == [2, 2, 1, 1]
+    assert meta.groups[1].rewards.shape == (2, 2)
+
+
+def multi_turn_logprobs_match_a_forward_pass(engine, model_dir, atol):
+    """A rollout calls a tool, then the engine writes its second turn after the tool turn: its
+    logprobs are those of a forward pass over the whole context (what the learner computes)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.unit.scripted_engine import FirstTurnScripted
+
+    scripted = FirstTurnScripted(engine, '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>')
+    tok = engine.tokenizer
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": "Put 3 in memory."}], add_generation_prompt=True,
+                                         tokenize=False), add_special_tokens=False)["input_ids"]
+    ts = trajectories(2)
+    with ThreadPoolExecutor(2) as pool:
+        run_tool_rollouts(scripted, [prompt, prompt], ts, SamplingParams(temperature=0.8, max_tokens=160), 2,
+                          ToolTurns(tok), pool)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for t in ts:
+        assert t.turns == 2 and t.tool_calls == 1 and t.mask.count(0) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + t.tokens])).logits[0, len(prompt) - 1:-1].float() / 0.8
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(t.tokens)[:, None])[:, 0].numpy()
+        second = [i for i, m in enumerate(t.mask) if m][len(scripted.ids):]  # the engine's own turn
+        assert second and t.mask[second[0] - 1] == 0
+        np.testing.assert_allclose(np.array(t.logprobs)[second], expected[second], atol=atol)
+
+
+def test_hf_multi_turn_logprobs_match_a_forward_pass_over_the_whole_context(tiny_model_dir):
+    from actors.hf_engine import HFEngine
+
+    multi_turn_logprobs_match_a_forward_pass(HFEngine(tiny_model_dir), tiny_model_dir, atol=1e-4)

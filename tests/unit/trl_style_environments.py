@@ -1,0 +1,132 @@
+"""Environment classes in the shape TRL's environment_factory takes (written here, not copied):
+public methods are the tools, typed and documented; ``reset(**row)`` starts a rollout."""
+
+import asyncio
+import threading
+
+
+# --8<-- [start:calculator]
+class Calculator:
+    """A calculator with a memory, scored on whether the memory holds the row's target."""
+
+    def reset(self, **row):
+        self.memory, self.target = 0.0, float(row.get("target", 0))
+        return f"The memory starts at {self.memory:g}."
+
+    def add(self, value: float) -> str:
+        """Adds a number to the memory.
+
+        Args:
+            value: The number to add.
+        """
+        self.memory += value
+        return f"memory = {self.memory:g}"
+
+    def divide(self, by: float) -> str:
+        """Divides the memory by a number.
+
+        Args:
+            by: The divisor.
+        """
+        self.memory /= by  # ZeroDivisionError for 0: the model is told
+        return f"memory = {self.memory:g}"
+
+    def recall(self) -> float:
+        """The number in the memory."""
+        return self.memory
+
+    def get_rewards(self):
+        return {"state": float(self.memory == self.target), "memory_used": float(self.memory != 0)}
+
+    def _helper(self):  # private: not a tool
+        return None
+# --8<-- [end:calculator]
+
+
+class Counter:
+    """TRL's one-reward form: get_reward() is a column named after the class; an async tool, a
+    class method tool; static methods and properties are not tools."""
+
+    def reset(self, **row):
+        self.count = 0
+
+    async def bump(self) -> int:
+        """Adds one to the count."""
+        await asyncio.sleep(0)
+        self.count += 1
+        return self.count
+
+    @classmethod
+    def unit(cls) -> str:
+        """The counting unit."""
+        return "items"
+
+    @staticmethod
+    def helper() -> str:
+        return "not a tool"
+
+    @property
+    def doubled(self) -> int:
+        return 2 * self.count
+
+    def get_reward(self):
+        return float(self.count)
+
+
+class Sleepy:
+    RELEASE = threading.Event()
+
+    def reset(self, **row):
+        return None
+
+    def nap(self, seconds: float) -> str:
+        """Waits.
+
+        Args:
+            seconds: How long.
+        """
+        Sleepy.RELEASE.wait(seconds)
+        return "awake"
+
+    def get_rewards(self):
+        raise RuntimeError("scoring backend down")
+
+
+class NoTools:
+    def reset(self, **row):
+        return None
+
+
+class NoReset:
+    def act(self) -> str:
+        """Acts."""
+        return "ok"
+
+
+class Undocumented:
+    def reset(self, **row):
+        return None
+
+    def act(self, x):
+        return x
+
+
+class NeedsArguments:
+    def __init__(self, url):
+        self.url = url
+
+    def reset(self, **row):
+        return None
+
+    def act(self) -> str:
+        """Acts."""
+        return "ok"
+
+
+class Fragile(Calculator):
+    """A Calculator whose reset fails for the rows that say so."""
+
+    def reset(self, **row):
+        if row.get("broken"):
+            raise ConnectionError("backend unreachable")
+        return super().reset(**row)
