@@ -53,7 +53,7 @@ class RolloutActor:
             used when this node cannot read ``model_path``.
         lora: ``llm.lora``'s PEFT settings (the engine serves the base model plus the pushed
             adapter), or None (full weights).
-        environment: ``data.environment``, 'module:Class': multi-turn rollouts with its tools
+        environment: ``data.tool_environment``, 'module:Class': multi-turn rollouts with its tools
             (``actors.tool_loop``), at most ``max_turns`` model turns, each tool call within
             ``tool_timeout`` seconds; None: single-turn.
     """

@@ -136,7 +136,7 @@ ENV_THREADS = 16
 
 
 class ToolEnvironment:
-    """A rollout actor's environment class (``data.environment``) and what its multi-turn
+    """A rollout actor's environment class (``data.tool_environment``) and what its multi-turn
     rollouts need: the tool turns' template, the turn limit, the tools' time limit, a thread pool."""
 
     def __init__(self, path: str, tokenizer: Any, max_turns: int, timeout_s: float) -> None:

@@ -94,7 +94,7 @@ FIELDS: dict[str, Field] = {
     "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)", at_least=0),
     "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
-    "max_turns": Field("generation", 10, "most model turns of a multi-turn rollout (data.environment); max_tokens bounds the whole trajectory, tool turns included", at_least=1),
+    "max_turns": Field("generation", 10, "most model turns of a multi-turn rollout (data.tool_environment); max_tokens bounds the whole trajectory, tool turns included", at_least=1),
     "tool_timeout": Field("generation", 30.0, "seconds an environment's tool call, reset or get_rewards may take; one past it is abandoned and counted", above=0, at_most=3600, why="a hung tool must not stall its rollout for longer than an hour"),
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
@@ -105,7 +105,7 @@ FIELDS: dict[str, Field] = {
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
-    "environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout)", "str?", fixed_on_resume=True),
+    "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout)", "str?", fixed_on_resume=True),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 
@@ -232,10 +232,10 @@ def env_runner_range(c: Any) -> tuple[int, int]:
 
 
 def environment_settings(c: Any) -> dict:
-    """A rollout actor's multi-turn settings (none without ``data.environment``)."""
-    if c.environment is None:
+    """A rollout actor's multi-turn settings (none without ``data.tool_environment``)."""
+    if c.tool_environment is None:
         return {}
-    return dict(environment=c.environment, max_turns=c.max_turns, tool_timeout=c.tool_timeout)
+    return dict(environment=c.tool_environment, max_turns=c.max_turns, tool_timeout=c.tool_timeout)
 
 
 def sampling_params(c: Any) -> dict:

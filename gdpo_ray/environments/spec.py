@@ -54,11 +54,11 @@ def load_environment(path: str) -> EnvironmentSpec:
     from gdpo_ray.rewards.adapters import import_object
 
     if not isinstance(path, str) or ":" not in path:
-        raise ValueError(f"data.environment must be 'module:Class' (a class whose public methods are "
+        raise ValueError(f"data.tool_environment must be 'module:Class' (a class whose public methods are "
                          f"the tools, importable from the run's working directory); got {path!r}")
     cls = import_object(path, "environment")
     if not inspect.isclass(cls):
-        raise ValueError(f"data.environment {path!r} is a {type(cls).__name__}, not a class: name the "
+        raise ValueError(f"data.tool_environment {path!r} is a {type(cls).__name__}, not a class: name the "
                          "class whose public methods are the tools (one instance is made per rollout)")
     if not callable(getattr(cls, "reset", None)):
         raise ValueError(f"environment {path!r} has no reset method: add `def reset(self, **row)` "

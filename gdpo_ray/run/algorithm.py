@@ -144,7 +144,7 @@ class GDPOConfig(AlgorithmConfig):
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
                     num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora),
-                    **fields.environment_settings(self))  # data.environment: multi-turn rollouts
+                    **fields.environment_settings(self))  # data.tool_environment: multi-turn rollouts
 
 
 class GDPO(Algorithm):

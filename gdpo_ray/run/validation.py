@@ -70,26 +70,26 @@ def check(config: Any) -> None:
 
 
 def _check_environment(c: Any, specs: list[RewardSpec]) -> None:
-    """data.environment loads (``gdpo_ray.environments.spec``), and the rewards declared as its
+    """data.tool_environment loads (``gdpo_ray.environments.spec``), and the rewards declared as its
     columns (``fn: environment``) are columns it gives."""
     from gdpo_ray.environments.spec import load_environment
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
     columns = [s.name for s in specs if s.from_environment]
-    if c.environment is None:
+    if c.tool_environment is None:
         if columns:
             raise ValueError(f"rewards {columns} are an environment's (fn: {ENVIRONMENT}), and no "
-                             "environment is set: set data.environment='module:Class', or give them a function")
+                             "environment is set: set data.tool_environment='module:Class', or give them a function")
         return
-    env = load_environment(c.environment)
+    env = load_environment(c.tool_environment)
     name = env.cls.__name__
     if env.reward_getter == "get_reward" and columns != [name]:
-        raise ValueError(f"environment {c.environment!r} scores a rollout with get_reward(): declare its "
+        raise ValueError(f"environment {c.tool_environment!r} scores a rollout with get_reward(): declare its "
                          f"one column as TRL names it, {{name: {name}, fn: {ENVIRONMENT}}} in training.rewards "
                          f"(declared as the environment's: {columns or 'none'})")
     if env.reward_getter is None and columns:
         raise ValueError(f"rewards {columns} are the environment's (fn: {ENVIRONMENT}), and "
-                         f"{c.environment!r} has neither get_rewards() nor get_reward(): add "
+                         f"{c.tool_environment!r} has neither get_rewards() nor get_reward(): add "
                          "get_rewards() returning {name: value} for them")
 
 
@@ -123,8 +123,8 @@ def _check_engine(c: Any) -> None:
                          f"({cls.__module__}.{cls.__qualname__}) cannot serve one: its __init__ takes "
                          f"no lora= argument (the PEFT settings; see actors.engines.BatchEngine); use "
                          f"engine 'hf' or 'vllm', or leave llm.lora out")
-    if mode == "streaming" and c.environment is not None:
-        raise ValueError("data.environment (multi-turn tool rollouts) runs on batched generation for now: "
+    if mode == "streaming" and c.tool_environment is not None:
+        raise ValueError("data.tool_environment (multi-turn tool rollouts) runs on batched generation for now: "
                          "set generation.mode='batched'")
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "

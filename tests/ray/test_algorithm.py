@@ -325,11 +325,11 @@ def test_tune_runs_and_restores(ray_cluster, tmp_path):
 
 
 def test_a_run_with_a_tool_environment_trains_on_multi_turn_records(ray_cluster):
-    """data.environment through the whole run: every rollout gets its own Calculator, reset with
+    """data.tool_environment through the whole run: every rollout gets its own Calculator, reset with
     its row; the environment's column beside a function's; the records carry the turn columns,
     the learners train on them, and the turn metrics are logged. (The demo model writes no tool
     calls: each rollout is one turn. tests/unit/test_tool_loop.py runs rollouts that call tools.)"""
-    config = demo_config("data.environment=tests.unit.trl_style_environments:Calculator",
+    config = demo_config("data.tool_environment=tests.unit.trl_style_environments:Calculator",
                          "generation.max_turns=3")
     rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}]
     algo = config.training(rewards=rewards).build_algo()

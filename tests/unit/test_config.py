@@ -57,17 +57,17 @@ def test_defaults_and_sections():
     (lambda c: c.generation(engine="vllm", colocate=True), "use generation.mode='batched' with colocate=True"),
     (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
     (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
-    # tool environments (data.environment) and their reward columns
+    # tool environments (data.tool_environment) and their reward columns
     (lambda c: c.training(rewards=REWARDS + [{"name": "state", "fn": "environment"}]),
      "rewards ['state'] are an environment's (fn: environment), and no environment is set"),
-    (lambda c: c.data(environment="tests.unit.trl_style_environments:NoTools"), "has no tool"),
-    (lambda c: c.data(environment="Calculator"), "data.environment must be 'module:Class'"),
-    (lambda c: c.data(environment=ENV + "Counter"), "declare its one column as TRL names it, {name: Counter, fn: environment}"),
-    (lambda c: c.data(environment=ENV + "NoReset"), "has no reset method"),
-    (lambda c: c.data(environment=ENV + "Calculator").training(
+    (lambda c: c.data(tool_environment="tests.unit.trl_style_environments:NoTools"), "has no tool"),
+    (lambda c: c.data(tool_environment="Calculator"), "data.tool_environment must be 'module:Class'"),
+    (lambda c: c.data(tool_environment=ENV + "Counter"), "declare its one column as TRL names it, {name: Counter, fn: environment}"),
+    (lambda c: c.data(tool_environment=ENV + "NoReset"), "has no reset method"),
+    (lambda c: c.data(tool_environment=ENV + "Calculator").training(
         rewards=REWARDS + [{"name": "state", "fn": "environment", "params": {"x": 1}}]), "it takes no params"),
-    (lambda c: c.data(environment=ENV + "Calculator").generation(engine="vllm"),
-     "data.environment (multi-turn tool rollouts) runs on batched generation for now"),
+    (lambda c: c.data(tool_environment=ENV + "Calculator").generation(engine="vllm"),
+     "data.tool_environment (multi-turn tool rollouts) runs on batched generation for now"),
     (lambda c: c.generation(max_turns=0), "max_turns must be an integer >= 1"),
     (lambda c: c.generation(tool_timeout=0), "tool_timeout must be a number > 0"),
     # GSPO: the default clip range (0.2 / 0.28) barely acts on a sequence ratio within ~1e-3 of 1
@@ -99,10 +99,10 @@ def test_generation_mode_defaults_to_streaming_on_vllm_only():
 
 
 def test_an_environment_and_its_columns_validate():
-    good().data(environment=ENV + "Calculator").training(
+    good().data(tool_environment=ENV + "Calculator").training(
         rewards=REWARDS + [{"name": "state", "fn": "environment"}]).validate()
-    good().data(environment=ENV + "Counter").training(rewards=REWARDS + [{"name": "Counter", "fn": "environment"}]).validate()
-    good().data(environment=ENV + "Calculator").validate()  # an environment's tools without its rewards
+    good().data(tool_environment=ENV + "Counter").training(rewards=REWARDS + [{"name": "Counter", "fn": "environment"}]).validate()
+    good().data(tool_environment=ENV + "Calculator").validate()  # an environment's tools without its rewards
 
 
 def test_gspo_with_its_own_clip_range_and_aggregation_validates():
@@ -242,3 +242,13 @@ def test_validate_runs_rllib_validation_after_ours(monkeypatch):
     with pytest.raises(ValueError, match="group_size"):  # ours first: RLlib's never ran
         good().training(group_size=1).validate()
     assert calls == ["rllib"]
+
+
+def test_no_setting_shadows_a_method_of_rllibs_config():
+    """A GDPOConfig attribute named like an AlgorithmConfig method hides it: ``environment`` did
+    (Tune's restore calls ``config.environment(env_config=...)``), hence ``tool_environment``."""
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+
+    assert [n for n in FIELDS if callable(getattr(AlgorithmConfig, n, None))] == []
+    config = good().data(tool_environment=ENV + "Calculator")
+    assert GDPOConfig().update_from_dict(config.to_dict()).tool_environment == ENV + "Calculator"
