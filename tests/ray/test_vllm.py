@@ -120,8 +120,12 @@ def test_rollout_actor_on_vllm_emits_groups(ray_cluster, tiny_model_dir):
 def test_vllm_multi_turn_logprobs_match_a_forward_pass_over_the_whole_context(engine, tiny_model_dir):
     """Multi-turn rollouts on vLLM (actors/tool_loop.py): the turn after a tool turn has the
     logprobs of a forward pass over the whole conversation."""
+    from transformers import AutoModelForCausalLM
+
     from tests.unit.test_tool_loop import multi_turn_logprobs_match_a_forward_pass
 
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32")  # earlier tests load others
+    engine.load_weights((k, v.clone()) for k, v in model.state_dict().items())
     multi_turn_logprobs_match_a_forward_pass(engine, tiny_model_dir, atol=2e-3)
 
 
