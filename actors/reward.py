@@ -43,8 +43,10 @@ import cloudpickle
 import numpy as np
 
 from gdpo_ray.config import default
+from gdpo_ray.environments.session import Hung, run_with_timeout
 from gdpo_ray.rewards import (RewardInfraError, RewardSpec, TrainerState, apply_conditions,
-                              call_reward, check_specs, to_floats)
+                              call_reward, check_specs, takes_environments, to_floats)
+from gdpo_ray.rewards.adapters import ENVIRONMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +196,10 @@ class RewardPool:
         self.specs = [RewardSpec.from_dict(r) for r in rewards]
         fns = check_specs(self.specs)
         self.timeouts = [None if fn is None else spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
-        self.given = [spec.name for spec in self.specs if spec.from_environment]  # columns not scored here
+        # rewards that read the environment instances: called in the rollout actor (``score_local``)
+        self.local = {s.name: fn for s, fn in zip(self.specs, fns) if fn is not None and takes_environments(fn)}
+        # columns not scored here: the environments' own, and those
+        self.given = [s.name for s, fn in zip(self.specs, fns) if fn is None or s.name in self.local]
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
         self.num_workers, self.rows_per_call = num_workers, rows_per_call
@@ -268,10 +273,32 @@ class RewardPool:
                                "trees killed)", spec.name, run.timeouts[j], n, self.timeouts[j])
         return run.result(self.specs)
 
+    def score_local(self, environments: Sequence[Any], prompts: Sequence[Any], completions: Sequence[Any],
+                    columns: Mapping[str, Sequence[Any]], completion_ids: Sequence[Sequence[int]],
+                    trainer_state: TrainerState) -> dict[str, "GivenColumn"]:
+        """The rewards that read the rollouts' environment instances (TRL's ``environments=``,
+        aligned with the completions; None where an environment failed to start), called here,
+        where the instances live, each within its timeout; for ``score``'s ``given``. A call that
+        raises or runs over makes its column NaN on every row, with the error."""
+        n, out = len(completions), {}
+        kwargs = {**columns, "prompts": list(prompts), "completions": list(completions),
+                  "completion_ids": list(completion_ids), "trainer_state": trainer_state,
+                  ENVIRONMENTS: list(environments)}
+        for name, fn in self.local.items():
+            timeout = self.timeouts[self.names.index(name)]
+            try:
+                values = to_floats(run_with_timeout(lambda: call_reward(fn, **kwargs), timeout), n, name)
+                out[name] = (values, [""] * n, [""] * n)
+            except Hung:
+                out[name] = ([math.nan] * n, ["timeout"] * n, [f"did not return within {timeout:g} s"] * n)
+            except Exception as err:  # noqa: BLE001 - recorded as the reward's error
+                out[name] = ([math.nan] * n, ["error"] * n, [f"{type(err).__name__}: {err}"[:500]] * n)
+        return out
+
     def _tasks(self, n: int, k: int) -> deque:
         """The calls of one score: rewards scored row by row get a task per row, the others
         share tasks of ``rows_per_call`` rows (default: the rows split among the workers)."""
-        scored = [j for j in range(k) if self.timeouts[j] is not None]  # not an environment's column
+        scored = [j for j in range(k) if self.specs[j].name not in self.given]
         single = [j for j in scored if j in self._row_by_row]
         batched = [j for j in scored if j not in self._row_by_row]
         size = self.rows_per_call or max(1, math.ceil(n / self.num_workers))

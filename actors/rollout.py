@@ -254,10 +254,14 @@ class RolloutActor:
             texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
             completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
                            for t, p in zip(texts, prompts_in)]
-        scored = self.rewards.score(prompts_in, completions, columns,
-                                    completion_ids=[list(s.token_ids) for s in flat],
-                                    trainer_state=TrainerState(global_step=version),
-                                    given=self.tools.rewards(flat, self.rewards.given) if self.tools else None)
+        ids_out, state = [list(s.token_ids) for s in flat], TrainerState(global_step=version)
+        given = None
+        if self.tools is not None:  # the environments' columns, and the rewards that read them
+            instances = [t.session.instance if t.session else None for t in flat]
+            given = self.tools.rewards(flat, [n for n in self.rewards.given if n not in self.rewards.local])
+            given |= self.rewards.score_local(instances, prompts_in, completions, columns, ids_out, state)
+        scored = self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
+                                    trainer_state=state, given=given)
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)

@@ -38,12 +38,13 @@ class ToolAnswer:
     kind: str | None = None  # None: the tool answered; "error"; "timeout"
 
 
-class _Hung(Exception):
-    pass
+class Hung(Exception):
+    """A call still running when its time was up (``run_with_timeout``)."""
 
 
 def run_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()``'s value or exception, on a daemon thread; raises ``_Hung`` after ``timeout_s``."""
+    """``fn()``'s value or exception, on a daemon thread; raises ``Hung`` after ``timeout_s``
+    (the thread is abandoned: Python cannot stop it)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -57,7 +58,7 @@ def run_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise _Hung
+        raise Hung
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -79,7 +80,7 @@ class ToolSession:
         environment's own exception, or TimeoutError when it hangs."""
         try:
             value = run_with_timeout(lambda: self.instance.reset(**row), self.timeout_s)
-        except _Hung:
+        except Hung:
             self.hung = "reset"
             raise TimeoutError(f"reset did not return within {self.timeout_s:g} s") from None
         return None if value is None else str(value)
@@ -100,7 +101,7 @@ class ToolSession:
             return ToolAnswer(f"Error: bad arguments for {call.name}: {err}", "error")
         try:
             value = run_with_timeout(lambda: method(**call.arguments), self.timeout_s)
-        except _Hung:
+        except Hung:
             self.hung = call.name
             return ToolAnswer(f"Error: {call.name} did not return within {self.timeout_s:g} s", "timeout")
         except Exception as err:  # noqa: BLE001 - the tool's failure is the model's to read
@@ -116,7 +117,7 @@ class ToolSession:
             return _failed(names, "error", f"the environment stopped responding (its {self.hung} call did not return)")
         try:
             value = run_with_timeout(getattr(self.instance, getter), self.timeout_s)
-        except _Hung:
+        except Hung:
             self.hung = getter
             return _failed(names, "timeout", f"{getter} did not return within {self.timeout_s:g} s")
         except Exception as err:  # noqa: BLE001 - recorded as the reward's error

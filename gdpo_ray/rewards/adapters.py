@@ -31,6 +31,8 @@ RewardFn = Callable[..., list]  # fn(*, prompts, completions, completion_ids, **
 CALL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state")
 #: columns every rollout has besides the dataset's
 ROLLOUT_COLUMNS = ("response_length",)
+#: the keyword of TRL's reward functions that read the rollouts' environment instances
+ENVIRONMENTS = "environments"
 
 
 class RewardInfraError(RuntimeError):
@@ -47,11 +49,13 @@ class TrainerState:
 
 def completion_text(completion: Any) -> str:
     """A completion as text: a string as it is; chat messages (TRL's conversational format)
-    joined by their contents."""
+    joined by the contents of the assistant's (a multi-turn completion's tool messages are left
+    out)."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, Sequence) and all(isinstance(m, Mapping) for m in completion):
-        return "".join(str(m.get("content") or "") for m in completion)
+        # the model's messages: a multi-turn completion's tool messages are not its text
+        return "".join(str(m.get("content") or "") for m in completion if m.get("role", "assistant") == "assistant")
     raise TypeError(f"a completion is a string or a list of chat messages; got {type(completion).__name__}")
 
 
@@ -73,7 +77,14 @@ def required_columns(fn: Callable) -> list[str]:
     """The columns ``fn`` cannot be called without (its required parameters that are not one
     of ``CALL_KEYWORDS``)."""
     _, required = _parameters(fn)
-    return sorted(required - set(CALL_KEYWORDS))
+    return sorted(required - set(CALL_KEYWORDS) - {ENVIRONMENTS})
+
+
+def takes_environments(fn: Callable) -> bool:
+    """Whether ``fn`` names TRL's ``environments`` parameter: it reads the rollouts' environment
+    instances, so it runs where they live (the rollout actor), not in a scoring process."""
+    accepted, required = _parameters(fn)
+    return ENVIRONMENTS in required or (accepted is not None and ENVIRONMENTS in accepted)
 
 
 def call_reward(fn: Callable, **kwargs: Any) -> Any:

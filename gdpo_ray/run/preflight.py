@@ -77,7 +77,7 @@ def ensure(config: Any) -> Report | None:
 def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     from actors.prompts import PromptSource
     from gdpo_ray.data import check_column_types, load_prompts
-    from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns
+    from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns, takes_environments
 
     c = config
     check_model(c.model_path)
@@ -106,7 +106,8 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
                 raise ValueError(f"reward {spec.name!r} needs column {column!r}, which is empty "
                                  f"(null or missing) at {source.dataset.where(empty)}; give every "
                                  f"row a value")
-    report = _score_samples(specs, source, available, sample_rows)
+    rollout_only = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
+    report = _score_samples(specs, source, available, sample_rows, rollout_only)
     report.weights = [s.weight for s in specs]
     _PASSED.add(fingerprint(c))
     return report
@@ -194,7 +195,10 @@ def _hint(error: str, columns: Sequence[str]) -> str:
             "the empty one included")
 
 
-def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
+def _score_samples(specs, source, columns: Sequence[str], n: int, rollout_only: set = frozenset()) -> Report:
+    """Scores placeholder completions of the first rows with every reward but ``rollout_only``
+    (an environment's columns and the rewards that read its instances: only real rollouts
+    have them)."""
     import numpy as np
 
     from gdpo_ray.rewards import failure_kind
@@ -216,8 +220,8 @@ def _score_samples(specs, source, columns: Sequence[str], n: int) -> Report:
     for k, spec in enumerate(specs):
         errors = [row[k] for row in scored.errors]
         bad = [e for e in errors if e]
-        failed.append("environment" if spec.from_environment else f"{len(bad)}/{m}")
-        if not bad or spec.from_environment:  # an environment scores only real rollouts
+        failed.append("rollouts" if spec.name in rollout_only else f"{len(bad)}/{m}")
+        if not bad or spec.name in rollout_only:
             continue
         if len(bad) == m and all(failure_kind(e) == "error" for e in bad):
             raise ValueError(

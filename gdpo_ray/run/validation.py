@@ -34,8 +34,8 @@ def check(config: Any) -> None:
         raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
                          "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
-    check_specs(specs)  # unknown functions or params fail here, before any actor starts
-    _check_environment(c, specs)
+    fns = check_specs(specs)  # unknown functions or params fail here, before any actor starts
+    _check_environment(c, specs, fns)
     if c.weight_sync not in TRANSPORTS:
         raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
     if c.precision not in ("fp32", "bf16"):
@@ -69,17 +69,23 @@ def check(config: Any) -> None:
                              f"{c.num_learners})")
 
 
-def _check_environment(c: Any, specs: list[RewardSpec]) -> None:
-    """data.tool_environment loads (``gdpo_ray.environments.spec``), and the rewards declared as its
-    columns (``fn: environment``) are columns it gives."""
+def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
+    """data.tool_environment loads (``gdpo_ray.environments.spec``), the rewards declared as its
+    columns (``fn: environment``) are columns it gives, and rewards that read its instances
+    (TRL's ``environments`` parameter) have one."""
     from gdpo_ray.environments.spec import load_environment
+    from gdpo_ray.rewards import takes_environments
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
     columns = [s.name for s in specs if s.from_environment]
+    readers = [s.name for s, fn in zip(specs, fns) if fn is not None and takes_environments(fn)]
     if c.tool_environment is None:
         if columns:
             raise ValueError(f"rewards {columns} are an environment's (fn: {ENVIRONMENT}), and no "
                              "environment is set: set data.tool_environment='module:Class', or give them a function")
+        if readers:
+            raise ValueError(f"rewards {readers} take TRL's `environments` (the rollouts' environment "
+                             "instances), and no environment is set: set data.tool_environment='module:Class'")
         return
     env = load_environment(c.tool_environment)
     name = env.cls.__name__

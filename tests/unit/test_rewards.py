@@ -202,6 +202,17 @@ def test_math_correctness_equivalent_forms():
     assert fn([""] * 5, completions, ground_truth=["0.5"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_a_multi_turn_completion_is_scored_on_the_models_messages():
+    from gdpo_ray.rewards import completion_text
+
+    conversation = [{"role": "assistant", "content": "<tool_call>x</tool_call>"},
+                    {"role": "tool", "name": "add", "content": "<answer>99</answer>"},
+                    {"role": "assistant", "content": "<answer>7</answer>"}]
+    assert completion_text(conversation) == "<tool_call>x</tool_call><answer>7</answer>"
+    fn = rewards.get("math_correctness", answer_tag="answer")
+    assert fn([""] * 2, [conversation, conversation], ground_truth=["7", "99"]) == [1.0, 0.0]  # not the tool's 99
+
+
 def test_exact_answer_compares_the_words_in_order():
     fn = rewards.get("exact_answer")
     completions = [

@@ -120,3 +120,23 @@ def test_fenced_blocks_equal_the_fence_regex_and_stay_linear():
                        for _ in range(rng.randrange(30)))
         assert fenced_blocks(text) == fence.findall(text), repr(text)
     assert fenced_blocks("`" * 600_000) == []  # one pass (the regex took minutes here: quadratic)
+
+
+def test_an_environments_columns_are_left_to_the_rollouts_in_the_start_up_check(tmp_path, monkeypatch, capsys):
+    """`gdpo-ray check` scores placeholders with the reward functions; an environment's columns
+    and the rewards that read its instances exist only in real rollouts: shown, not failed."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r | {"target": 1}) + "\n" for r in ROWS))
+    config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 256}, "generation": {"max_tokens": 16},
+              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Calculator"},
+              "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [
+                  {"name": "fmt", "fn": "regex", "params": {"pattern": "<tool_call>"}},
+                  {"name": "state", "fn": "environment"},
+                  {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"}]},
+              "run": {"steps": 1, "output_dir": "runs"}}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    assert main(["check", "config.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[-1] for line in out.splitlines() if line.split()[:1] in (["state"], ["memory"])] == [
+        "rollouts", "rollouts"], out

@@ -124,6 +124,15 @@ def completion_roles(prompts, completions, **_):
     return [float(sum(m["role"] == "tool" for m in c)) for c in completions]
 
 
+def memory_left(environments, **kwargs):
+    """TRL's way to score with environment state: read the instances (None: failed to start)."""
+    return [None if env is None else env.memory for env in environments]
+
+
+def broken_reader(environments, completions, **kwargs):
+    raise RuntimeError(f"cannot read {len(environments)} environments")
+
+
 def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny_model_dir):
     import numpy as np
 
@@ -133,7 +142,9 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
     call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
     rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
                {"name": "state", "fn": "environment"},
-               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}}]
+               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}},
+               {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"},
+               {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
     actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
                          environment=SPEC, max_turns=4, tool_timeout=5)
@@ -157,10 +168,12 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
     # the reset text is appended to the prompt's last message (TRL's rule), each rollout's own
     prompt = tok.decode(batch.column("prompt_token_ids").to_pylist()[0])
     assert "Put 3 in memory.The memory starts at 0.<|im_end|>" in prompt
-    values = batch.column("rewards").flatten().to_numpy().reshape(4, 3)
+    values = batch.column("rewards").flatten().to_numpy().reshape(4, 5)
     # tools_used: one tool message each; state: memory 3 == target 3 in prompt 0, 3 != 5 in prompt 1;
-    # memory_used is paid only where state >= 1
-    np.testing.assert_array_equal(values, [[1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 0, 0]])
+    # memory_used is paid only where state >= 1; memory: read off each rollout's own instance
+    np.testing.assert_array_equal(values[:, :4], [[1, 1, 1, 3], [1, 1, 1, 3], [1, 0, 0, 3], [1, 0, 0, 3]])
+    assert np.isnan(values[:, 4]).all()  # a reward reading the environments that raises: NaN, with why
+    assert batch.column("reward_errors").to_pylist()[0][4] == "error: RuntimeError: cannot read 4 environments"
     assert [g.turns.tolist() for g in meta.groups] == [[[2, 1, 0, 0]] * 2] * 2
 
 
