@@ -83,6 +83,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     check_model(c.model_path)
     check_lora(c)
     check_context(c)
+    check_tool_template(c)
     source = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0),
                           prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
@@ -147,6 +148,26 @@ def check_lora(c: Any) -> None:
     settings = lora_settings(c.lora)
     if settings is not None:
         check_target_modules(settings, resolve_model_path(c.model_path))
+
+
+def check_tool_template(c: Any) -> None:
+    """With ``data.tool_environment``, the model's chat template writes a tool turn after an
+    assistant turn and keeps the conversation's prefix (``actors.tool_loop.ToolTurns``), as
+    every multi-turn rollout needs."""
+    if c.tool_environment is None:
+        return
+    from transformers import AutoTokenizer
+
+    from actors.tool_loop import ToolTurns
+    from gdpo_ray.model_files import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(c.model_path))
+    try:
+        ToolTurns(tokenizer).ids([("probe", "an answer")])
+    except Exception as err:  # noqa: BLE001 - the template's own error, with the setting that needs it
+        raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot write "
+                         f"a tool turn ({type(err).__name__}: {err}); multi-turn rollouts need a template "
+                         "with a tool role that keeps the conversation's prefix") from err
 
 
 def context_length(spec: Any) -> int | None:

@@ -87,6 +87,9 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
             raise ValueError(f"rewards {readers} take TRL's `environments` (the rollouts' environment "
                              "instances), and no environment is set: set data.tool_environment='module:Class'")
         return
+    if not c.chat_template:
+        raise ValueError("data.tool_environment needs llm.chat_template=true: the tools are given to the "
+                         "model, and their answers appended, through the tokenizer's chat template")
     env = load_environment(c.tool_environment)
     name = env.cls.__name__
     if env.reward_getter == "get_reward" and columns != [name]:

@@ -71,6 +71,7 @@ def test_defaults_and_sections():
     (lambda c: c.data(tool_environment=ENV + "Calculator").generation(engine="vllm"),
      "data.tool_environment (multi-turn tool rollouts) runs on batched generation for now"),
     (lambda c: c.generation(max_turns=0), "max_turns must be an integer >= 1"),
+    (lambda c: c.data(tool_environment=ENV + "Calculator").llm(chat_template=False), "needs llm.chat_template=true"),
     (lambda c: c.generation(tool_timeout=0), "tool_timeout must be a number > 0"),
     # GSPO: the default clip range (0.2 / 0.28) barely acts on a sequence ratio within ~1e-3 of 1
     (lambda c: c.training(ratio_level="sequence", loss_agg="seq_mean_token_mean"),

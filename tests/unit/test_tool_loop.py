@@ -4,6 +4,7 @@ policy could have produced, including a non-canonical tokenization); everything 
 the tiny model's tokenizer and chat template, the environment, the parser, the sessions."""
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +237,28 @@ def test_hf_multi_turn_logprobs_match_a_forward_pass_over_the_whole_context(tiny
     from actors.hf_engine import HFEngine
 
     multi_turn_logprobs_match_a_forward_pass(HFEngine(tiny_model_dir), tiny_model_dir, atol=1e-4)
+
+
+def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refused(tiny_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from gdpo_ray.run.preflight import check_tool_template
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    # a template that marks the last assistant turn: once tool turns follow, that turn is written otherwise
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}{% if loop.last %}*{% endif %}\n"
+                         "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(ValueError, match="writes the earlier turns differently once tool turns follow them"):
+        ToolTurns(tok).ids([("add", "3")])
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}"
+                         "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    tok.save_pretrained(tmp_path)
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
+    config = SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path))
+    with pytest.raises(ValueError, match="cannot write a tool turn .*no tool role"):
+        check_tool_template(config)
+    check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML: fine
