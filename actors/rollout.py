@@ -222,7 +222,10 @@ class RolloutActor:
         trajectories = [t for t, _ in started]
         self.tools.run(self.engine, ids, trajectories, self.sampling)
         samples = [trajectories[i * g:(i + 1) * g] for i in range(len(kept))]
-        return self.score(kept, ids, samples, version, filtered, start, time.perf_counter(), prompts)
+        try:
+            return self.score(kept, ids, samples, version, filtered, start, time.perf_counter(), prompts)
+        finally:
+            self.tools.release(trajectories)  # their rewards are read: the instances serve later rollouts
 
     def stream(self, prompts: Sequence[Prompt]) -> Iterator[Any]:
         """The call the driver makes (``num_returns="streaming"``): pairs of (record batch or

@@ -15,6 +15,7 @@ generates (the batch engine is idle meanwhile; the streaming engine overlaps the
 from __future__ import annotations
 
 import dataclasses
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
@@ -137,12 +138,16 @@ ENV_THREADS = 16
 
 class ToolEnvironment:
     """A rollout actor's environment class (``data.tool_environment``) and what its multi-turn
-    rollouts need: the tool turns' template, the turn limit, the tools' time limit, a thread pool."""
+    rollouts need: the tool turns' template, the turn limit, the tools' time limit, a thread pool.
+    Instances are made once and reset often, as TRL pools them: a rollout's instance is reused by
+    a later rollout once its rewards are read (``release``), unless it hung or failed to reset."""
 
     def __init__(self, path: str, tokenizer: Any, max_turns: int, timeout_s: float) -> None:
         self.spec = load_environment(path)
         self.tool_turns, self.max_turns, self.timeout_s = ToolTurns(tokenizer), max_turns, timeout_s
         self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
+        self._idle: list[Any] = []  # instances whose rollouts are over
+        self._lock = threading.Lock()
 
     @property
     def schemas(self) -> list[dict]:
@@ -156,7 +161,10 @@ class ToolEnvironment:
 
     def _start(self, row: Mapping[str, Any]) -> tuple[Trajectory, str | None]:
         try:
-            session = ToolSession(self.spec.new(), self.spec.tools, self.timeout_s)
+            with self._lock:
+                instance = self._idle.pop() if self._idle else None
+            session = ToolSession(instance if instance is not None else self.spec.new(), self.spec.tools,
+                                  self.timeout_s)
             return Trajectory(session), session.reset(dict(row))
         except TimeoutError as err:
             return Trajectory(None, failed=("timeout", f"reset: {err}")), None
@@ -173,6 +181,13 @@ class ToolEnvironment:
             return {}
         per_rollout = list(self.pool.map(lambda t: _rewards(t, names, self.spec.reward_getter), trajectories))
         return {name: tuple(list(col) for col in zip(*(r[k] for r in per_rollout))) for k, name in enumerate(names)}
+
+    def release(self, trajectories: Sequence[Trajectory]) -> None:
+        """The instances of finished rollouts, for later rollouts (not one that hung: its state is
+        unknown, and a thread may still be running in it)."""
+        with self._lock:
+            self._idle += [t.session.instance for t in trajectories
+                           if t.session is not None and t.session.hung is None]
 
     @staticmethod
     def turns(trajectories: Sequence[Trajectory], prompt_ids: Sequence[list[int]]) -> Turns:

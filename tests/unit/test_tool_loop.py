@@ -262,3 +262,44 @@ def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refuse
     with pytest.raises(ValueError, match="cannot write a tool turn .*no tool role"):
         check_tool_template(config)
     check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML: fine
+
+
+def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
+    import numpy as np
+
+    from actors.prompts import Prompt
+    from actors.rollout import RolloutActor
+    from tests.unit.trl_style_environments import Counted
+
+    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    Counted.made = 0
+    actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"}], group_size=2,
+                         engine="tests.unit.scripted_engine:ScriptedEngine", engine_kwargs={"script": [call, "Done."]},
+                         sampling={"max_tokens": 200}, environment="tests.unit.trl_style_environments:Counted",
+                         max_turns=4, tool_timeout=5)
+    try:
+        made_at_start = Counted.made  # the class is checked once, as TRL probes its factory
+        batches = [actor.generate([Prompt("0", 0, e, 0, "Put 3 in memory.", {"target": 3}),
+                                   Prompt("1", 1, e, 0, "Put 3 in memory.", {"target": 5})])[1] for e in range(3)]
+    finally:
+        actor.shutdown()
+    assert Counted.made - made_at_start == 4  # 4 rollouts at a time, 12 rollouts in all
+    for b in batches:  # every reuse starts from reset's state: the same rewards each time
+        np.testing.assert_array_equal(b.column("rewards").flatten().to_numpy(), [1, 1, 0, 0])
+
+
+def test_an_instance_that_hung_is_not_reused(tokenizer):
+    from actors.tool_loop import ToolEnvironment
+    from gdpo_ray.environments.tool_calls import ToolCall
+    from tests.unit.trl_style_environments import Sleepy
+
+    env = ToolEnvironment("tests.unit.trl_style_environments:Sleepy", tokenizer, max_turns=2, timeout_s=0.2)
+    Sleepy.RELEASE.clear()
+    try:
+        (hung, _), (fine, _) = env.start([{}, {}])
+        assert hung.session.call(ToolCall("nap", {"seconds": 60})).kind == "timeout"
+        env.release([hung, fine])
+        assert env._idle == [fine.session.instance]
+    finally:
+        Sleepy.RELEASE.set()
+        env.close()

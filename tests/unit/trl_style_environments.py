@@ -130,3 +130,12 @@ class Fragile(Calculator):
         if row.get("broken"):
             raise ConnectionError("backend unreachable")
         return super().reset(**row)
+
+
+class Counted(Calculator):
+    """A Calculator that counts the instances made (TRL: construct once, reset often)."""
+
+    made = 0
+
+    def __init__(self):
+        Counted.made += 1
