@@ -196,10 +196,11 @@ class RewardPool:
         self.specs = [RewardSpec.from_dict(r) for r in rewards]
         fns = check_specs(self.specs)
         self.timeouts = [None if fn is None else spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
-        # rewards that read the environment instances: called in the rollout actor (``score_local``)
+        # columns not scored here (``score``'s ``given``): an environment's own (``fn: environment``),
+        # and the rewards that read its instances, called in the rollout actor (``score_local``)
+        self.environment_columns = [s.name for s, fn in zip(self.specs, fns) if fn is None]
         self.local = {s.name: fn for s, fn in zip(self.specs, fns) if fn is not None and takes_environments(fn)}
-        # columns not scored here: the environments' own, and those
-        self.given = [s.name for s, fn in zip(self.specs, fns) if fn is None or s.name in self.local]
+        self.given = [*self.environment_columns, *self.local]
         # sandboxed rewards wait on programs that compute: never parked
         self.parkable = [not hasattr(fn, "min_timeout_s") for fn in fns]
         self.num_workers, self.rows_per_call = num_workers, rows_per_call

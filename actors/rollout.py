@@ -261,7 +261,7 @@ class RolloutActor:
         given = None
         if self.tools is not None:  # the environments' columns, and the rewards that read them
             instances = [t.session.instance if t.session else None for t in flat]
-            given = self.tools.rewards(flat, [n for n in self.rewards.given if n not in self.rewards.local])
+            given = self.tools.rewards(flat, self.rewards.environment_columns)
             given |= self.rewards.score_local(instances, prompts_in, completions, columns, ids_out, state)
         scored = self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
                                     trainer_state=state, given=given)

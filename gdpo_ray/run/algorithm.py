@@ -107,7 +107,7 @@ class GDPOConfig(AlgorithmConfig):
         return _section(self, "generation", kwargs)
 
     def data(self, **kwargs: Any) -> "GDPOConfig":
-        """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``environment``, ..."""
+        """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``tool_environment``, ..."""
         return _section(self, "data", kwargs)
 
     def validate(self) -> None:
