@@ -27,7 +27,7 @@ from actors.tool_loop import ToolEnvironment, with_observation
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
 from gdpo_ray.groups import describe_groups
-from gdpo_ray.rewards import TrainerState
+from gdpo_ray.rewards import TrainerState, completion_text
 
 
 class PromptsExhausted(RuntimeError):
@@ -155,15 +155,34 @@ class RolloutActor:
         return self.attest(sent)
 
     def complete(self, prompts: Sequence[str | list], n: int,
-                 sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
+                 sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str, list | None]]]:
         """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``'
         fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish
-        reason). A prompt over ``max_prompt_tokens`` is not generated: n empty completions
-        with the reason "prompt_too_long" (scored as the empty answer they are)."""
+        reason, messages). A prompt over ``max_prompt_tokens`` is not generated: n empty
+        completions with the reason "prompt_too_long" (scored as the empty answer they are).
+        With a tool environment, each completion is a multi-turn rollout (its instance reset
+        with the prompt): messages are its conversation after the prompt, text the assistant's
+        turns; else messages is None."""
         ids, fits = self._eval_prompts(prompts)
+        if self.tools is not None:
+            return self._complete_turns(prompts, n, SamplingParams(**dict(sampling)), ids, fits)
         samples = self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
                                        logprobs=False) if fits else []
         return self._eval_results(n, ids, fits, samples)
+
+    def _complete_turns(self, prompts: Sequence[str | list], n: int, sampling: SamplingParams,
+                        ids: list[list[int]], fits: list[int]) -> list:
+        rows = [prompts[i] for i in fits for _ in range(n)]
+        started = self.tools.start([{"prompt": p} for p in rows])
+        trajectories = [t for t, _ in started]
+        self.tools.run(self.engine, [self.tokenize(with_observation(p, observation))
+                                     for p, (_, observation) in zip(rows, started)], trajectories, sampling)
+        self.tools.release(trajectories)
+        out = self._eval_results(n, ids, [], [])
+        for k, i in enumerate(fits):
+            out[i] = [(completion_text(t.messages), len(t.tokens), t.finish_reason, t.messages)
+                      for t in trajectories[k * n:(k + 1) * n]]
+        return out
 
     def _eval_prompts(self, prompts: Sequence[str | list]) -> tuple[list[list[int]], list[int]]:
         """(every prompt's token ids, the indices of those within max_prompt_tokens)."""
@@ -171,10 +190,10 @@ class RolloutActor:
         return ids, [i for i, t in enumerate(ids) if len(t) <= self.max_prompt_tokens]
 
     def _eval_results(self, n: int, ids: list, fits: list[int], samples: Sequence[Sequence[Any]]) -> list:
-        out = [[("", 0, "prompt_too_long")] * n for _ in ids]
+        out = [[("", 0, "prompt_too_long", None)] * n for _ in ids]
         for i, group in zip(fits, samples):
             out[i] = [(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
-                       s.finish_reason) for s in group]
+                       s.finish_reason, None) for s in group]
         return out
 
     def tokenize(self, prompt: str | list) -> list[int]:

@@ -215,7 +215,7 @@ class RolloutGroup:
             self.pump(timeout=1.0)
 
     def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
-                 progress: Callable[[int], Any] | None = None) -> list[list[tuple[str, int, str]]]:
+                 progress: Callable[[int], Any] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
         """n completions of every prompt, no rewards (evaluation; ``RolloutActor.complete``), in
         calls of ``prompts_per_call`` prompts spread as training calls are: to the started actor
         with the fewest calls in flight, at most ``calls_per_actor`` each. An actor that dies is

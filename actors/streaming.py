@@ -218,7 +218,7 @@ class StreamingRolloutActor(RolloutActor):
                 self._versions.notify_all()
 
     async def complete(self, prompts: Sequence[str | list], n: int,
-                       sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str]]]:
+                       sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str, list | None]]]:
         """``RolloutActor.complete`` (evaluation), its requests beside the groups in flight,
         once the pushes that have arrived are loaded."""
         from actors.engines import SamplingParams

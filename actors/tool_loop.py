@@ -24,10 +24,7 @@ from gdpo_ray.batch import Turns
 from gdpo_ray.environments.session import ToolAnswer, ToolSession
 from gdpo_ray.environments.spec import load_environment
 from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
-
-#: the assistant's text in the template probe (``ToolTurns``)
-_PROBE = "\x00gdpo-probe\x00"
-
+from gdpo_ray.environments.tool_turns import ToolTurns
 
 @dataclasses.dataclass
 class Trajectory:
@@ -55,35 +52,6 @@ class Trajectory:
         self.tokens += tokens
         self.logprobs += [0.0] * len(tokens) if logprobs is None else logprobs
         self.mask += [0 if logprobs is None else 1] * len(tokens)
-
-
-class ToolTurns:
-    """The token ids of a tool turn as the tokenizer's chat template writes it: the tool
-    messages after an assistant turn that ended with its end-of-turn token, up to and including
-    the next assistant turn's header. Found by rendering a probe conversation with and without
-    the tool messages and taking the difference."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
-        before = tokenizer.apply_chat_template(probe, tokenize=False)
-        self._probe = probe
-        self._cut = before.index(_PROBE) + len(_PROBE)
-        eos = tokenizer.eos_token or ""
-        if before[self._cut:].startswith(eos):  # the stop token the model sampled
-            self._cut += len(eos)
-        self._before = before[:self._cut]
-
-    def ids(self, answers: Sequence[tuple[str, str]]) -> list[int]:
-        """The tokens of the tool messages (tool name, answer text) and the next assistant header."""
-        tools = [{"role": "tool", "name": name, "content": text} for name, text in answers]
-        after = self.tokenizer.apply_chat_template(self._probe + tools, tokenize=False,
-                                                   add_generation_prompt=True)
-        if not after.startswith(self._before):
-            raise ValueError("the chat template writes the earlier turns differently once tool turns "
-                             "follow them: multi-turn rollouts need a template that keeps the "
-                             "conversation's prefix (give the tokenizer a template that does)")
-        return self.tokenizer(after[self._cut:], add_special_tokens=False)["input_ids"]
 
 
 def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],

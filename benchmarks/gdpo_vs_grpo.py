@@ -18,6 +18,12 @@ exceed_ratio, where lower is better).
     python benchmarks/gdpo_vs_grpo.py [--json] [--seeds 0 1 2] [--steps 40] [--samples 8] [--train-sums 50]
 
 Each run takes about a minute and a half on 2 cores (the demo's 40 steps and the eval).
+
+``--preset agent``: the same comparison on the multi-turn ``agent`` preset (a calculator's tools,
+three rewards: the turns' format, the environment's end state ``tool_success``, the answer):
+trained on ``task:tool_arithmetic`` (seed 0), evaluated on the 128 held-out questions of its
+suite (``EVAL_SEED``; any training question left out), generated through the same tool loop:
+avg@n of ``accuracy``, ``format_ratio`` and ``tool_success``.
 """
 
 from __future__ import annotations
@@ -35,13 +41,14 @@ sys.path.insert(0, str(ROOT))
 ESTIMATORS = ("grpo", "gdpo")
 
 
-def run(estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
+def run(preset: str, estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
-    config = apply_sections(GDPOConfig(), load_preset("demo", [
-        f"training.estimator={estimator}", f"debugging.seed={seed}", f"data.num_prompts={train_sums}",
-        "training.eval_suite=task:addition", f"training.eval_samples={samples}"]))
+    own = ([f"data.num_prompts={train_sums}", "training.eval_suite=task:addition"] if preset == "demo"
+           else ["training.eval_suite=task:tool_arithmetic"])
+    config = apply_sections(GDPOConfig(), load_preset(preset, [
+        f"training.estimator={estimator}", f"debugging.seed={seed}", f"training.eval_samples={samples}", *own]))
     algo = config.build_algo()
     rows = []
     try:
@@ -67,7 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--preset", choices=("demo", "agent"), default="demo")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
     parser.add_argument("--samples", type=int, default=8, help="eval completions per sum (n of avg@n)")
     parser.add_argument("--train-sums", type=int, default=50, help="sums trained on; the rest are held out")
     args = parser.parse_args()
@@ -77,7 +85,11 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
-    results = {e: [run(e, s, args.steps, args.samples, args.train_sums) for s in args.seeds] for e in ESTIMATORS}
+    from gdpo_ray.run.presets import load_preset
+
+    args.steps = args.steps or load_preset(args.preset)["run"]["steps"]
+    results = {e: [run(args.preset, e, s, args.steps, args.samples, args.train_sums) for s in args.seeds]
+               for e in ESTIMATORS}
     ray.shutdown()
     keys = list(results["gdpo"][0])
     mean = {e: {k: float(np.mean([r[k] for r in results[e]])) for k in keys} for e in ESTIMATORS}
@@ -90,9 +102,15 @@ def main() -> None:
                          | {f"gdpo_ahead_{k}": ahead[k] for k in keys} | {f"tied_{k}": tied[k] for k in keys}
                          | {"seeds": len(args.seeds)}))
         return
-    print(f"demo on {args.train_sums} sums, {args.steps} steps, seeds {args.seeds}: eval of the final "
-          f"policy on the {100 - args.train_sums} held-out sums of task:addition, {args.samples} samples "
-          f"per sum; paper_: temperature 0.6, top-p 0.95; t1_: temperature 1.0 (mean over seeds)")
+    if args.preset == "demo":
+        print(f"demo on {args.train_sums} sums, {args.steps} steps, seeds {args.seeds}: eval of the final "
+              f"policy on the {100 - args.train_sums} held-out sums of task:addition, {args.samples} samples "
+              f"per sum; paper_: temperature 0.6, top-p 0.95; t1_: temperature 1.0 (mean over seeds)")
+    else:
+        print(f"agent, {args.steps} steps, seeds {args.seeds}: eval of the final policy on the "
+              f"{int(mean['gdpo']['eval_items'])} held-out questions of task:tool_arithmetic (multi-turn, "
+              f"{args.samples} samples each); paper_: temperature 0.6, top-p 0.95; t1_: temperature 1.0 "
+              f"(mean over seeds)")
     print(f"{'':20}{'grpo':>8}{'gdpo':>8}{'gdpo-grpo':>11}  seeds gdpo ahead / tied")
     for k in keys:
         print(f"{k:20}{mean['grpo'][k]:8.3f}{mean['gdpo'][k]:8.3f}"

@@ -81,7 +81,7 @@ FIELDS: dict[str, Field] = {
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
     # llm: the policy
-    "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | demo-count | tiny | smollm2 (built locally)", "str?"),
+    "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | demo-count | demo-agent | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     "lora": Field("llm", None, "LoRA adapters instead of full fine-tuning, in PEFT's names: {r (rank, required), lora_alpha (8), lora_dropout (0.0), target_modules (a list of module names, or all-linear: every linear layer but the output head; the default)}; null or {}: full fine-tuning (gdpo_ray.lora)", "mapping?", fixed_on_resume=True),
@@ -105,7 +105,7 @@ FIELDS: dict[str, Field] = {
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
-    "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout)", "str?", fixed_on_resume=True),
+    "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout; also `data.environment` in a preset or override)", "str?", fixed_on_resume=True),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 

@@ -68,14 +68,16 @@ def local_dir(path: str, shipped: Any | None, cache: str | Path | None = None) -
 #: the warm-started tiny models, by name: their builder's module and function (built on first use)
 WARM_STARTED = {"demo": ("gdpo_ray.warm_start", "demo_model_dir"),
                 "demo-tools": ("gdpo_ray.warm_start_tools", "tools_model_dir"),
-                "demo-count": ("gdpo_ray.warm_start_count", "count_model_dir")}
+                "demo-count": ("gdpo_ray.warm_start_count", "count_model_dir"),
+                "demo-agent": ("gdpo_ray.warm_start_agent", "agent_model_dir")}
 #: every model a config may name instead of a directory
 BUILT_IN_MODELS = (*WARM_STARTED, "tiny", "smollm2")
 
 
 def resolve_model_path(spec: str) -> Path:
     """``demo`` (the warm-started tiny model of the addition demo), ``demo-tools`` and
-    ``demo-count`` (those of the tool-calling and math-length studies), ``tiny`` (random),
+    ``demo-count`` (those of the tool-calling and math-length studies), ``demo-agent`` (the
+    agent preset's), ``tiny`` (random),
     ``smollm2`` or a directory."""
     if spec in WARM_STARTED:
         import importlib

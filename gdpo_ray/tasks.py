@@ -17,6 +17,11 @@ would name a dataset path (``data.prompts``).
   numbers; the answer is the numbers in order, space-separated, in ``<answer>`` (the
   ``exact_answer`` reward). The right answer's own length grows with the count, so a length
   limit can rule out every right answer to the longer counts (``gdpo_ray.warm_start_count``).
+- ``tool_arithmetic`` (the ``agent`` preset, multi-turn): "What is 37 times 12?", "What is 37
+  plus 12?" or "What is 37 times 12 plus 5?" (10-39, 2-19, then 1-9: every answer below 1,000);
+  the answer is the number. ``steps`` (JSON) holds the gold calls, ``[["multiply", 37, 12], ["add",
+  null, 5]]`` (null: the previous call's result), for the environment
+  ``gdpo_ray.environments.arithmetic`` whose tools compute them.
 - ``code`` (a stand-in for Eurus-2-RL of the ``code`` preset): small Python exercises with test
   cases in the PRIME/APPS layout, ``{"fn_name", "inputs", "outputs"}`` (call-based) or stdin/stdout.
 """
@@ -165,6 +170,30 @@ def tool_calls(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
         rows.append({"id": f"tool-{i}", "ground_truth": answer, "prompt": [
             {"role": "system", "content": TOOL_SYSTEM.format(tools=tools)},
             {"role": "user", "content": request}]})
+    return rows
+
+
+def _arithmetic_request(rng: np.random.Generator) -> tuple[str, list[list], int]:
+    """A question, its gold calls (null: the previous result) and its answer."""
+    a, b = int(rng.integers(10, 40)), int(rng.integers(2, 20))
+    kind = int(rng.integers(3))
+    if kind == 0:
+        return f"What is {a} times {b}?", [["multiply", a, b]], a * b
+    if kind == 1:
+        return f"What is {a} plus {b}?", [["add", a, b]], a + b
+    c = int(rng.integers(1, 10))
+    return f"What is {a} times {b} plus {c}?", [["multiply", a, b], ["add", None, c]], a * b + c
+
+
+@TASKS.register("tool_arithmetic")
+def tool_arithmetic(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` questions a calculator's tools answer in one or two calls."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        question, steps, answer = _arithmetic_request(rng)
+        rows.append({"id": f"calc-{i}", "prompt": [{"role": "user", "content": question}],
+                     "ground_truth": str(answer), "steps": json.dumps(steps)})
     return rows
 
 

@@ -36,8 +36,9 @@ THOUGHT_WORDS = ["add", "the", "numbers", "step", "by", "think"]
 RECIPE = dict(hidden_size=128, layers=2, clean_steps=400, steps=200, batch_size=64, lr=3e-3,
               mix_lr=1e-3, p_format=0.4, p_correct=0.3, max_words=7, seed=0, version=1)
 
-#: one training example: (prompt token ids, response token ids ending with the EOS token)
-Example = tuple[list[int], list[int]]
+#: one training example: (prompt token ids, response token ids ending with the EOS token), or
+#: with a third list, per response token 1 = in the loss, 0 = context only (a tool turn's tokens)
+Example = tuple[list[int], list[int]] | tuple[list[int], list[int], list[int]]
 
 
 def cache_root(cache: str | Path | None = None) -> Path:
@@ -80,8 +81,8 @@ def supervised_fit(model: Any, batches: Iterable[tuple[float, list[Example]]], l
 
 
 def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list[int] | None = None) -> Any:
-    """The mean cross-entropy of the response tokens given the prompt (right-padded; prompt and
-    padding are out of the loss).
+    """The mean cross-entropy of the response tokens given the prompt (right-padded; prompt,
+    padding and the response tokens an example's mask leaves out are out of the loss).
 
     ``prefix``: tokens every prompt starts with, left out of the examples' prompts (which must
     not be empty): run once and repeated across the batch in the model's KV cache, so a long
@@ -89,8 +90,9 @@ def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list
     are those of the whole prompts (up to float rounding)."""
     import torch
 
-    ids = [prompt + target for prompt, target in examples]
-    labels = [[-100] * len(prompt) + target for prompt, target in examples]
+    ids = [prompt + target for prompt, target, *_ in examples]
+    labels = [[-100] * len(e[0]) + [t if m else -100 for t, m in zip(e[1], e[2] if len(e) > 2 else [1] * len(e[1]))]
+              for e in examples]
     width = max(len(x) for x in ids)
     input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in ids])
     label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])

@@ -3,5 +3,6 @@
 - ``spec``: an environment class loaded and checked before any actor starts; its tools (public
   methods) and their JSON schemas for the chat template;
 - ``tool_calls``: the calls in a model's turn, parsed, never evaluated;
-- ``session``: one rollout's instance, its calls under a time limit, its reward columns.
+- ``session``: one rollout's instance, its calls under a time limit, its reward columns;
+- ``tool_turns``: the token ids of a tool turn, as the chat template writes it.
 """

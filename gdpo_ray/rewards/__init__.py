@@ -9,7 +9,7 @@ functions that name only some keywords). Columns are the dataset row's and the r
 ``get(name, **params)`` (``registry``) returns a ready function: a built-in by name, a user function by
 import path ``package.module:function`` (its params bound as keywords), or a verl-style
 ``compute_score`` by ``verl:package.module:function``. Built-ins:
-``toolrl_format``, ``toolrl_correctness``, ``math_correctness``, ``exact_answer``, ``length``, ``regex``,
+``toolrl_format``, ``toolrl_correctness``, ``math_correctness``, ``exact_answer``, ``tool_turn_format``, ``length``, ``regex``,
 ``code_passrate``, ``code_bug``. ``from_verl`` adapts verl's ``compute_score``.
 """
 

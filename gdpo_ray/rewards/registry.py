@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from gdpo_ray.registry import Registry
 from gdpo_ray.rewards.adapters import RewardFn, bind_params, from_verl, import_object
+from gdpo_ray.rewards.agent import tool_turn_format
 from gdpo_ray.rewards.code import code_bug, code_passrate
 from gdpo_ray.rewards.length import length
 from gdpo_ray.rewards.math_answer import exact_answer, math_correctness
@@ -23,6 +24,7 @@ REWARDS.register("toolrl_format")(toolrl_format)
 REWARDS.register("toolrl_correctness")(toolrl_correctness)
 REWARDS.register("math_correctness")(math_correctness)
 REWARDS.register("exact_answer")(exact_answer)
+REWARDS.register("tool_turn_format")(tool_turn_format)
 REWARDS.register("length")(length)
 REWARDS.register("regex")(regex)
 REWARDS.register("code_passrate")(code_passrate)

@@ -11,7 +11,7 @@ scorer waits on sandbox processes (``Suite.parallel_scoring``).
 ``policy/``, or under LoRA its ``policy-merged/``), a PEFT LoRA adapter directory (merged into its
 base model, ``merge_adapter``), a training checkpoint (its learners' weights exported into the run's base model,
 ``gdpo_ray.run.checkpoints.export_checkpoint_policy``), or a built-in model's name, as
-``llm.model_path`` takes it (``demo``, ``demo-tools``, ``demo-count``, ``tiny``, ``smollm2``: a
+``llm.model_path`` takes it (``demo``, ``demo-tools``, ``demo-count``, ``demo-agent``, ``tiny``, ``smollm2``: a
 run's starting point, for a baseline). The model's files are shipped to actors on nodes
 that cannot read its path (``gdpo_ray.model_files``).
 A completions file (``read_completions``) replaces generation: one JSON object per line,
@@ -151,9 +151,10 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
-             max_prompt_tokens: int = 8192) -> dict[str, list[Completion]]:
+             max_prompt_tokens: int = 8192, environment: str | None = None) -> dict[str, list[Completion]]:
     """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
-    max_prompt_tokens) or on a group of ``num_actors`` new rollout actors without rewards; a
+    max_prompt_tokens and tool environment) or on a group of ``num_actors`` new rollout actors
+    without rewards (multi-turn with the tools of ``environment``, 'module:Class', if given); a
     prompt over ``max_prompt_tokens`` is not generated (its completions are empty, finish reason
     "prompt_too_long")."""
     from tqdm import tqdm
@@ -163,7 +164,8 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
         rollouts = RolloutGroup(
             dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=None,
                  group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
-                 chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0),
+                 chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
+                 environment=environment),
             num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
             calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
     bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
@@ -173,8 +175,7 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
         bar.close()
         if own:
             rollouts.shutdown()
-    return {it.id: [Completion(text, tokens, reason) for text, tokens, reason in done]
-            for it, done in zip(items, samples)}
+    return {it.id: [Completion(*sample) for sample in done] for it, done in zip(items, samples)}
 
 
 #: the longest one sample's scoring may take: far above the scorers' own limits (math-verify's
@@ -317,7 +318,7 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if rollouts is None else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens)
+                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings, pass_k)

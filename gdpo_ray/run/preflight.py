@@ -152,13 +152,13 @@ def check_lora(c: Any) -> None:
 
 def check_tool_template(c: Any) -> None:
     """With ``data.tool_environment``, the model's chat template writes a tool turn after an
-    assistant turn and keeps the conversation's prefix (``actors.tool_loop.ToolTurns``), as
+    assistant turn and keeps the conversation's prefix (``gdpo_ray.environments.tool_turns.ToolTurns``), as
     every multi-turn rollout needs."""
     if c.tool_environment is None:
         return
     from transformers import AutoTokenizer
 
-    from actors.tool_loop import ToolTurns
+    from gdpo_ray.environments.tool_turns import ToolTurns
     from gdpo_ray.model_files import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(c.model_path))

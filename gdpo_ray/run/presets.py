@@ -83,6 +83,7 @@ def apply_sections(config: Any, sections: Mapping[str, Any], skip: Sequence[str]
                              f"{', '.join(s for s in config_sections(config) if s not in SECTIONS)})")
         if not isinstance(values, Mapping):
             raise ValueError(f"section {section!r} must be a mapping of settings; got {values!r}")
+        values = _unaliased(section, values)
         valid = section_settings(config, section)
         for key in values:
             if key not in valid:
@@ -92,6 +93,21 @@ def apply_sections(config: Any, sections: Mapping[str, Any], skip: Sequence[str]
         except TypeError as err:
             raise ValueError(f"section {section!r}: {err}") from None
     return config
+
+
+#: (section, name) -> the setting it names: ``data.environment`` (the issue's and TRL's word) is
+#: ``data.tool_environment``, whose own name cannot be ``environment`` (RLlib's builder of that name)
+ALIASES = {("data", "environment"): "tool_environment"}
+
+
+def _unaliased(section: str, values: Mapping[str, Any]) -> dict:
+    out = {}
+    for key, value in values.items():
+        name = ALIASES.get((section, key), key)
+        if name in out:
+            raise ValueError(f"section {section!r} sets {name!r} twice ({key!r} is another name for it): keep one")
+        out[name] = value
+    return out
 
 
 #: RLlib's builder sections a preset may use besides GDPO's

@@ -103,8 +103,9 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
 
 
 def _check_eval(c: Any) -> None:
-    """An eval schedule needs a suite, and the suite must load (its data, its packages);
-    pass@k needs k <= eval_samples and a suite with a correct metric."""
+    """An eval schedule needs a suite, and the suite must load (its data, its packages) and be
+    generated as the run's rollouts are (the same tool environment, or none); pass@k needs k <=
+    eval_samples and a suite with a correct metric."""
     if c.eval_every and not c.eval_suite:
         raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
                          f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
@@ -114,6 +115,13 @@ def _check_eval(c: Any) -> None:
     if c.eval_suite:
         suite = make_suite(c.eval_suite, length_limit=c.eval_length_limit)
         suite.close()
+        if suite.environment != c.tool_environment:  # in-training eval runs on the run's rollout actors
+            raise ValueError(f"training.eval_suite {c.eval_suite} is generated "
+                             + (f"with the tools of {suite.environment}" if suite.environment else "in one turn")
+                             + f", and this run's rollouts {'use ' + c.tool_environment if c.tool_environment else 'have no tools'}"
+                             f": evaluate it after training (gdpo-ray eval RUN_DIR --suite {c.eval_suite}), or "
+                             + (f"set data.tool_environment={suite.environment}" if suite.environment
+                                else "pick a suite of this environment's task"))
         if c.eval_pass_k and suite.correct_metric() is None:
             raise ValueError(f"training.eval_pass_k: suite {c.eval_suite} reports neither pass@1 nor accuracy "
                              f"(its metrics: {', '.join(suite.metrics)}); set training.eval_pass_k=null")

@@ -139,6 +139,15 @@ def test_presets_load_merge_and_build_a_valid_config():
     study.validate()
     assert (study.model_path, study.prompts, study.eval_suite) == ("demo-tools", "task:tool_calls", "task:tool_calls")
     assert study.rewards == apply_sections(GDPOConfig(), load_preset("tool_calling")).rewards
+    # the agent preset: a multi-turn tool environment; data.environment (TRL's word) is another
+    # name for data.tool_environment, not RLlib's environment builder
+    agent = apply_sections(GDPOConfig(), load_preset("agent"))
+    agent.validate()
+    assert agent.tool_environment == "gdpo_ray.environments.arithmetic:Arithmetic"
+    alias = apply_sections(GDPOConfig(), {"data": {"environment": "tests.unit.trl_style_environments:Calculator"}})
+    assert alias.tool_environment == "tests.unit.trl_style_environments:Calculator" and alias.env is None
+    with pytest.raises(ValueError, match="sets 'tool_environment' twice"):
+        apply_sections(GDPOConfig(), load_preset("agent", ["data.environment=a:B"]))
     # an override replaces the preset's value, a mapping too (it is not merged into it)
     gpu = load_preset("math", ["generation.engine_kwargs={}", "data.columns={ground_truth: a.b}",
                                "training.rewards.1.params.limit=12"])

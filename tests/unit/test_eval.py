@@ -581,8 +581,8 @@ def test_eval_takes_every_model_name_a_run_takes(tmp_path, monkeypatch):
     try:
         for name in model_files.BUILT_IN_MODELS:
             assert eval_runner.resolve_policy(name) == str(tmp_path)
-        assert resolved == ["demo", "demo-tools", "demo-count", "tiny", "smollm2"]
-        with pytest.raises(ValueError, match="demo \\| demo-tools \\| demo-count \\| tiny \\| smollm2"):
+        assert resolved == ["demo", "demo-tools", "demo-count", "demo-agent", "tiny", "smollm2"]
+        with pytest.raises(ValueError, match="demo \\| demo-tools \\| demo-count \\| demo-agent \\| tiny \\| smollm2"):
             eval_runner.resolve_policy(str(tmp_path / "nowhere"))
     finally:
         eval_runner.resolve_policy.cache_clear()

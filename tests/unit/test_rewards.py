@@ -339,7 +339,7 @@ def test_harness_serializes_plain_values():
 
 def test_registry_lists_known_names():
     with pytest.raises(ValueError, match="unknown reward 'toolrl'; known: code_bug, code_passrate, "
-                                         "exact_answer, length, math_correctness, regex, toolrl_correctness, toolrl_format"):
+                                         "exact_answer, length, math_correctness, regex, tool_turn_format, toolrl_correctness, toolrl_format"):
         rewards.get("toolrl")
     with pytest.raises(ValueError, match=r"reward 'length': bad params"):
         rewards.get("length", lim=3)

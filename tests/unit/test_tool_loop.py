@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from actors.engines import Sample, SamplingParams
-from actors.tool_loop import ToolTurns, Trajectory, run_tool_rollouts
+from actors.tool_loop import Trajectory, run_tool_rollouts
+from gdpo_ray.environments.tool_turns import ToolTurns
 from gdpo_ray.environments.session import ToolSession
 from gdpo_ray.environments.spec import load_environment
 

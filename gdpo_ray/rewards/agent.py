@@ -1,0 +1,48 @@
+"""``tool_turn_format``: the shape of a multi-turn tool rollout, turn by turn.
+
+A rollout of a tool environment is a conversation (``completions[i]``: the assistant and tool
+messages after the prompt). It is well formed when every assistant turn but the last is tool
+calls that parse (``<tool_call>`` blocks, each call a JSON object with a ``name`` and its
+``arguments``: ``gdpo_ray.environments.tool_calls``, as the rollout reads them) and nothing
+else, and the last turn is the final answer in ``<answer>…</answer>`` and nothing else: 1, else
+0. A plain string completion is one assistant turn.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gdpo_ray.rewards.adapters import RewardFn
+
+_CALLS_ONLY = re.compile(r"\s*(?:<tool_call>.*?</tool_call>\s*)+", re.DOTALL)
+
+
+def tool_turn_format(answer_tag: str = "answer") -> RewardFn:
+    """1 where every turn but the last is only tool calls that parse and the last is only the
+    answer in ``<answer_tag>``, else 0."""
+    final = re.compile(rf"\s*<{answer_tag}>[^<]*</{answer_tag}>\s*")
+
+    def tool_turn_format(prompts, completions, **_columns) -> list[float]:
+        return [float(_well_formed(_assistant_turns(c), final)) for c in completions]
+
+    return tool_turn_format
+
+
+def _assistant_turns(completion: Any) -> list[str]:
+    if isinstance(completion, str):
+        return [completion]
+    return [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+
+
+def _well_formed(turns: list[str], final: re.Pattern) -> bool:
+    # imported here: the parser reads blocks with gdpo_ray.rewards.toolrl, whose package imports this
+    from gdpo_ray.environments.tool_calls import ToolCallError, parse_tool_calls
+
+    if not turns or not final.fullmatch(turns[-1]):
+        return False
+    for turn in turns[:-1]:
+        calls = parse_tool_calls(turn)
+        if not _CALLS_ONLY.fullmatch(turn) or not calls or any(isinstance(c, ToolCallError) for c in calls):
+            return False
+    return True
