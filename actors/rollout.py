@@ -154,29 +154,30 @@ class RolloutActor:
         self.version = int(version)
         return self.attest(sent)
 
-    def complete(self, prompts: Sequence[str | list], n: int,
-                 sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str, list | None]]]:
+    def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
+                 rows: Sequence[Mapping[str, Any]] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
         """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``'
         fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish
         reason, messages). A prompt over ``max_prompt_tokens`` is not generated: n empty
         completions with the reason "prompt_too_long" (scored as the empty answer they are).
         With a tool environment, each completion is a multi-turn rollout (its instance reset
-        with the prompt): messages are its conversation after the prompt, text the assistant's
-        turns; else messages is None."""
+        with the prompt and the prompt's ``rows`` entry, if given): messages are its conversation
+        after the prompt, text the assistant's turns; else messages is None."""
         ids, fits = self._eval_prompts(prompts)
         if self.tools is not None:
-            return self._complete_turns(prompts, n, SamplingParams(**dict(sampling)), ids, fits)
+            return self._complete_turns(prompts, n, SamplingParams(**dict(sampling)), ids, fits,
+                                        rows or [{}] * len(prompts))
         samples = self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
                                        logprobs=False) if fits else []
         return self._eval_results(n, ids, fits, samples)
 
     def _complete_turns(self, prompts: Sequence[str | list], n: int, sampling: SamplingParams,
-                        ids: list[list[int]], fits: list[int]) -> list:
-        rows = [prompts[i] for i in fits for _ in range(n)]
-        started = self.tools.start([{"prompt": p} for p in rows])
+                        ids: list[list[int]], fits: list[int], rows: Sequence[Mapping[str, Any]]) -> list:
+        chosen = [i for i in fits for _ in range(n)]
+        started = self.tools.start([{**rows[i], "prompt": prompts[i]} for i in chosen])
         trajectories = [t for t, _ in started]
-        self.tools.run(self.engine, [self.tokenize(with_observation(p, observation))
-                                     for p, (_, observation) in zip(rows, started)], trajectories, sampling)
+        self.tools.run(self.engine, [self.tokenize(with_observation(prompts[i], observation), self.tools.schemas_of(t))
+                                     for i, (t, observation) in zip(chosen, started)], trajectories, sampling)
         self.tools.release(trajectories)
         out = self._eval_results(n, ids, [], [])
         for k, i in enumerate(fits):
@@ -196,11 +197,14 @@ class RolloutActor:
                        s.finish_reason, None) for s in group]
         return out
 
-    def tokenize(self, prompt: str | list) -> list[int]:
+    def tokenize(self, prompt: str | list, tools: list[dict] | None = None) -> list[int]:
+        """The prompt's token ids (chat template with ``tools``, by default the environment's)."""
         if isinstance(prompt, list) or self.chat_template:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if tools is None and self.tools is not None:
+                tools = self.tools.schemas
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      tools=self.tools.schemas if self.tools else None)
+                                                      tools=tools or None)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
@@ -237,8 +241,8 @@ class RolloutActor:
         rows = [p for p in kept for _ in range(g)]
         started = self.tools.start([{"prompt": p.prompt, **p.columns} for p in rows])
         prompts = [with_observation(p.prompt, observation) for p, (_, observation) in zip(rows, started)]
-        ids = [self.tokenize(prompt) for prompt in prompts]
         trajectories = [t for t, _ in started]
+        ids = [self.tokenize(prompt, self.tools.schemas_of(t)) for prompt, t in zip(prompts, trajectories)]
         self.tools.run(self.engine, ids, trajectories, self.sampling)
         samples = [trajectories[i * g:(i + 1) * g] for i in range(len(kept))]
         try:

@@ -217,10 +217,11 @@ class StreamingRolloutActor(RolloutActor):
             async with self._versions:
                 self._versions.notify_all()
 
-    async def complete(self, prompts: Sequence[str | list], n: int,
-                       sampling: Mapping[str, Any]) -> list[list[tuple[str, int, str, list | None]]]:
+    async def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
+                       rows: Sequence[Mapping[str, Any]] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
         """``RolloutActor.complete`` (evaluation), its requests beside the groups in flight,
-        once the pushes that have arrived are loaded."""
+        once the pushes that have arrived are loaded (single-turn: ``rows`` are for tool
+        environments, which streaming does not run)."""
         from actors.engines import SamplingParams
 
         async with self._versions:

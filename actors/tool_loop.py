@@ -9,7 +9,9 @@ logprob is 0 and which the learners leave out of the loss).
 
 A round generates the next turn of every rollout still going, in one engine call; the calls of
 the rollouts that made some then run on a thread pool, each rollout's in its order, while none
-generates (the batch engine is idle meanwhile; the streaming engine overlaps them).
+generates (the batch engine is idle meanwhile). A rollout whose environment has several user
+turns (``next_message``) goes on with the next user message where the model answered without a
+call, until the environment has none left.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Trajectory:
     tool_errors: int = 0  # failed calls of any kind, timeouts included
     tool_timeouts: int = 0
     failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
+    schemas: list[dict] | None = None  # this rollout's tools, where they depend on its row
 
     @property
     def token_ids(self) -> list[int]:  # as an engine's Sample names them
@@ -67,7 +70,7 @@ def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories
         room = max(budget - len(trajectories[i].tokens) for i in going)
         samples = engine.generate([prompt_ids[i] + trajectories[i].tokens for i in going], 1,
                                   dataclasses.replace(sampling, max_tokens=room))
-        calling = []
+        calling, asking = [], []
         for i, (sample,) in zip(going, samples):
             t = trajectories[i]
             keep = budget - len(t.tokens)  # a turn cut at the budget, as if the engine stopped there
@@ -78,12 +81,18 @@ def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories
             calls = parse_tool_calls(text) if t.session is not None else []
             if len(sample.token_ids) > keep or sample.finish_reason != "stop":
                 t.finish_reason, t.done = "length" if len(sample.token_ids) > keep else sample.finish_reason, True
-            elif not calls or t.turns >= max_turns:
+            elif t.turns >= max_turns:
                 t.done = True
-            else:
+            elif calls:
                 calling.append((t, calls))
+            elif t.session is not None and t.session.converses:
+                asking.append(t)
+            else:
+                t.done = True
         for (t, calls), answers in zip(calling, pool.map(lambda tc: [tc[0].session.call(c) for c in tc[1]], calling)):
             _answered(t, calls, answers, tool_turns, budget)
+        for t, (text, failure) in zip(asking, pool.map(lambda t: t.session.next_message(), asking)):
+            _next_message(t, text, failure, tool_turns, budget)
 
 
 def _answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer], tool_turns: ToolTurns,
@@ -97,6 +106,24 @@ def _answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer]
         t.finish_reason, t.done = "length", True
         return
     t.messages += [{"role": "tool", "name": name, "content": text} for name, text in named]
+    t.append(ids, None)
+
+
+def _next_message(t: Trajectory, text: str | None, failure: str | None, tool_turns: ToolTurns,
+                  budget: int) -> None:
+    """The environment's next user message appended (an environment with several user turns);
+    None ends the rollout (a failure of ``next_message`` is counted as a tool error)."""
+    if failure is not None:
+        t.tool_errors += 1
+        t.tool_timeouts += "did not return" in failure
+    if text is None:
+        t.done = True
+        return
+    ids = tool_turns.user_ids(text)
+    if len(t.tokens) + len(ids) >= budget:
+        t.finish_reason, t.done = "length", True
+        return
+    t.messages.append({"role": "user", "content": text})
     t.append(ids, None)
 
 
@@ -119,7 +146,12 @@ class ToolEnvironment:
 
     @property
     def schemas(self) -> list[dict]:
+        """The tools every rollout has (none where they depend on the row: ``schemas_of``)."""
         return list(self.spec.schemas)
+
+    def schemas_of(self, t: Trajectory) -> list[dict]:
+        """The tools of ``t``'s rollout, for its prompt."""
+        return list(self.spec.schemas) if t.schemas is None else t.schemas
 
     def start(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Trajectory, str | None]]:
         """A fresh instance per row, reset with it: (trajectory, the text ``reset`` returned). An
@@ -132,8 +164,9 @@ class ToolEnvironment:
             with self._lock:
                 instance = self._idle.pop() if self._idle else None
             session = ToolSession(instance if instance is not None else self.spec.new(), self.spec.tools,
-                                  self.timeout_s)
-            return Trajectory(session), session.reset(dict(row))
+                                  self.timeout_s, self.spec.dynamic)
+            observation = session.reset(dict(row))
+            return Trajectory(session, schemas=session.schemas() if self.spec.dynamic else None), observation
         except TimeoutError as err:
             return Trajectory(None, failed=("timeout", f"reset: {err}")), None
         except Exception as err:  # noqa: BLE001 - the rollout goes on; its environment rewards are NaN

@@ -22,6 +22,8 @@ would name a dataset path (``data.prompts``).
   the answer is the number. ``steps`` (JSON) holds the gold calls, ``[["multiply", 37, 12], ["add",
   null, 5]]`` (null: the previous call's result), for the environment
   ``gdpo_ray.environments.arithmetic`` whose tools compute them.
+- ``bfcl_multi_turn``: BFCL's multi-turn items that its eval does not hold out, for the
+  ``bfcl_multi_turn`` environment (a BFCL multi-turn conversation per rollout);
 - ``code`` (a stand-in for Eurus-2-RL of the ``code`` preset): small Python exercises with test
   cases in the PRIME/APPS layout, ``{"fn_name", "inputs", "outputs"}`` (call-based) or stdin/stdout.
 """
@@ -194,6 +196,25 @@ def tool_arithmetic(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
         question, steps, answer = _arithmetic_request(rng)
         rows.append({"id": f"calc-{i}", "prompt": [{"role": "user", "content": question}],
                      "ground_truth": str(answer), "steps": json.dumps(steps)})
+    return rows
+
+
+@TASKS.register("bfcl_multi_turn")
+def bfcl_multi_turn(n: int = 159, seed: int = 0) -> list[dict[str, Any]]:
+    """BFCL's ``multi_turn_base`` training scenarios (those ``gdpo_ray.environments.bfcl_data.
+    is_held_out`` leaves in: 159 of 200), in a seeded order, repeated up to ``n`` rows: ``prompt``
+    the first user turn, ``bfcl_entry`` the item with its ground truth (JSON) for the
+    ``bfcl_multi_turn`` environment. Needs bfcl-eval's data (``pip install --no-deps
+    bfcl-eval==2026.3.23``)."""
+    from gdpo_ray.environments.bfcl_data import is_held_out, load_category
+
+    entries = [e for e in load_category("multi_turn_base") if not is_held_out(e["id"])]
+    order = np.random.default_rng(seed).permutation(len(entries))
+    rows = []
+    for i in range(n):
+        entry = entries[order[i % len(entries)]]
+        rows.append({"id": f"{entry['id']}-{i // len(entries)}", "prompt": [dict(m) for m in entry["question"][0]],
+                     "bfcl_entry": json.dumps(entry)})
     return rows
 
 

@@ -12,6 +12,11 @@ daemon thread and is waited for ``timeout_s``:
 - the answer is the method's return value as text (``str``; None is ""); an ``async`` method
   runs to its end on the call's thread.
 
+An environment whose tools are per rollout (``spec.EnvironmentSpec.dynamic``) gets every call as
+``call_tool(name, arguments)`` and reports unknown tools itself; ``schemas()`` reads its
+``tool_schemas()``. One with several user turns answers ``next_message()`` (``next_message``:
+its text, or None when the conversation is over or the method failed, with the failure).
+
 Rewards: ``get_rewards()`` (a dict, several columns) or ``get_reward()`` (one value); an
 exception, a hang or a value that is not a number makes the rollout's environment rewards NaN
 with the error text, and the run goes on.
@@ -69,10 +74,13 @@ def _error_text(err: BaseException) -> str:
 
 
 class ToolSession:
-    """``instance`` (a fresh environment object) for one rollout; ``tools``: its tool names."""
+    """``instance`` (a fresh environment object) for one rollout; ``tools``: its tool names
+    (``dynamic``: none, every call goes to its ``call_tool``)."""
 
-    def __init__(self, instance: Any, tools: Sequence[str], timeout_s: float) -> None:
+    def __init__(self, instance: Any, tools: Sequence[str], timeout_s: float, dynamic: bool = False) -> None:
         self.instance, self.tools, self.timeout_s = instance, frozenset(tools), timeout_s
+        self.dynamic = dynamic
+        self.converses = callable(getattr(instance, "next_message", None))
         self.hung: str | None = None  # the call that hung, once one has
 
     def reset(self, row: dict[str, Any]) -> str | None:
@@ -85,12 +93,40 @@ class ToolSession:
             raise TimeoutError(f"reset did not return within {self.timeout_s:g} s") from None
         return None if value is None else str(value)
 
+    def schemas(self) -> list[dict]:
+        """``instance.tool_schemas()`` (dynamic tools, after ``reset``), checked: a list of dicts."""
+        value = self._timed("tool_schemas", self.instance.tool_schemas)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(d, dict) for d in value):
+            raise TypeError(f"tool_schemas() returned {type(value).__name__}, not a list of JSON schemas (dicts)")
+        return list(value)
+
+    def next_message(self) -> tuple[str | None, str | None]:
+        """(the next user message or None, the failure of ``next_message`` or None)."""
+        if self.hung is not None:
+            return None, None
+        try:
+            value = self._timed("next_message", self.instance.next_message)
+        except TimeoutError as err:
+            return None, str(err)
+        except Exception as err:  # noqa: BLE001 - the conversation ends; the failure is counted
+            return None, f"next_message raised {_error_text(err)}"
+        return (None if value is None else str(value)), None
+
+    def _timed(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return run_with_timeout(fn, self.timeout_s)
+        except Hung:
+            self.hung = what
+            raise TimeoutError(f"{what} did not return within {self.timeout_s:g} s") from None
+
     def call(self, call: ToolCall | ToolCallError) -> ToolAnswer:
         if isinstance(call, ToolCallError):
             return ToolAnswer(f"Error: {call.error}", "error")
         if self.hung is not None:
             return ToolAnswer(f"Error: the environment stopped responding (its {self.hung} call did "
                               "not return); no tool can be called", "error")
+        if self.dynamic:
+            return self._run(call.name, lambda: self.instance.call_tool(call.name, dict(call.arguments)))
         if call.name not in self.tools:
             return ToolAnswer(f"Error: there is no tool {call.name!r}; the tools are "
                               f"{', '.join(sorted(self.tools))}", "error")
@@ -99,11 +135,14 @@ class ToolSession:
             inspect.signature(method).bind(**call.arguments)
         except TypeError as err:
             return ToolAnswer(f"Error: bad arguments for {call.name}: {err}", "error")
+        return self._run(call.name, lambda: method(**call.arguments))
+
+    def _run(self, name: str, fn: Callable[[], Any]) -> ToolAnswer:
         try:
-            value = run_with_timeout(lambda: method(**call.arguments), self.timeout_s)
+            value = run_with_timeout(fn, self.timeout_s)
         except Hung:
-            self.hung = call.name
-            return ToolAnswer(f"Error: {call.name} did not return within {self.timeout_s:g} s", "timeout")
+            self.hung = name
+            return ToolAnswer(f"Error: {name} did not return within {self.timeout_s:g} s", "timeout")
         except Exception as err:  # noqa: BLE001 - the tool's failure is the model's to read
             return ToolAnswer(f"Error: {_error_text(err)}", "error")
         return ToolAnswer("" if value is None else str(value))

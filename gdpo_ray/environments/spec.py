@@ -6,6 +6,12 @@ Google-style docstrings give the JSON schema the model sees (``transformers``'
 (one reward column, named after the class) or ``get_rewards()`` (ours: several columns, named by
 its keys) score it. One instance per rollout, made by calling the class with no arguments.
 
+Beyond TRL (ours, optional): an environment whose tools depend on the row (BFCL's items each
+involve other APIs) defines ``tool_schemas()`` (after ``reset``: this rollout's tools as JSON
+schemas) and ``call_tool(name, arguments)`` (runs one), and has no tool methods of its own; one
+whose conversation has several user turns defines ``next_message()`` (asked when the model
+answers without a call: the next user message, or None to end the rollout).
+
 ``load_environment`` checks a class before any actor starts and names what is wrong and how to
 fix it: not importable, not a class, no ``reset``, no tool, a tool whose schema cannot be built.
 """
@@ -17,20 +23,23 @@ import inspect
 from typing import Any
 
 #: public methods that are not tools
-NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards"})
+NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards", "tool_schemas", "call_tool", "next_message"})
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvironmentSpec:
     """A checked environment class: ``tools`` (method names), ``schemas`` (their JSON schemas,
     for the chat template's ``tools=``), ``reward_getter`` (``get_rewards``, ``get_reward`` or
-    None)."""
+    None); ``dynamic``: its tools are per rollout (``tool_schemas``, ``call_tool``; ``tools`` and
+    ``schemas`` are empty); ``converses``: it has ``next_message``."""
 
     path: str
     cls: type
     tools: tuple[str, ...]
     schemas: tuple[dict, ...]
     reward_getter: str | None
+    dynamic: bool = False
+    converses: bool = False
 
     def new(self) -> Any:
         return self.cls()
@@ -64,7 +73,15 @@ def load_environment(path: str) -> EnvironmentSpec:
         raise ValueError(f"environment {path!r} has no reset method: add `def reset(self, **row)` "
                          "(it starts a rollout; it may return text to append to the prompt)")
     tools = tool_names(cls)
-    if not tools:
+    dynamic = callable(getattr(cls, "call_tool", None))
+    if dynamic != callable(getattr(cls, "tool_schemas", None)):
+        raise ValueError(f"environment {path!r} defines only one of call_tool and tool_schemas: an "
+                         "environment whose tools depend on the row needs both (tool_schemas() lists "
+                         "this rollout's tools, call_tool(name, arguments) runs one)")
+    if dynamic and tools:
+        raise ValueError(f"environment {path!r} has call_tool and tool methods ({', '.join(tools)}): "
+                         "the model's calls go to call_tool, so make those methods private ('_name')")
+    if not tools and not dynamic:
         raise ValueError(f"environment {path!r} has no tool: its public methods (not starting with '_', "
                          f"other than {', '.join(sorted(NOT_TOOLS))}) are the tools the model may call")
     try:
@@ -73,7 +90,8 @@ def load_environment(path: str) -> EnvironmentSpec:
         raise ValueError(f"environment {path!r} cannot be made with no arguments ({type(err).__name__}: "
                          f"{err}): one instance is made per rollout as {cls.__name__}()") from err
     getter = next((g for g in ("get_rewards", "get_reward") if callable(getattr(cls, g, None))), None)
-    return EnvironmentSpec(path, cls, tuple(tools), tuple(_schema(path, instance, t) for t in tools), getter)
+    return EnvironmentSpec(path, cls, tuple(tools), tuple(_schema(path, instance, t) for t in tools), getter,
+                           dynamic, callable(getattr(cls, "next_message", None)))
 
 
 def _schema(path: str, instance: Any, name: str) -> dict:

@@ -34,11 +34,18 @@ class ToolTurns:
 
     def ids(self, answers: Sequence[tuple[str, str]]) -> list[int]:
         """The tokens of the tool messages (tool name, answer text) and the next assistant header."""
-        tools = [{"role": "tool", "name": name, "content": text} for name, text in answers]
-        after = self.tokenizer.apply_chat_template(self._probe + tools, tokenize=False,
+        return self._after([{"role": "tool", "name": name, "content": text} for name, text in answers])
+
+    def user_ids(self, text: str) -> list[int]:
+        """The tokens of a user message after an assistant turn (an environment's next message,
+        ``next_message``) and the next assistant header."""
+        return self._after([{"role": "user", "content": text}])
+
+    def _after(self, messages: list[dict]) -> list[int]:
+        after = self.tokenizer.apply_chat_template(self._probe + messages, tokenize=False,
                                                    add_generation_prompt=True)
         if not after.startswith(self._before):
-            raise ValueError("the chat template writes the earlier turns differently once tool turns "
+            raise ValueError("the chat template writes the earlier turns differently once more turns "
                              "follow them: multi-turn rollouts need a template that keeps the "
                              "conversation's prefix (give the tokenizer a template that does)")
         return self.tokenizer(after[self._cut:], add_special_tokens=False)["input_ids"]

@@ -41,17 +41,15 @@ parts, and the Java/JavaScript simple categories, are not evaluated here).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gdpo_ray.environments.bfcl_data import load_category
 from gdpo_ray.eval.report import nanmean
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
-VERSION = "BFCL_v4"
 NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")
 LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
@@ -62,34 +60,6 @@ PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
          "dict": dict, "any": str}
 _STRIP = re.compile(r"[ ,./\-_*^]")
-
-
-def data_dir() -> Path:
-    """bfcl-eval's data directory (the package is not imported: its modules need the
-    leaderboard's model SDKs)."""
-    spec = importlib.util.find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("--suite bfcl needs the data of the bfcl-eval package: "
-                         "pip install --no-deps bfcl-eval==2026.3.23")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
-
-
-def _lines(path: Path) -> list[dict]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def load_category(category: str) -> list[dict]:
-    """The items of ``category``: the prompt entry (id, question, function) with its
-    ``ground_truth`` (None for the relevance categories)."""
-    root = data_dir()
-    items = _lines(root / f"{VERSION}_{category}.json")
-    answers = root / "possible_answer" / f"{VERSION}_{category}.json"
-    if answers.is_file():
-        by_id = {a["id"]: a["ground_truth"] for a in _lines(answers)}
-        for item in items:
-            item["ground_truth"] = by_id[item["id"]]
-    return items
 
 
 # --- the checker's rules --------------------------------------------------------------------

@@ -26,14 +26,22 @@ judged as BFCL's eval runner and ``multi_turn_checker`` judge it (``check``):
      ``multi_turn:execution_response_mismatch``;
 4. the first failure is the verdict's reason; a trajectory that passes every turn is valid.
 
-Prompt pieces (``MultiTurnItem``) for generation: the user turns (a ``miss_func`` turn that
-adds the missed functions has BFCL's message "I have updated some more functions you can choose
-from. What about now?"), the tool docs given from the start and those added per turn
-(``bfcl_apis.tool_docs``). ``EvalItem.prompt`` is the first turn with the ``tool_calling``
-preset's system prompt listing the tools.
+Generation (``gdpo-ray eval POLICY --suite bfcl:multi_turn_base``) runs through the tool loop
+with the ``bfcl_multi_turn`` environment (``gdpo_ray.environments.bfcl_multi_turn``), as BFCL's
+function-calling mode runs a model: the item's first turn is the prompt, its tools (BFCL's
+function docs) go to the chat template as ``tools=``, each call runs on the item's APIs, each
+later turn's message follows the model's answer without a call (a ``miss_func`` turn that adds
+functions has BFCL's message "I have updated some more functions you can choose from. What about
+now?" and their docs). A generated completion's conversation is read back into the result
+layout (``result_of``: per user turn, per assistant message its calls as call strings; a call
+that does not parse is not a call), so a generated trajectory and a completions file are scored
+by the same checker. ``BFCLMultiTurn.max_turns`` bounds the model turns of a whole conversation
+(BFCL stops a turn after 20 steps), the suite's ``max_tokens`` its tokens, and a conversation
+stopped before its last turn is ``force_terminated``.
 
-Split: ``multi_turn_base`` trains on some scenarios and holds the rest out (``is_held_out``,
-``HELD_OUT_RULE``); the four categories are variants of the same 200 scenarios (item
+Split: ``multi_turn_base`` trains on some scenarios and holds the rest out
+(``gdpo_ray.environments.bfcl_data``: ``is_held_out``, ``HELD_OUT_RULE``; ``task:bfcl_multi_turn``
+is the training side); the four categories are variants of the same 200 scenarios (item
 ``multi_turn_<category>_<n>`` is scenario n), so the split is by scenario number.
 ``bfcl:multi_turn_base`` evaluates the held-out items only; ``bfcl:<category>:all`` every item,
 ``bfcl:<category>:held_out`` / ``:train`` one side.
@@ -42,114 +50,17 @@ Split: ``multi_turn_base`` trains on some scenarios and holds the rest out (``is
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from gdpo_ray.environments.bfcl_apis import ApiState, tool_docs
-from gdpo_ray.eval.bfcl import load_category
+from gdpo_ray.environments.bfcl_apis import call_string, tool_docs
+from gdpo_ray.environments.bfcl_check import check
+from gdpo_ray.environments.bfcl_data import HELD_OUT_RULE, is_held_out, load_category
+from gdpo_ray.environments.bfcl_multi_turn import added_functions_message
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 SPLITS = ("held_out", "train", "all")
-HELD_OUT_FRACTION = 5
-HELD_OUT_RULE = ("scenario n (the number ending the item id) is held out when "
-                 "int(sha256(f'bfcl-multi-turn-{n}').hexdigest(), 16) % 5 == 0")
-
-
-def scenario_of(item_id: str) -> int:
-    """The scenario number of an item id (``multi_turn_long_context_17`` -> 17)."""
-    return int(item_id.rsplit("_", 1)[1])
-
-
-def is_held_out(item_id: str) -> bool:
-    """Whether the item's scenario is held out from training (``HELD_OUT_RULE``: 41 of the
-    200 scenarios, in every category)."""
-    digest = hashlib.sha256(f"bfcl-multi-turn-{scenario_of(item_id)}".encode()).hexdigest()
-    return int(digest, 16) % HELD_OUT_FRACTION == 0
-
-
-# --- the checker's rules ------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    valid: bool
-    reason: str = ""  # BFCL's error_type ("" when valid)
-    message: str = ""  # what failed, for a report
-    turn: int | None = None  # the turn that failed, where one did
-
-
-def is_empty_step(step: Any) -> bool:
-    """BFCL's empty response: no calls, or one empty call."""
-    return len(step) == 0 or (len(step) == 1 and len(step[0]) == 0)
-
-
-def decoded_turns(result: Sequence[Any]) -> list[list[list[str]]]:
-    """Per turn, the steps that count (a list of strings, not empty); other turns have none."""
-    return [[step for step in turn if isinstance(step, list) and all(isinstance(c, str) for c in step)
-             and not is_empty_step(step)] if isinstance(turn, list) else [] for turn in result]
-
-
-def check(entry: Mapping[str, Any], ground_truth: Sequence[Sequence[str]], result: Any) -> Verdict:
-    """BFCL's verdict on ``result`` (the module docstring's layout) for the item ``entry`` (a
-    BFCL prompt entry: id, involved_classes, initial_config) with ``ground_truth``."""
-    if not isinstance(result, list):
-        return Verdict(False, "multi_turn:inference_error",
-                       "the model's result is not a list of turns")
-    if len(result) != len(ground_truth):
-        return Verdict(False, "multi_turn:force_terminated",
-                       f"{len(result)} turns in the result, {len(ground_truth)} in the ground truth")
-    return check_turns(entry, ground_truth, decoded_turns(result))
-
-
-def check_turns(entry: Mapping[str, Any], ground_truth: Sequence[Sequence[str]],
-                turns: Sequence[Sequence[Sequence[str]]]) -> Verdict:
-    """``multi_turn_checker``'s rules on decoded turns (one per ground-truth turn)."""
-    model, gold = ApiState.of(entry), ApiState.of(entry)
-    model_results: list[str] = []
-    for index, (gold_calls, steps) in enumerate(zip(ground_truth, turns)):
-        for step in steps:
-            model_results += model.run(step)
-        gold_results = gold.run(gold_calls)
-        if not gold_calls:
-            continue
-        if not steps:
-            return Verdict(False, "multi_turn:empty_turn_model_response",
-                           f"no model response in turn {index}", index)
-        difference = state_difference(model, gold)
-        if difference:
-            return Verdict(False, "multi_turn:instance_state_mismatch",
-                           f"turn {index}: {difference}", index)
-        missing = missing_results(gold_results, model_results)
-        if missing:
-            return Verdict(False, "multi_turn:execution_response_mismatch",
-                           f"turn {index}: the model's results so far lack {json.dumps(missing)[:300]}", index)
-    return Verdict(True)
-
-
-def state_difference(model: ApiState, gold: ApiState) -> str | None:
-    """The first class whose public attributes differ (as BFCL compares them: every public
-    attribute of the ground-truth instance against the model's, by ``!=``), or None."""
-    for class_name, gold_instance in gold.instances.items():
-        model_instance = model.instances[class_name]
-        differ = [name for name, value in vars(gold_instance).items() if not name.startswith("_")
-                  and (not hasattr(model_instance, name) or getattr(model_instance, name) != value)]
-        if differ:
-            return f"{class_name}'s {', '.join(differ)} differ from the ground truth's"
-    return None
-
-
-def missing_results(gold_results: Sequence[str], model_results: Sequence[str]) -> list[str]:
-    """The ground-truth results not among the model's, as a multiset (each model result
-    matches one ground-truth result at most)."""
-    left = list(model_results)
-    missing = []
-    for result in gold_results:
-        if result in left:
-            left.remove(result)
-        else:
-            missing.append(result)
-    return missing
 
 
 # --- items and prompts --------------------------------------------------------------------------
@@ -170,13 +81,6 @@ class MultiTurnItem:
     entry: dict
 
 
-def added_functions_message() -> str:
-    """BFCL's user message of a turn that adds the missed functions (function calling)."""
-    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-
-    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
-
-
 def multi_turn_item(entry: Mapping[str, Any], category: str) -> MultiTurnItem:
     tools, added = tool_docs(entry["involved_classes"], entry.get("missed_function"))
     turns = [[dict(m) for m in messages] for messages in entry["question"]]
@@ -185,18 +89,20 @@ def multi_turn_item(entry: Mapping[str, Any], category: str) -> MultiTurnItem:
     return MultiTurnItem(entry["id"], category, turns, tools, added, entry["ground_truth"], dict(entry))
 
 
-def prompt_of(item: MultiTurnItem) -> list[dict]:
-    """The first turn's chat messages, after a system prompt listing the tools (the
-    ``tool_calling`` preset's, as ``gdpo_ray.eval.bfcl`` writes it)."""
-    from gdpo_ray.tasks import TOOL_SYSTEM
+def result_of(messages: Sequence[Mapping[str, Any]]) -> list[list[list[str]]]:
+    """A generated conversation (after the prompt) in BFCL's result layout: a turn per user
+    message and one before the first, a step per assistant message, its calls as BFCL's
+    function-calling handlers write them (a call that does not parse is left out)."""
+    from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
 
-    system = TOOL_SYSTEM.format(tools="\n".join(json.dumps(d) for d in item.tools))
-    messages = [dict(m) for m in item.turns[0]]
-    if messages and messages[0]["role"] == "system":
-        messages[0]["content"] = system + "\n\n" + messages[0]["content"]
-    else:
-        messages.insert(0, {"role": "system", "content": system})
-    return messages
+    result: list[list[list[str]]] = [[]]
+    for m in messages:
+        if m.get("role") == "user":
+            result.append([])
+        elif m.get("role") == "assistant":
+            result[-1].append([call_string(c.name, c.arguments) for c in parse_tool_calls(m.get("content") or "")
+                               if isinstance(c, ToolCall)])
+    return result
 
 
 def completion_text(result: Sequence[Sequence[Sequence[str]]]) -> str:
@@ -219,7 +125,9 @@ class BFCLMultiTurn(Suite):
     of multi_turn_base and every item of the others)."""
 
     metrics = ("accuracy",)
-    max_tokens = 1024
+    max_tokens = 4096  # a whole conversation: every turn's calls, tool answers and replies
+    environment = "gdpo_ray.environments.bfcl_multi_turn:BfclMultiTurn"
+    max_turns = 100
 
     def __init__(self, category: str, split: str | None = None, length_limit: int | None = None) -> None:
         if category not in CATEGORIES:
@@ -237,14 +145,19 @@ class BFCLMultiTurn(Suite):
         self._items = [multi_turn_item(e, category) for e in load_category(category) if keep(e["id"])]
 
     def all_items(self) -> list[EvalItem]:
-        return [EvalItem(it.id, prompt_of(it), it.category, it) for it in self._items]
+        return [EvalItem(it.id, [dict(m) for m in it.turns[0]], it.category, it) for it in self._items]
+
+    def environment_row(self, item: EvalItem) -> dict:
+        return {"bfcl_entry": json.dumps(item.reference.entry)}
 
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, Any]]:
-        """Per completion (its text: the trajectory as JSON, ``completion_text``) ``accuracy``
-        and BFCL's ``reason`` ("" when valid)."""
+        """Per completion (a generated conversation, ``result_of``; or a file's text: the
+        trajectory as JSON, ``completion_text``) ``accuracy`` and BFCL's ``reason`` ("" when
+        valid)."""
         ref: MultiTurnItem = item.reference
         out = []
         for c in completions:
-            verdict = check(ref.entry, ref.ground_truth, trajectory_of(c.text))
+            result = result_of(c.messages) if c.messages is not None else trajectory_of(c.text)
+            verdict = check(ref.entry, ref.ground_truth, result)
             out.append({"accuracy": float(verdict.valid), "reason": verdict.reason})
         return out

@@ -67,6 +67,8 @@ class Suite(abc.ABC):
     #: a tool environment, 'module:Class': each completion is a multi-turn rollout with its tools
     #: (``Completion.messages``); None: one turn
     environment: str | None = None
+    #: the most model turns of one of its rollouts (with an ``environment``)
+    max_turns: int = 10
 
     #: keys of the prompts left out (``hold_out``)
     _held_out: frozenset = frozenset()
@@ -108,6 +110,10 @@ class Suite(abc.ABC):
         """The overall value of a per-item metric that ``overall`` does not report (pass@k),
         aggregated as the suite aggregates its ``correct_metric``: the mean over the items."""
         return mean_over_items(items, [metric])[metric]
+
+    def environment_row(self, item: EvalItem) -> dict:
+        """What the ``environment``'s ``reset`` gets for ``item`` besides its prompt."""
+        return {}
 
     def close(self) -> None:
         """Releases what the suite started (worker processes, environments)."""

@@ -140,7 +140,7 @@ class ToolArithmeticSuite(TaskSuite):
     """Generated as the ``agent`` preset trains: multi-turn, with its environment's tools."""
 
     metrics = ("accuracy", "format_ratio", "tool_success")
-    max_tokens = 96
+    max_tokens, max_turns = 96, 4  # the agent preset's
     environment = "gdpo_ray.environments.arithmetic:Arithmetic"
 
     def __init__(self, length_limit: int | None = None) -> None:

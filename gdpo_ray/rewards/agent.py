@@ -1,11 +1,13 @@
 """``tool_turn_format``: the shape of a multi-turn tool rollout, turn by turn.
 
 A rollout of a tool environment is a conversation (``completions[i]``: the assistant and tool
-messages after the prompt). It is well formed when every assistant turn but the last is tool
-calls that parse (``<tool_call>`` blocks, each call a JSON object with a ``name`` and its
-``arguments``: ``gdpo_ray.environments.tool_calls``, as the rollout reads them) and nothing
-else, and the last turn is the final answer in ``<answer>…</answer>`` and nothing else: 1, else
-0. A plain string completion is one assistant turn.
+messages after the prompt, and the user messages of an environment with several user turns). It
+is well formed when, for each user turn, every assistant turn but the last is tool calls that
+parse (``<tool_call>`` blocks, each call a JSON object with a ``name`` and its ``arguments``:
+``gdpo_ray.environments.tool_calls``, as the rollout reads them) and nothing else, and the last
+is the reply without a call: the final answer in ``<answer>…</answer>`` and nothing else
+(``answer_tag``; None: any text without a call): 1, else 0. A plain string completion is one
+assistant turn.
 """
 
 from __future__ import annotations
@@ -18,21 +20,30 @@ from gdpo_ray.rewards.adapters import RewardFn
 _CALLS_ONLY = re.compile(r"\s*(?:<tool_call>.*?</tool_call>\s*)+", re.DOTALL)
 
 
-def tool_turn_format(answer_tag: str = "answer") -> RewardFn:
-    """1 where every turn but the last is only tool calls that parse and the last is only the
-    answer in ``<answer_tag>``, else 0."""
-    final = re.compile(rf"\s*<{answer_tag}>[^<]*</{answer_tag}>\s*")
+def tool_turn_format(answer_tag: str | None = "answer") -> RewardFn:
+    """1 where, in each user turn, every assistant turn but the last is only tool calls that
+    parse and the last is only the answer in ``<answer_tag>`` (None: any text without a call),
+    else 0."""
+    final = (re.compile(rf"\s*<{answer_tag}>[^<]*</{answer_tag}>\s*") if answer_tag
+             else re.compile(r"(?s)(?!.*<tool_call>).*"))
 
     def tool_turn_format(prompts, completions, **_columns) -> list[float]:
-        return [float(_well_formed(_assistant_turns(c), final)) for c in completions]
+        return [float(all(_well_formed(turns, final) for turns in _user_turns(c))) for c in completions]
 
     return tool_turn_format
 
 
-def _assistant_turns(completion: Any) -> list[str]:
+def _user_turns(completion: Any) -> list[list[str]]:
+    """The assistant's messages of each user turn (a new turn at each user message)."""
     if isinstance(completion, str):
-        return [completion]
-    return [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        return [[completion]]
+    turns: list[list[str]] = [[]]
+    for m in completion:
+        if isinstance(m, dict) and m.get("role") == "user":
+            turns.append([])
+        elif isinstance(m, dict) and m.get("role") == "assistant":
+            turns[-1].append(m.get("content") or "")
+    return turns
 
 
 def _well_formed(turns: list[str], final: re.Pattern) -> bool:

@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
@@ -151,10 +151,13 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
-             max_prompt_tokens: int = 8192, environment: str | None = None) -> dict[str, list[Completion]]:
+             max_prompt_tokens: int = 8192, environment: str | None = None,
+             environment_row: Callable[[EvalItem], dict] | None = None, max_turns: int = 10
+             ) -> dict[str, list[Completion]]:
     """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
     max_prompt_tokens and tool environment) or on a group of ``num_actors`` new rollout actors
-    without rewards (multi-turn with the tools of ``environment``, 'module:Class', if given); a
+    without rewards (multi-turn with the tools of ``environment``, 'module:Class', if given, each
+    rollout's instance reset with the prompt and ``environment_row(item)``); a
     prompt over ``max_prompt_tokens`` is not generated (its completions are empty, finish reason
     "prompt_too_long")."""
     from tqdm import tqdm
@@ -165,12 +168,13 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
             dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=None,
                  group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
                  chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
-                 environment=environment),
+                 environment=environment, max_turns=max_turns),
             num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
             calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
     bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
     try:
-        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update)
+        rows = [environment_row(it) for it in items] if environment and environment_row else None
+        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update, rows=rows)
     finally:
         bar.close()
         if own:
@@ -318,7 +322,8 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if rollouts is None else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment)
+                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment,
+                               environment_row=suite.environment_row, max_turns=suite.max_turns)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings, pass_k)

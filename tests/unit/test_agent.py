@@ -69,6 +69,20 @@ def test_tool_turn_format(completion, expected):
     assert get("tool_turn_format")([None], [completion]) == [expected]
 
 
+def test_tool_turn_format_over_several_user_turns():
+    """An environment with several user turns (``next_message``): each user turn's calls, then
+    its reply; ``answer_tag: null`` takes any reply without a call."""
+    fmt, tagged = get("tool_turn_format", answer_tag=None), get("tool_turn_format")
+    tool = {"role": "tool", "content": "ok"}
+    conversation = [{"role": "assistant", "content": CALL}, tool, {"role": "assistant", "content": "Moved it."},
+                    {"role": "user", "content": "Now sort it."}, {"role": "assistant", "content": CALL}, tool,
+                    {"role": "assistant", "content": "Sorted."}]
+    assert fmt([None], [conversation]) == [1.0] and tagged([None], [conversation]) == [0.0]
+    calls_in_reply = conversation[:2] + [{"role": "assistant", "content": "Moved. " + CALL}] + conversation[3:]
+    assert fmt([None], [calls_in_reply]) == [0.0]
+    assert fmt([None], [conversation[:4]]) == [0.0]  # the last user turn has no reply
+
+
 def test_the_teacher_slips_at_its_rates_and_is_right_when_clean():
     rng = np.random.default_rng(0)
     steps = [["multiply", 37, 12], ["add", None, 5]]

@@ -18,8 +18,10 @@ if __import__("importlib").util.find_spec("bfcl_eval") is None:
 
 from gdpo_ray.environments import bfcl_apis  # noqa: E402
 from gdpo_ray.environments.bfcl_apis import ApiState, UnsafeCall, parse_call, tool_docs  # noqa: E402
+from gdpo_ray.environments.bfcl_check import check  # noqa: E402
+from gdpo_ray.environments.bfcl_multi_turn import added_functions_message  # noqa: E402
 from gdpo_ray.eval import bfcl_multi_turn as mt  # noqa: E402
-from gdpo_ray.eval.bfcl import load_category  # noqa: E402
+from gdpo_ray.environments.bfcl_data import is_held_out, load_category, scenario_of  # noqa: E402
 from gdpo_ray.eval.suite import Completion  # noqa: E402
 from gdpo_ray.eval.suites import make_suite  # noqa: E402
 
@@ -36,7 +38,7 @@ def gold(entry):
 
 
 def verdict(entry, result):
-    v = mt.check(entry, entry["ground_truth"], result)
+    v = check(entry, entry["ground_truth"], result)
     return v.valid, v.reason, v.turn
 
 
@@ -160,20 +162,24 @@ def test_tool_docs_hold_out_the_missed_functions_until_their_turn():
 def test_the_miss_func_prompt_pieces(entries):
     item = next(it for it in make_suite("bfcl:multi_turn_miss_func").items() if it.id == "multi_turn_miss_func_0")
     ref = item.reference
-    assert ref.turns[3] == [{"role": "user", "content": mt.added_functions_message()}]
+    assert ref.turns[3] == [{"role": "user", "content": added_functions_message()}]
     assert ref.turns[0] == entries["multi_turn_miss_func_0"]["question"][0]
-    assert item.prompt[0]["role"] == "system" and '"name": "cd"' in item.prompt[0]["content"]
-    assert '"name": "sort"' not in item.prompt[0]["content"] and item.prompt[1:] == ref.turns[0]
+    # the prompt is the first turn; its tools go to the chat template (the environment's
+    # tool_schemas), the missed one held back until its turn
+    assert item.prompt == ref.turns[0]
+    names = [d["name"] for d in ref.tools]
+    assert "cd" in names and "sort" not in names and [d["name"] for d in ref.added_tools[3]] == ["sort"]
+    assert make_suite("bfcl:multi_turn_miss_func").environment_row(item) == {"bfcl_entry": json.dumps(ref.entry)}
 
 
 # --- the split ----------------------------------------------------------------------------------
 
 def test_the_held_out_split_is_by_scenario_and_eval_leaves_training_items_out():
-    held = [n for n in range(200) if mt.is_held_out(f"multi_turn_base_{n}")]
+    held = [n for n in range(200) if is_held_out(f"multi_turn_base_{n}")]
     assert len(held) == 41 and held[:8] == [4, 8, 13, 18, 24, 36, 51, 56]
-    assert all(mt.is_held_out(f"{c}_{n}") for c in mt.CATEGORIES for n in held)
+    assert all(is_held_out(f"{c}_{n}") for c in mt.CATEGORIES for n in held)
     base = make_suite("bfcl:multi_turn_base")
-    assert base.name == "bfcl:multi_turn_base" and [mt.scenario_of(it.id) for it in base.items()] == held
+    assert base.name == "bfcl:multi_turn_base" and [scenario_of(it.id) for it in base.items()] == held
     assert len(make_suite("bfcl:multi_turn_base:train").items()) == 159
     assert len(make_suite("bfcl:multi_turn_long_context").items()) == 200
     assert make_suite("bfcl:multi_turn_long_context:held_out").name == "bfcl:multi_turn_long_context:held_out"
@@ -184,7 +190,6 @@ def test_the_held_out_split_is_by_scenario_and_eval_leaves_training_items_out():
 
 
 def test_completions_through_the_cli(tmp_path):
-    import gdpo_ray.rewards  # noqa: F401 - before the driver: environments.tool_calls <-> rewards is a circle
     from gdpo_ray.eval.report import read_report
     from gdpo_ray.run.cli import main
 

@@ -132,7 +132,7 @@ def test_presets_load_merge_and_build_a_valid_config():
     assert GDPOConfig().training(rewards=[unquoted]).rewards[0]["condition"] == {"on": "correct", "min": 1.0}
     assert config.rewards[2]["condition"] == {"on": "correct", "min": 1.0}
     assert apply_sections(GDPOConfig(), load_preset("smollm2_math")).model_path == "smollm2"
-    for name in ("tool_calling", "math", "code"):  # the paper's presets, as shipped (GPU scale)
+    for name in ("tool_calling", "math", "code", "bfcl_multi_turn"):  # the GPU-scale presets, as shipped
         apply_sections(GDPOConfig(), load_preset(name)).validate()
     # the tool-calling study in miniature: the paper preset's rewards on the warm-started tiny model
     study = apply_sections(GDPOConfig(), load_preset("study_tool_calling"))

@@ -252,7 +252,7 @@ def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refuse
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}{% if loop.last %}*{% endif %}\n"
                          "{{ m['content'] }}<|im_end|>\n{% endfor %}"
                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(ValueError, match="writes the earlier turns differently once tool turns follow them"):
+    with pytest.raises(ValueError, match="writes the earlier turns differently once more turns follow them"):
         ToolTurns(tok).ids([("add", "3")])
     tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}"
                          "{% endif %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")

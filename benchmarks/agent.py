@@ -1,0 +1,173 @@
+"""Multi-turn tool rollouts against single-turn generation of the same length, and the engine's
+idle time while tools run.
+
+- ``multi_over_single`` (aim >= 0.8; 1.0 is the limit, where a tool turn costs what decoding its
+  tokens would): tokens/s of multi-turn rollouts of the ``agent`` preset (``demo-agent`` in its
+  calculator environment, the rollout loop of ``actors.tool_loop`` on the hf engine, G rollouts
+  of P questions, every token of the trajectories counted: sampled and tool turns) over tokens/s
+  of single-turn generation of the same number of rollouts, each as long as the multi-turn
+  trajectories' mean, by the same architecture and tokenizer (the untrained model of the same
+  recipe, which does not stop early), on the same prompts. Each round of the loop prefills the
+  whole conversation again (the hf engine keeps no cache between calls) and waits for its
+  longest turn: that is the gap to 1.0.
+- ``engine_idle_fraction`` (batched): the share of the loop's wall time in which the engine is not
+  generating, with tools that take ``--tool-ms`` each (the calculator's tools, slowed down). On
+  the batch engine a round's tools run after its generation, so the engine waits for them; the
+  streaming engine, which would hide them behind other rollouts' decoding, does not run
+  multi-turn rollouts yet (issue 32).
+
+Alternating repeats in one process, best of each.
+
+    python benchmarks/agent.py [--json] [--prompts 16] [--group-size 8] [--repeats 3] [--tool-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SLOW = "benchmarks.agent:SlowArithmetic"
+
+
+class SlowArithmetic:
+    """The agent preset's calculator whose tools each take ``DELAY_S``."""
+
+    DELAY_S = 0.02
+
+    def __init__(self) -> None:
+        from gdpo_ray.environments.arithmetic import Arithmetic
+
+        self.inner = Arithmetic()
+
+    def reset(self, **row):
+        return self.inner.reset(**row)
+
+    def add(self, a: int, b: int) -> int:
+        """Adds two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        time.sleep(self.DELAY_S)
+        return self.inner.add(a, b)
+
+    def multiply(self, a: int, b: int) -> int:
+        """Multiplies two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        time.sleep(self.DELAY_S)
+        return self.inner.multiply(a, b)
+
+
+class TimedEngine:
+    """An engine whose ``generate`` calls are timed (the rest of the loop's time is idle)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.tokenizer, self.busy_s = engine, engine.tokenizer, 0.0
+
+    def generate(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.engine.generate(*args, **kwargs)
+        finally:
+            self.busy_s += time.perf_counter() - start
+
+
+def rollouts(engine, environment: str, rows: list[dict], g: int, max_tokens: int) -> tuple[float, int, float]:
+    """(wall seconds, trajectory tokens, engine busy seconds) of G multi-turn rollouts per row."""
+    from actors.engines import SamplingParams
+    from actors.tool_loop import ToolEnvironment, with_observation
+
+    timed = TimedEngine(engine)
+    tools = ToolEnvironment(environment, engine.tokenizer, 4, 30.0)
+    try:
+        start = time.perf_counter()
+        started = tools.start([dict(r) for r in rows for _ in range(g)])
+        ids = [_prompt(engine.tokenizer, with_observation(r["prompt"], obs), tools.schemas)
+               for r, (_, obs) in zip([r for r in rows for _ in range(g)], started)]
+        trajectories = [t for t, _ in started]
+        tools.run(timed, ids, trajectories, SamplingParams(temperature=1.0, max_tokens=max_tokens))
+        return time.perf_counter() - start, sum(len(t.tokens) for t in trajectories), timed.busy_s
+    finally:
+        tools.close()
+
+
+def _prompt(tokenizer, messages, schemas) -> list[int]:
+    from gdpo_ray.warm_start_agent import prompt_ids
+
+    return prompt_ids(tokenizer, messages, schemas)
+
+
+def single_turn(engine, prompts: list[list[int]], g: int, length: int) -> tuple[float, int]:
+    from actors.engines import SamplingParams
+
+    start = time.perf_counter()
+    out = engine.generate(prompts, g, SamplingParams(temperature=1.0, max_tokens=length))
+    return time.perf_counter() - start, sum(len(s.token_ids) for group in out for s in group)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=96, help="the agent preset's trajectory budget")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tool-ms", type=float, default=20.0)
+    args = parser.parse_args()
+
+    import torch
+
+    from actors.engines import make_engine
+    from gdpo_ray.environments.spec import load_environment
+    from gdpo_ray.tasks import tool_arithmetic
+    from gdpo_ray.warm_start_agent import ENVIRONMENT, RECIPE, agent_model_dir, build_untrained
+
+    torch.set_num_threads(1)
+    SlowArithmetic.DELAY_S = args.tool_ms / 1000
+    rows = tool_arithmetic(args.prompts, seed=7)
+    trained = make_engine("hf", str(agent_model_dir()), mode="batched", seed=0)
+    untrained_dir = Path(tempfile.mkdtemp(prefix="agent-bench-"))
+    build_untrained(untrained_dir, RECIPE)
+    untrained = make_engine("hf", str(untrained_dir), mode="batched", seed=0)
+    schemas = list(load_environment(ENVIRONMENT).schemas)
+    prompts = [_prompt(untrained.tokenizer, r["prompt"], schemas) for r in rows]
+    rollouts(trained, ENVIRONMENT, rows[:2], 2, args.max_tokens)  # warm up both
+    single_turn(untrained, prompts[:2], 2, 8)
+    multi, single, idle, lengths = [], [], [], []
+    for _ in range(args.repeats):
+        wall, tokens, _ = rollouts(trained, ENVIRONMENT, rows, args.group_size, args.max_tokens)
+        multi.append(tokens / wall)
+        length = max(1, round(tokens / (len(rows) * args.group_size)))
+        lengths.append(length)
+        wall_1, tokens_1 = single_turn(untrained, prompts, args.group_size, length)
+        single.append(tokens_1 / wall_1)
+        wall_s, _, busy = rollouts(trained, SLOW, rows, args.group_size, args.max_tokens)
+        idle.append(1 - busy / wall_s)
+    out = {"multi_turn_tokens_per_s": max(multi), "single_turn_tokens_per_s": max(single),
+           "multi_over_single": max(multi) / max(single), "mean_trajectory_tokens": float(sum(lengths) / len(lengths)),
+           "engine_idle_fraction_batched": min(idle), "tool_ms": args.tool_ms,
+           "engine_idle_fraction_streaming": None}
+    if args.json:
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
+        return
+    print(f"agent preset, {args.prompts} questions x {args.group_size} rollouts, hf engine, best of {args.repeats}")
+    print(f"multi-turn  {out['multi_turn_tokens_per_s']:8.0f} tokens/s (trajectories of {out['mean_trajectory_tokens']:.0f} tokens)")
+    print(f"single-turn {out['single_turn_tokens_per_s']:8.0f} tokens/s (the same length)")
+    print(f"multi_over_single {out['multi_over_single']:.3f} (aim >= 0.8; limit 1.0)")
+    print(f"engine idle with {args.tool_ms:g} ms tools (batched): {out['engine_idle_fraction_batched']:.3f}; "
+          "streaming: multi-turn not implemented yet")
+
+
+if __name__ == "__main__":
+    main()
