@@ -16,9 +16,11 @@ idle time while tools run.
   streaming engine, which would hide them behind other rollouts' decoding, does not run
   multi-turn rollouts yet (issue 32).
 
-Alternating repeats in one process, best of each.
+Alternating repeats in one process, best of each. ``--engine vllm`` (in the vllm install set,
+``.venv-vllm/bin/python benchmarks/agent.py --engine vllm``): vLLM's batched engine, whose
+prefix cache serves a round's conversations without prefilling them again.
 
-    python benchmarks/agent.py [--json] [--prompts 16] [--group-size 8] [--repeats 3] [--tool-ms 20]
+    python benchmarks/agent.py [--json] [--engine hf|vllm] [--prompts 16] [--group-size 8] [--repeats 3] [--tool-ms 20]
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def single_turn(engine, prompts: list[list[int]], g: int, length: int) -> tuple[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=96, help="the agent preset's trajectory budget")
@@ -136,10 +139,12 @@ def main() -> None:
     torch.set_num_threads(1)
     SlowArithmetic.DELAY_S = args.tool_ms / 1000
     rows = tool_arithmetic(args.prompts, seed=7)
-    trained = make_engine("hf", str(agent_model_dir()), mode="batched", seed=0)
+    kwargs = ({"dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "enable_prefix_caching": True}
+              if args.engine == "vllm" else {})
+    trained = make_engine(args.engine, str(agent_model_dir()), mode="batched", seed=0, **kwargs)
     untrained_dir = Path(tempfile.mkdtemp(prefix="agent-bench-"))
     build_untrained(untrained_dir, RECIPE)
-    untrained = make_engine("hf", str(untrained_dir), mode="batched", seed=0)
+    untrained = make_engine(args.engine, str(untrained_dir), mode="batched", seed=0, **kwargs)
     schemas = list(load_environment(ENVIRONMENT).schemas)
     prompts = [_prompt(untrained.tokenizer, r["prompt"], schemas) for r in rows]
     rollouts(trained, ENVIRONMENT, rows[:2], 2, args.max_tokens)  # warm up both
@@ -157,11 +162,12 @@ def main() -> None:
     out = {"multi_turn_tokens_per_s": max(multi), "single_turn_tokens_per_s": max(single),
            "multi_over_single": max(multi) / max(single), "mean_trajectory_tokens": float(sum(lengths) / len(lengths)),
            "engine_idle_fraction_batched": min(idle), "tool_ms": args.tool_ms,
-           "engine_idle_fraction_streaming": None}
+           "engine_idle_fraction_streaming": None, "engine": args.engine}
     if args.json:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
         return
-    print(f"agent preset, {args.prompts} questions x {args.group_size} rollouts, hf engine, best of {args.repeats}")
+    print(f"agent preset, {args.prompts} questions x {args.group_size} rollouts, {args.engine} engine, "
+          f"best of {args.repeats}")
     print(f"multi-turn  {out['multi_turn_tokens_per_s']:8.0f} tokens/s (trajectories of {out['mean_trajectory_tokens']:.0f} tokens)")
     print(f"single-turn {out['single_turn_tokens_per_s']:8.0f} tokens/s (the same length)")
     print(f"multi_over_single {out['multi_over_single']:.3f} (aim >= 0.8; limit 1.0)")
