@@ -44,8 +44,8 @@ import numpy as np
 
 from gdpo_ray.config import default
 from gdpo_ray.environments.session import Hung, run_with_timeout
-from gdpo_ray.rewards import (RewardInfraError, RewardSpec, TrainerState, apply_conditions,
-                              call_reward, check_specs, takes_environments, to_floats)
+from gdpo_ray.rewards import (NOT_APPLICABLE, RewardInfraError, RewardSpec, TrainerState, apply_conditions,
+                              call_reward, check_specs, failure_kind, takes_environments, to_floats)
 from gdpo_ray.rewards.adapters import ENVIRONMENTS
 
 logger = logging.getLogger(__name__)
@@ -456,10 +456,14 @@ class _Scoring:
 
     def take(self, k: int, values: Sequence[float], kinds: Sequence[str], errors: Sequence[str]) -> None:
         """Column ``k`` as given (an environment's): per row its value, and where it failed the
-        failure's kind ("error" or "timeout") and text (the value is then NaN)."""
+        failure's kind ("error" or "timeout") and text, or where it does not apply to the row
+        ``NOT_APPLICABLE`` (another environment's column: no failure); the value is then NaN."""
         self.values[:, k] = values
         for row, (kind, error) in enumerate(zip(kinds, errors)):
-            if kind:
+            if kind == NOT_APPLICABLE:
+                self.values[row, k] = np.nan
+                self.errors[row][k] = f"{NOT_APPLICABLE}: {error}"
+            elif kind:
                 self.values[row, k] = np.nan
                 self.fail(row, k, kind, error)
 
@@ -471,6 +475,9 @@ class _Scoring:
                 continue
             gate = names.index(spec.condition.on)
             for i in np.flatnonzero(np.isnan(stored[:, k]) & ~np.isnan(self.values[:, k])):
+                if failure_kind(self.errors[i][gate]) == NOT_APPLICABLE:  # nor does the reward it gates
+                    self.errors[i][k] = f"{NOT_APPLICABLE}: on {spec.condition.on!r}, which does not apply"
+                    continue
                 self.errors[i][k] = f"condition: on {spec.condition.on!r}, " + (
                     self.errors[i][gate] or "which could not be computed")
         metrics: dict[str, float] = {}
@@ -478,7 +485,7 @@ class _Scoring:
         for k, name in enumerate(names):
             col = stored[:, k]
             valid = col[~np.isnan(col)]
-            failed = sum(1 for row in self.errors if row[k])
+            failed = sum(1 for row in self.errors if row[k] and failure_kind(row[k]) != NOT_APPLICABLE)
             metrics[f"rewards/{name}/mean"] = float(valid.mean()) if len(valid) else math.nan
             metrics[f"rewards/{name}/std"] = float(valid.std(ddof=1)) if len(valid) > 1 else math.nan
             metrics[f"rewards/{name}/failure_rate"] = failed / n if n else 0.0

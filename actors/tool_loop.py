@@ -24,7 +24,8 @@ from typing import Any, Mapping, Sequence
 from actors.engines import SamplingParams
 from gdpo_ray.batch import Turns
 from gdpo_ray.environments.session import ToolAnswer, ToolSession
-from gdpo_ray.environments.spec import load_environment
+from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
+from gdpo_ray.rewards import NOT_APPLICABLE
 from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
 from gdpo_ray.environments.tool_turns import ToolTurns
 
@@ -45,6 +46,7 @@ class Trajectory:
     tool_timeouts: int = 0
     failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
     schemas: list[dict] | None = None  # this rollout's tools, where they depend on its row
+    environment: str | None = None  # its class's name in TRL's dict form (None: the one class)
 
     @property
     def token_ids(self) -> list[int]:  # as an engine's Sample names them
@@ -132,26 +134,28 @@ ENV_THREADS = 16
 
 
 class ToolEnvironment:
-    """A rollout actor's environment class (``data.tool_environment``) and what its multi-turn
-    rollouts need: the tool turns' template, the turn limit, the tools' time limit, a thread pool.
+    """A rollout actor's environment classes (``data.tool_environment``: one, or TRL's dict form,
+    each row naming its class in its ``environment`` column) and what its multi-turn rollouts
+    need: the tool turns' template, the turn limit, the tools' time limit, a thread pool.
     Instances are made once and reset often, as TRL pools them: a rollout's instance is reused by
-    a later rollout once its rewards are read (``release``), unless it hung or failed to reset."""
+    a later rollout of its class once its rewards are read (``release``), unless it hung or
+    failed to reset."""
 
-    def __init__(self, path: str, tokenizer: Any, max_turns: int, timeout_s: float) -> None:
-        self.spec = load_environment(path)
+    def __init__(self, setting: str | Mapping[str, str], tokenizer: Any, max_turns: int, timeout_s: float) -> None:
+        self.specs = {name: load_environment(path) for name, path in environment_paths(setting).items()}
         self.tool_turns, self.max_turns, self.timeout_s = ToolTurns(tokenizer), max_turns, timeout_s
         self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
-        self._idle: list[Any] = []  # instances whose rollouts are over
+        self._idle: dict[str | None, list[Any]] = {name: [] for name in self.specs}  # rollouts over
         self._lock = threading.Lock()
 
     @property
     def schemas(self) -> list[dict]:
         """The tools every rollout has (none where they depend on the row: ``schemas_of``)."""
-        return list(self.spec.schemas)
+        return list(self.specs[None].schemas) if None in self.specs else []
 
     def schemas_of(self, t: Trajectory) -> list[dict]:
         """The tools of ``t``'s rollout, for its prompt."""
-        return list(self.spec.schemas) if t.schemas is None else t.schemas
+        return self.schemas if t.schemas is None else t.schemas
 
     def start(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Trajectory, str | None]]:
         """A fresh instance per row, reset with it: (trajectory, the text ``reset`` returned). An
@@ -160,35 +164,56 @@ class ToolEnvironment:
         return list(self.pool.map(self._start, rows))
 
     def _start(self, row: Mapping[str, Any]) -> tuple[Trajectory, str | None]:
+        row, name = dict(row), None
+        if None not in self.specs:  # TRL's dict form: the row names its class (not passed to reset)
+            name = row.pop(ROW_COLUMN, None)
+            if name not in self.specs:
+                return Trajectory(None, failed=("error", f"the row's {ROW_COLUMN!r} is {name!r}, not one of "
+                                                         f"data.tool_environment's {sorted(self.specs)}")), None
+        spec = self.specs[name]
         try:
             with self._lock:
-                instance = self._idle.pop() if self._idle else None
-            session = ToolSession(instance if instance is not None else self.spec.new(), self.spec.tools,
-                                  self.timeout_s, self.spec.dynamic)
-            observation = session.reset(dict(row))
-            return Trajectory(session, schemas=session.schemas() if self.spec.dynamic else None), observation
+                instance = self._idle[name].pop() if self._idle[name] else None
+            session = ToolSession(instance if instance is not None else spec.new(), spec.tools,
+                                  self.timeout_s, spec.dynamic)
+            observation = session.reset(row)
+            schemas = session.schemas() if spec.dynamic else None if name is None else list(spec.schemas)
+            return Trajectory(session, schemas=schemas, environment=name), observation
         except TimeoutError as err:
-            return Trajectory(None, failed=("timeout", f"reset: {err}")), None
+            return Trajectory(None, failed=("timeout", f"reset: {err}"), environment=name), None
         except Exception as err:  # noqa: BLE001 - the rollout goes on; its environment rewards are NaN
-            return Trajectory(None, failed=("error", f"the environment failed to start: {type(err).__name__}: {err}"[:500])), None
+            return Trajectory(None, failed=("error", f"the environment failed to start: {type(err).__name__}: {err}"[:500]),
+                              environment=name), None
 
     def run(self, engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
             sampling: SamplingParams) -> None:
         run_tool_rollouts(engine, prompt_ids, trajectories, sampling, self.max_turns, self.tool_turns, self.pool)
 
     def rewards(self, trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, tuple]:
-        """The environment's columns ``names`` over the rollouts, as ``RewardPool.score`` takes them."""
+        """The environments' columns ``names`` over the rollouts, as ``RewardPool.score`` takes them
+        (in the dict form, a column that a rollout's class does not give does not apply to it)."""
         if not names:
             return {}
-        per_rollout = list(self.pool.map(lambda t: _rewards(t, names, self.spec.reward_getter), trajectories))
+        per_rollout = list(self.pool.map(lambda t: self._rewards(t, names), trajectories))
         return {name: tuple(list(col) for col in zip(*(r[k] for r in per_rollout))) for k, name in enumerate(names)}
+
+    def _rewards(self, t: Trajectory, names: Sequence[str]) -> list[tuple[float, str, str]]:
+        if t.failed is not None:
+            return [(float("nan"), *t.failed)] * len(names)
+        spec = self.specs[t.environment]
+        if t.environment is None:
+            return t.session.rewards(names, spec.reward_getter)
+        if spec.reward_getter is None:
+            return [(float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which has no reward")] * len(names)
+        return t.session.rewards(names, spec.reward_getter, partial=t.environment, column=spec.cls.__name__)
 
     def release(self, trajectories: Sequence[Trajectory]) -> None:
         """The instances of finished rollouts, for later rollouts (not one that hung: its state is
         unknown, and a thread may still be running in it)."""
         with self._lock:
-            self._idle += [t.session.instance for t in trajectories
-                           if t.session is not None and t.session.hung is None]
+            for t in trajectories:
+                if t.session is not None and t.session.hung is None:
+                    self._idle[t.environment].append(t.session.instance)
 
     @staticmethod
     def turns(trajectories: Sequence[Trajectory], prompt_ids: Sequence[list[int]]) -> Turns:
@@ -198,12 +223,6 @@ class ToolEnvironment:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _rewards(t: Trajectory, names: Sequence[str], getter: str | None) -> list[tuple[float, str, str]]:
-    if t.failed is not None:
-        return [(float("nan"), *t.failed)] * len(names)
-    return t.session.rewards(names, getter)
 
 
 def with_observation(prompt: str | list, observation: str | None) -> str | list:

@@ -105,7 +105,7 @@ FIELDS: dict[str, Field] = {
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
-    "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout; also `data.environment` in a preset or override)", "str?", fixed_on_resume=True),
+    "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout), or TRL's dict form {name: 'module:Class'} with the row's `environment` column naming its class; also `data.environment` in a preset or override", "any", fixed_on_resume=True),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 

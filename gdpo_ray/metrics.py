@@ -28,16 +28,39 @@ import numpy as np
 from gdpo_ray.advantages import RESIDUE_ULPS, AdvantageDetails
 
 
-def reward_metrics(rewards: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+def not_applicable(errors: Sequence[Sequence[str]] | None, shape: tuple[int, int]) -> np.ndarray:
+    """[N, K] bool: the (row, reward)s that do not apply to their row (``reward_errors`` texts
+    of kind ``NOT_APPLICABLE``: another environment's column), NaN but no failure."""
+    from gdpo_ray.rewards import NOT_APPLICABLE, failure_kind
+
+    if errors is None:
+        return np.zeros(shape, bool)
+    return np.array([[failure_kind(e) == NOT_APPLICABLE for e in row] for row in errors], bool).reshape(shape)
+
+
+def failed(rewards: np.ndarray, errors: Sequence[Sequence[str]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """([N, K] bool: the (row, reward)s that failed, NaN where they apply; [K]: how many rows each
+    reward applies to)."""
+    missing = not_applicable(errors, rewards.shape)
+    return np.isnan(rewards) & ~missing, (~missing).sum(axis=0)
+
+
+def reward_metrics(rewards: np.ndarray, names: Sequence[str],
+                   errors: Sequence[Sequence[str]] | None = None) -> dict[str, float]:
     """rewards: [N, K] (NaN = not computed) -> mean and unbiased std (ddof = 1, as the pool's and
-    the advantages') over the computed values, failure rate."""
+    the advantages') over the computed values, failure rate over the rows a reward applies to
+    (``errors``: the ``reward_errors`` texts, which mark those it does not), and with errors the
+    number of rows it does not apply to (``not_applicable``)."""
     out = {}
+    bad, applicable = failed(rewards, errors)
     for k, name in enumerate(names):
         column = rewards[:, k]
         valid = column[~np.isnan(column)]
         out[f"rewards/{name}/mean"] = float(valid.mean()) if valid.size else float("nan")
         out[f"rewards/{name}/std"] = float(valid.std(ddof=1)) if valid.size > 1 else float("nan")
-        out[f"rewards/{name}/failure_rate"] = float(1 - valid.size / max(1, column.size))
+        out[f"rewards/{name}/failure_rate"] = float(bad[:, k].sum() / applicable[k]) if applicable[k] else 0.0
+        if errors is not None:
+            out[f"rewards/{name}/not_applicable"] = float(column.size - applicable[k])
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from gdpo_ray.advantages import AdvantageDetails
-from gdpo_ray.metrics import cancelling_pairs
+from gdpo_ray.metrics import cancelling_pairs, failed as step_failures
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +38,14 @@ class RewardWatch:
         self.warned_cancelling: set[tuple[str, str]] = set()
 
     def check_failures(self, step: int, rewards: np.ndarray, errors: Sequence[Sequence[str]]) -> None:
-        """rewards: [N, K] (NaN = not computed); errors: [N][K] error texts ("" = computed)."""
+        """rewards: [N, K] (NaN = not computed); errors: [N][K] error texts ("" = computed). The
+        rate is over the rows a reward applies to (not another environment's rows)."""
+        from gdpo_ray.rewards import NOT_APPLICABLE, failure_kind
+
+        bad, applicable = step_failures(rewards, errors)
         for k, name in enumerate(self.names):
-            failed = [row[k] for row in errors if row[k]]
-            rate = float(np.isnan(rewards[:, k]).mean()) if len(rewards) else 0.0
+            failed = [row[k] for row in errors if row[k] and failure_kind(row[k]) != NOT_APPLICABLE]
+            rate = float(bad[:, k].sum() / applicable[k]) if applicable[k] else 0.0
             if failed:
                 if name not in self.first_errors:
                     self.first_errors[name] = failed[0]

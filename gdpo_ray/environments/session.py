@@ -32,6 +32,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from gdpo_ray.environments.tool_calls import ToolCall, ToolCallError
+from gdpo_ray.rewards import NOT_APPLICABLE
 
 #: characters of an exception's text sent back to the model
 ERROR_CHARS = 500
@@ -147,11 +148,13 @@ class ToolSession:
             return ToolAnswer(f"Error: {_error_text(err)}", "error")
         return ToolAnswer("" if value is None else str(value))
 
-    def rewards(self, names: Sequence[str], getter: str) -> list[tuple[float, str, str]]:
+    def rewards(self, names: Sequence[str], getter: str, partial: str | None = None,
+                column: str | None = None) -> list[tuple[float, str, str]]:
         """The environment's reward columns ``names`` from ``instance.<getter>()`` (``get_rewards``:
-        a dict with every name; ``get_reward``: one number for the one name): per column (value,
-        failure kind, error text), the kind "" where computed, else "error" or "timeout" (the
-        value is then NaN)."""
+        a dict with every name; ``get_reward``: one number for the one name, or for ``column``):
+        per column (value, failure kind, error text), the kind "" where computed, else "error"
+        or "timeout" (the value is then NaN). ``partial`` (TRL's dict form: the name of this
+        rollout's class): a column it does not give is ``NOT_APPLICABLE``, not an error."""
         if self.hung is not None:
             return _failed(names, "error", f"the environment stopped responding (its {self.hung} call did not return)")
         try:
@@ -162,14 +165,16 @@ class ToolSession:
         except Exception as err:  # noqa: BLE001 - recorded as the reward's error
             return _failed(names, "error", f"{getter} raised {_error_text(err)}")
         if getter == "get_reward":
-            value = {names[0]: value}
+            value = {column or names[0]: value}
         if not isinstance(value, dict):
             return _failed(names, "error", f"get_rewards returned {type(value).__name__}, not a dict of "
                                            f"the reward names {list(names)} to numbers")
         out = []
         for name in names:
             v = value.get(name)
-            if isinstance(v, (int, float)) and math.isfinite(v):  # a bool is 0 or 1
+            if partial is not None and name not in value:
+                out.append((math.nan, NOT_APPLICABLE, f"a rollout of {partial!r}, which gives no {name!r}"))
+            elif isinstance(v, (int, float)) and math.isfinite(v):  # a bool is 0 or 1
                 out.append((float(v), "", ""))
             else:
                 out.append((math.nan, "error", f"{getter} gave {name!r} = {v!r}, not a finite number"

@@ -58,6 +58,22 @@ def tool_names(cls: type) -> list[str]:
     return list(names)
 
 
+#: the row column that names a row's environment in TRL's dict form
+ROW_COLUMN = "environment"
+
+
+def environment_paths(setting: Any) -> dict[str | None, str]:
+    """``data.tool_environment`` as {name: 'module:Class'}: one class is ``{None: path}``; TRL's
+    dict form ``{name: path}`` (the row's ``environment`` column names its class)."""
+    if isinstance(setting, str):
+        return {None: setting}
+    if isinstance(setting, dict) and setting and all(isinstance(k, str) and k for k in setting):
+        return dict(setting)
+    raise ValueError(f"data.tool_environment must be 'module:Class', or a mapping of names to "
+                     f"'module:Class' (TRL's dict form, each row naming its class in a "
+                     f"'{ROW_COLUMN}' column); got {setting!r}")
+
+
 def load_environment(path: str) -> EnvironmentSpec:
     """``module:Class`` imported and checked (see the module docstring)."""
     from gdpo_ray.rewards.adapters import import_object

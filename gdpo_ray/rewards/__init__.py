@@ -23,19 +23,23 @@ from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check
 
 #: the classes of a failed (row, reward), the prefix of its ``reward_errors`` text
 FAILURE_KINDS = ("error", "timeout", "infra", "condition")
+#: the prefix of a (row, reward) that does not apply to the row, NaN but not a failure: a column
+#: of another environment than the row's (``data.tool_environment`` as a mapping, TRL's dict form)
+NOT_APPLICABLE = "n/a"
 
 
 def failure_kind(error: str) -> str:
     """The class of a ``reward_errors`` text ("" where the reward was computed): error (the
     reward raised), timeout, infra (the scoring infrastructure failed, after retries) or
-    condition (the gate of a conditioned reward could not be computed)."""
+    condition (the gate of a conditioned reward could not be computed); ``NOT_APPLICABLE`` ("n/a")
+    where the reward does not apply to the row, which is no failure."""
     if not error:
         return ""
     kind = error.split(":", 1)[0]
-    return kind if kind in FAILURE_KINDS else "error"
+    return kind if kind in FAILURE_KINDS or kind == NOT_APPLICABLE else "error"
 
 
-__all__ = ["CALL_KEYWORDS", "FAILURE_KINDS", "REWARDS", "ROLLOUT_COLUMNS", "Condition", "RewardFn",
+__all__ = ["CALL_KEYWORDS", "FAILURE_KINDS", "NOT_APPLICABLE", "REWARDS", "ROLLOUT_COLUMNS", "Condition", "RewardFn",
            "RewardInfraError", "RewardSpec", "TrainerState", "apply_conditions", "call_reward",
            "check_specs", "completion_text", "failure_kind", "from_verl", "get",
            "required_columns", "takes_environments", "to_floats"]

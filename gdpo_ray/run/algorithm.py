@@ -308,7 +308,7 @@ class GDPO(Algorithm):
         with _timed(timers, "metrics"):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
-            values = self._step_metrics(step, groups, rewards, details, dropped)
+            values = self._step_metrics(step, groups, rewards, errors, details, dropped)
             values |= step_metrics.failure_metrics(errors, self.reward_names)
             values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
@@ -371,12 +371,12 @@ class GDPO(Algorithm):
         self.policy_version = version
         self._pushed = {"weights/push_bytes": float(pushed.sent.bytes), "weights/push_s": time.perf_counter() - start}
 
-    def _step_metrics(self, step, groups, rewards, details, dropped) -> dict:
+    def _step_metrics(self, step, groups, rewards, errors, details, dropped) -> dict:
         lengths, reasons, turns = response_lengths(groups), finish_reasons(groups), turn_counts(groups)
         values = {"step": float(self.policy_version), "groups": float(len(groups)),
                   "filtered_groups": float(len(dropped)),
                   "tokens": float(lengths.sum()), "prompt_epoch": float(self.prompts.epoch)}
-        values |= step_metrics.reward_metrics(rewards, self.reward_names)
+        values |= step_metrics.reward_metrics(rewards, self.reward_names, errors)
         if self.config.dynamic_sampling:  # what the policy sampled, the dropped groups too
             values |= step_metrics.sampled_reward_metrics(rewards, rewards_matrix(dropped)[0], self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)

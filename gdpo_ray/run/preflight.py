@@ -88,6 +88,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
                           prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
     check_column_types(source.rows, source.columns, source.dataset.where)
+    check_environment_rows(c, source)
     specs = [RewardSpec.from_dict(r) for r in c.rewards]
     fns = check_specs(specs)
     available = [*source.columns, *ROLLOUT_COLUMNS]
@@ -148,6 +149,24 @@ def check_lora(c: Any) -> None:
     settings = lora_settings(c.lora)
     if settings is not None:
         check_target_modules(settings, resolve_model_path(c.model_path))
+
+
+def check_environment_rows(c: Any, source: Any) -> None:
+    """In TRL's dict form of ``data.tool_environment``, every row names one of its classes in its
+    ``environment`` column (the first that does not is named)."""
+    from gdpo_ray.environments.spec import ROW_COLUMN
+
+    if not isinstance(c.tool_environment, dict):
+        return
+    names = sorted(c.tool_environment)
+    if ROW_COLUMN not in source.columns:
+        raise ValueError(f"data.tool_environment is a mapping ({', '.join(names)}): each row names its "
+                         f"class in an {ROW_COLUMN!r} column, which {source.dataset.source} does not have "
+                         f"(its columns: {source.columns})")
+    bad = next((i for i, r in enumerate(source.rows) if r.get(ROW_COLUMN) not in c.tool_environment), None)
+    if bad is not None:
+        raise ValueError(f"{source.dataset.where(bad)}: {ROW_COLUMN} is {source.rows[bad].get(ROW_COLUMN)!r}, "
+                         f"not one of data.tool_environment's {names}")
 
 
 def check_tool_template(c: Any) -> None:

@@ -73,7 +73,7 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
     """data.tool_environment loads (``gdpo_ray.environments.spec``), the rewards declared as its
     columns (``fn: environment``) are columns it gives, and rewards that read its instances
     (TRL's ``environments`` parameter) have one."""
-    from gdpo_ray.environments.spec import load_environment
+    from gdpo_ray.environments.spec import environment_paths, load_environment
     from gdpo_ray.rewards import takes_environments
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
@@ -90,16 +90,23 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
     if not c.chat_template:
         raise ValueError("data.tool_environment needs llm.chat_template=true: the tools are given to the "
                          "model, and their answers appended, through the tokenizer's chat template")
-    env = load_environment(c.tool_environment)
-    name = env.cls.__name__
-    if env.reward_getter == "get_reward" and columns != [name]:
-        raise ValueError(f"environment {c.tool_environment!r} scores a rollout with get_reward(): declare its "
-                         f"one column as TRL names it, {{name: {name}, fn: {ENVIRONMENT}}} in training.rewards "
-                         f"(declared as the environment's: {columns or 'none'})")
-    if env.reward_getter is None and columns:
+    envs = {name: load_environment(path) for name, path in environment_paths(c.tool_environment).items()}
+    for env in envs.values():
+        name = env.cls.__name__
+        if env.reward_getter == "get_reward" and (columns != [name] if len(envs) == 1 else name not in columns):
+            raise ValueError(f"environment {env.path!r} scores a rollout with get_reward(): declare its "
+                             f"one column as TRL names it, {{name: {name}, fn: {ENVIRONMENT}}} in training.rewards "
+                             f"(declared as the environment's: {columns or 'none'})")
+    if columns and all(env.reward_getter is None for env in envs.values()):
         raise ValueError(f"rewards {columns} are the environment's (fn: {ENVIRONMENT}), and "
-                         f"{c.tool_environment!r} has neither get_rewards() nor get_reward(): add "
-                         "get_rewards() returning {name: value} for them")
+                         f"{', '.join(e.path for e in envs.values())} has neither get_rewards() nor "
+                         "get_reward(): add get_rewards() returning {name: value} for them")
+    if not any(env.reward_getter == "get_rewards" for env in envs.values()):  # only get_reward columns
+        named = {env.cls.__name__ for env in envs.values()}
+        if set(columns) - named:
+            raise ValueError(f"rewards {sorted(set(columns) - named)} are declared as the environments' "
+                             f"(fn: {ENVIRONMENT}), and none of them gives such a column (their get_reward() "
+                             f"columns: {sorted(named)}); add get_rewards() or give them a function")
 
 
 def _check_eval(c: Any) -> None:
@@ -118,7 +125,7 @@ def _check_eval(c: Any) -> None:
         if suite.environment != c.tool_environment:  # in-training eval runs on the run's rollout actors
             raise ValueError(f"training.eval_suite {c.eval_suite} is generated "
                              + (f"with the tools of {suite.environment}" if suite.environment else "in one turn")
-                             + f", and this run's rollouts {'use ' + c.tool_environment if c.tool_environment else 'have no tools'}"
+                             + f", and this run's rollouts {f'use {c.tool_environment}' if c.tool_environment else 'have no tools'}"
                              f": evaluate it after training (gdpo-ray eval RUN_DIR --suite {c.eval_suite}), or "
                              + (f"set data.tool_environment={suite.environment}" if suite.environment
                                 else "pick a suite of this environment's task"))

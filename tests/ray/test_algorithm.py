@@ -342,3 +342,25 @@ def test_a_run_with_a_tool_environment_trains_on_multi_turn_records(ray_cluster)
         assert r["rollout/tool_errors"] == 0.0 and r["rollout/tool_timeouts"] == 0.0
         assert r["rewards/memory_used/mean"] == 0.0 and r["rewards/memory_used/failure_rate"] == 0.0
         assert np.isfinite(r["learner/loss"])
+
+
+def test_a_run_in_trls_dict_form_scores_each_row_with_its_own_class(ray_cluster):
+    """data.tool_environment={name: Class} with a per-row environment column: each rollout is
+    scored by its own class's columns; the other class's columns do not apply to it (counted as
+    not applicable, not as failures), and the run trains."""
+    from gdpo_ray.tasks import task_rows
+
+    rows = [{**r, "environment": ("calc", "count")[i % 2]} for i, r in enumerate(task_rows("task:addition", 32))]
+    envs = {"calc": "tests.unit.trl_style_environments:Calculator", "count": "tests.unit.trl_style_environments:Counter"}
+    config = demo_config("generation.max_turns=3").data(prompts=rows, tool_environment=envs)
+    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}, {"name": "Counter", "fn": "environment"}]
+    algo = config.training(rewards=rewards).build_algo()
+    try:
+        r = algo.train()
+    finally:
+        algo.stop()
+    assert r["rewards/memory_used/failure_rate"] == 0.0 and r["rewards/Counter/failure_rate"] == 0.0
+    assert r["rewards/memory_used/errors"] == 0.0 and r["rewards/Counter/errors"] == 0.0
+    assert r["rewards/memory_used/not_applicable"] + r["rewards/Counter/not_applicable"] == 16  # 4 groups of 4
+    assert r["rewards/memory_used/mean"] == 0.0 and r["rewards/Counter/mean"] == 0.0
+    assert np.isfinite(r["learner/loss"])

@@ -300,7 +300,7 @@ def test_an_instance_that_hung_is_not_reused(tokenizer):
         (hung, _), (fine, _) = env.start([{}, {}])
         assert hung.session.call(ToolCall("nap", {"seconds": 60})).kind == "timeout"
         env.release([hung, fine])
-        assert env._idle == [fine.session.instance]
+        assert env._idle == {None: [fine.session.instance]}
     finally:
         Sleepy.RELEASE.set()
         env.close()

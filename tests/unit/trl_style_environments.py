@@ -139,3 +139,18 @@ class Counted(Calculator):
 
     def __init__(self):
         Counted.made += 1
+
+
+class NoReward:
+    """Tools and no reward: its rollouts are scored by reward functions only."""
+
+    def reset(self, **row):
+        pass
+
+    def echo(self, text: str) -> str:
+        """Echoes a text.
+
+        Args:
+            text: The text.
+        """
+        return text
