@@ -1,7 +1,8 @@
-"""The paper's three presets (tool calling, math, code), shrunk to one CPU step each: the tiny
-model instead of the GPU one, hf instead of vLLM, one actor and one learner. What stays as
-shipped: the synthetic task, the rewards (ToolRL's two, math's two, code's three with the
-conditioned length) and the loss settings."""
+"""The GPU-scale presets (the paper's tool calling, math, code; BFCL multi-turn), shrunk to one
+CPU step each: the tiny model instead of the GPU one, hf instead of vLLM, one actor and one
+learner. What stays as shipped: the task, the rewards (ToolRL's two, math's two, code's three
+with the conditioned length, BFCL's format, state and response over multi-turn conversations on
+its APIs) and the loss settings. And the CPU agent preset, whole: it learns."""
 
 import math
 
@@ -38,6 +39,7 @@ def verl_parquet(path, task):
     ("tool_calling", {"format": (0, 1), "correctness": (-3, 3)}, None),
     ("math", {"correct": (0, 1), "length": (0, 1)}, "arithmetic"),  # the data as verl has it
     ("code", {"passrate": (0, 1), "length": (0, 1), "bug": (0, 1)}, None),
+    ("bfcl_multi_turn", {"format": (0, 1), "state": (0, 1), "response": (0, 1)}, None),
 ])
 def test_paper_preset_trains_a_step_on_cpu(ray_cluster, tmp_path, preset, rewards, verl_task):
     from gdpo_ray import GDPOConfig
@@ -58,3 +60,21 @@ def test_paper_preset_trains_a_step_on_cpu(ray_cluster, tmp_path, preset, reward
         assert result[f"rewards/{name}/failure_rate"] == 0, name  # every reward was computed
     assert not any(k.startswith("rewards/") and k.split("/")[1] not in rewards
                    for k in result if k.endswith("/mean"))
+
+
+def test_the_agent_preset_learns_to_call_its_tools(ray_cluster):
+    """``gdpo-ray train agent`` as shipped (30 steps): each of its three rewards rises."""
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    algo = apply_sections(GDPOConfig(), load_preset("agent")).build_algo()
+    try:
+        results = [algo.train() for _ in range(30)]
+    finally:
+        algo.stop()
+    for name in ("format", "tool_success", "answer"):
+        first = sum(r[f"rewards/{name}/mean"] for r in results[:3]) / 3
+        last = sum(r[f"rewards/{name}/mean"] for r in results[-3:]) / 3
+        assert last > first + 0.2 and last > 0.7, (name, first, last)
+        assert all(r[f"rewards/{name}/failure_rate"] == 0 for r in results), name
+    assert results[-1]["rollout/tool_calls/mean"] > results[0]["rollout/tool_calls/mean"]
