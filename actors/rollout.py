@@ -179,6 +179,10 @@ class RolloutActor:
         self.tools.run(self.engine, [self.tokenize(with_observation(prompts[i], observation), self.tools.schemas_of(t))
                                      for i, (t, observation) in zip(chosen, started)], trajectories, sampling)
         self.tools.release(trajectories)
+        return self._turn_results(n, ids, fits, trajectories)
+
+    def _turn_results(self, n: int, ids: list, fits: list[int], trajectories: Sequence[Any]) -> list:
+        """``complete``'s results of multi-turn rollouts (n per prompt of ``fits``, in order)."""
         out = self._eval_results(n, ids, [], [])
         for k, i in enumerate(fits):
             out[i] = [(completion_text(t.messages), len(t.tokens), t.finish_reason, t.messages)
@@ -291,8 +295,7 @@ class RolloutActor:
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
-            versions = [s.versions if isinstance(s, VersionedSample) else [version] * len(s.token_ids)
-                        for s in group]
+            versions = [s.versions if _has_versions(s) else [version] * len(s.token_ids) for s in group]
             turns = None if self.tools is None else self.tools.turns(group, ids[rows])
             groups.append(GroupData(
                 prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i * g] if turns else ids[i],
@@ -317,3 +320,8 @@ class RolloutActor:
             self.tools.close()
         self.engine.shutdown()
 
+
+def _has_versions(sample: Any) -> bool:
+    """A streaming engine's sample (``VersionedSample``), or a multi-turn trajectory of one: the
+    policy version of every token is known."""
+    return isinstance(sample, VersionedSample) or len(getattr(sample, "versions", ())) == len(sample.token_ids) > 0

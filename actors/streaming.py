@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import inspect
 import itertools
 import time
@@ -28,6 +29,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 from actors.prompts import Prompt
 from actors.rollout import RolloutActor
+from actors.tool_loop import with_observation
 from gdpo_ray.batch import CallMeta
 
 
@@ -98,7 +100,8 @@ class StreamingRolloutActor(RolloutActor):
             await self._versions.wait_for(
                 lambda: max(self._pending, default=self.version) - self.version <= slack)
 
-    async def _sample(self, group_id: str, tokens: list[int]) -> Any:
+    async def _sample(self, group_id: str | None, tokens: list[int], sampling: Any = None,
+                      logprobs: bool = True) -> Any:
         entry = self._open.get(group_id)
         if entry is not None and entry[0] is None:
             await self._admit()  # it may have waited for a slot while pushes arrived
@@ -106,15 +109,60 @@ class StreamingRolloutActor(RolloutActor):
             entry = self._open.get(group_id)
             if entry is not None and entry[0] is None:
                 entry[0] = self.version
-            return await self.engine.sample(tokens, self.sampling)
+            return await self.engine.sample(tokens, sampling or self.sampling, logprobs)
 
     async def _group(self, p: Prompt, tokens: list[int]) -> tuple[CallMeta, Any]:
+        if self.tools is not None:
+            return await self._group_turns(p)
         start, version = time.perf_counter(), self.version
         samples = await asyncio.gather(*(self._sample(p.group_id, tokens) for _ in range(self.group_size)))
         generated = time.perf_counter()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._scorer, self.score, [p], [tokens], [samples],
                                           version, [], start, generated)
+
+    async def _group_turns(self, p: Prompt) -> tuple[CallMeta, Any]:
+        """A group of multi-turn rollouts (``actors.tool_loop``), each going on by itself: a
+        rollout's tools run on the environments' threads while the engine decodes the others."""
+        start, version, loop = time.perf_counter(), self.version, asyncio.get_running_loop()
+        rows = [{"prompt": p.prompt, **p.columns} for _ in range(self.group_size)]
+        prompts, ids, trajectories = await self._start_rollouts(rows)
+        await asyncio.gather(*(self._turns(p.group_id, i, t, self.sampling) for i, t in zip(ids, trajectories)))
+        generated = time.perf_counter()
+        out = await loop.run_in_executor(self._scorer, self.score, [p], ids, [trajectories], version, [],
+                                         start, generated, prompts)
+        self.tools.release(trajectories)  # (not when aborted: a call may still run in an instance)
+        return out
+
+    async def _start_rollouts(self, rows: Sequence[Mapping[str, Any]]) -> tuple[list, list, list]:
+        """(prompts with the reset texts, their token ids, trajectories) of fresh rollouts."""
+        started = await asyncio.get_running_loop().run_in_executor(None, self.tools.start, rows)
+        prompts = [with_observation(row["prompt"], observation) for row, (_, observation) in zip(rows, started)]
+        trajectories = [t for t, _ in started]
+        return prompts, [self.tokenize(q, self.tools.schemas_of(t)) for q, t in zip(prompts, trajectories)], trajectories
+
+    async def _turns(self, group_id: str | None, prompt_ids: list[int], t: Any, sampling: Any,
+                     logprobs: bool = True) -> None:
+        """One multi-turn rollout to its end: a turn, its calls (or the environment's next
+        message) on the environments' threads, the next turn; ``sampling.max_tokens`` bounds the
+        whole trajectory."""
+        from actors.tool_loop import answered, next_message, take_turn
+
+        loop, budget = asyncio.get_running_loop(), sampling.max_tokens
+        while not t.done:
+            room = dataclasses.replace(sampling, max_tokens=budget - len(t.tokens))
+            sample = await self._sample(group_id, prompt_ids + t.tokens, room, logprobs)
+            if not logprobs:  # evaluation: no logprobs kept
+                sample.logprobs = [0.0] * len(sample.token_ids)
+            step = take_turn(t, sample, budget, self.tools.max_turns, self.tokenizer)
+            if step is None:
+                return
+            if step[0] == "call":
+                answers = await loop.run_in_executor(self.tools.pool, lambda: [t.session.call(c) for c in step[1]])
+                answered(t, step[1], answers, self.tools.tool_turns, budget)
+            else:
+                text, failure = await loop.run_in_executor(self.tools.pool, t.session.next_message)
+                next_message(t, text, failure, self.tools.tool_turns, budget)
 
     async def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, Any]:
         """All of ``prompts``' groups as one batch (the batch call, e.g. for a test)."""
@@ -227,9 +275,22 @@ class StreamingRolloutActor(RolloutActor):
         async with self._versions:
             await self._versions.wait_for(lambda: not self._pending)
         ids, fits = self._eval_prompts(prompts)
+        if self.tools is not None:
+            return await self._complete_turns_streaming(prompts, n, SamplingParams(**dict(sampling)), ids, fits,
+                                                        rows or [{}] * len(prompts))
         samples = await self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
                                              logprobs=False)
         return self._eval_results(n, ids, fits, samples)
+
+    async def _complete_turns_streaming(self, prompts: Sequence[str | list], n: int, sampling: Any,
+                                        ids: list, fits: list[int], rows: Sequence[Mapping[str, Any]]) -> list:
+        """``RolloutActor.complete``'s multi-turn rollouts, each going on by itself."""
+        chosen = [i for i in fits for _ in range(n)]
+        _, prompt_ids, trajectories = await self._start_rollouts([{**rows[i], "prompt": prompts[i]} for i in chosen])
+        await asyncio.gather(*(self._turns(None, q, t, sampling, logprobs=False)
+                               for q, t in zip(prompt_ids, trajectories)))
+        self.tools.release(trajectories)
+        return self._turn_results(n, ids, fits, trajectories)
 
     async def sleep(self) -> None:
         await self.engine.sleep()

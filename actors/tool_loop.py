@@ -47,16 +47,48 @@ class Trajectory:
     failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
     schemas: list[dict] | None = None  # this rollout's tools, where they depend on its row
     environment: str | None = None  # its class's name in TRL's dict form (None: the one class)
+    # per token the policy version that sampled it (streaming engines; a tool turn's tokens take
+    # the version of the token before them); empty where the engine gives none
+    versions: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:  # as an engine's Sample names them
         return self.tokens
 
-    def append(self, tokens: Sequence[int], logprobs: Sequence[float] | None) -> None:
-        """Sampled tokens with their logprobs, or (``logprobs`` None) a tool turn's."""
+    def append(self, tokens: Sequence[int], logprobs: Sequence[float] | None,
+               versions: Sequence[int] | None = None) -> None:
+        """Sampled tokens with their logprobs (and versions), or (``logprobs`` None) a tool turn's."""
         self.tokens += tokens
         self.logprobs += [0.0] * len(tokens) if logprobs is None else logprobs
         self.mask += [0 if logprobs is None else 1] * len(tokens)
+        if versions is not None:
+            self.versions += versions
+        elif self.versions:
+            self.versions += [self.versions[-1]] * len(tokens)
+
+
+def take_turn(t: Trajectory, sample: Any, budget: int, max_turns: int, tokenizer: Any) -> tuple[str, list] | None:
+    """Appends one sampled turn to ``t`` (cut at the budget, as if the engine stopped there); ->
+    ("call", its tool calls) to run, ("ask", []) for the environment's next user message, or
+    None: the rollout is over."""
+    keep = budget - len(t.tokens)
+    versions = getattr(sample, "versions", None)
+    t.append(sample.token_ids[:keep], sample.logprobs[:keep], None if versions is None else versions[:keep])
+    t.turns += 1
+    text = tokenizer.decode(sample.token_ids[:keep], skip_special_tokens=True)
+    t.messages.append({"role": "assistant", "content": text})
+    calls = parse_tool_calls(text) if t.session is not None else []
+    if len(sample.token_ids) > keep or sample.finish_reason != "stop":
+        t.finish_reason, t.done = "length" if len(sample.token_ids) > keep else sample.finish_reason, True
+    elif t.turns >= max_turns:
+        t.done = True
+    elif calls:
+        return "call", calls
+    elif t.session is not None and t.session.converses:
+        return "ask", []
+    else:
+        t.done = True
+    return None
 
 
 def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
@@ -74,31 +106,19 @@ def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories
                                   dataclasses.replace(sampling, max_tokens=room))
         calling, asking = [], []
         for i, (sample,) in zip(going, samples):
-            t = trajectories[i]
-            keep = budget - len(t.tokens)  # a turn cut at the budget, as if the engine stopped there
-            t.append(sample.token_ids[:keep], sample.logprobs[:keep])
-            t.turns += 1
-            text = engine.tokenizer.decode(sample.token_ids[:keep], skip_special_tokens=True)
-            t.messages.append({"role": "assistant", "content": text})
-            calls = parse_tool_calls(text) if t.session is not None else []
-            if len(sample.token_ids) > keep or sample.finish_reason != "stop":
-                t.finish_reason, t.done = "length" if len(sample.token_ids) > keep else sample.finish_reason, True
-            elif t.turns >= max_turns:
-                t.done = True
-            elif calls:
-                calling.append((t, calls))
-            elif t.session is not None and t.session.converses:
-                asking.append(t)
-            else:
-                t.done = True
+            step = take_turn(trajectories[i], sample, budget, max_turns, engine.tokenizer)
+            if step is not None:
+                (calling if step[0] == "call" else asking).append((trajectories[i], step[1]))
         for (t, calls), answers in zip(calling, pool.map(lambda tc: [tc[0].session.call(c) for c in tc[1]], calling)):
-            _answered(t, calls, answers, tool_turns, budget)
-        for t, (text, failure) in zip(asking, pool.map(lambda t: t.session.next_message(), asking)):
-            _next_message(t, text, failure, tool_turns, budget)
+            answered(t, calls, answers, tool_turns, budget)
+        for (t, _), (text, failure) in zip(asking, pool.map(lambda ta: ta[0].session.next_message(), asking)):
+            next_message(t, text, failure, tool_turns, budget)
 
 
-def _answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer], tool_turns: ToolTurns,
-              budget: int) -> None:
+def answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer], tool_turns: ToolTurns,
+             budget: int) -> None:
+    """The answers of a turn's calls appended as the template's tool turn (not where it does not
+    fit: the rollout then ends with finish reason ``length``)."""
     t.tool_calls += len(calls)
     t.tool_errors += sum(a.kind is not None for a in answers)
     t.tool_timeouts += sum(a.kind == "timeout" for a in answers)
@@ -111,8 +131,8 @@ def _answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer]
     t.append(ids, None)
 
 
-def _next_message(t: Trajectory, text: str | None, failure: str | None, tool_turns: ToolTurns,
-                  budget: int) -> None:
+def next_message(t: Trajectory, text: str | None, failure: str | None, tool_turns: ToolTurns,
+                 budget: int) -> None:
     """The environment's next user message appended (an environment with several user turns);
     None ends the rollout (a failure of ``next_message`` is counted as a tool error)."""
     if failure is not None:

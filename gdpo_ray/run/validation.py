@@ -147,9 +147,6 @@ def _check_engine(c: Any) -> None:
                          f"({cls.__module__}.{cls.__qualname__}) cannot serve one: its __init__ takes "
                          f"no lora= argument (the PEFT settings; see actors.engines.BatchEngine); use "
                          f"engine 'hf' or 'vllm', or leave llm.lora out")
-    if mode == "streaming" and c.tool_environment is not None:
-        raise ValueError("data.tool_environment (multi-turn tool rollouts) runs on batched generation for now: "
-                         "set generation.mode='batched'")
     if mode == "streaming" and c.colocate:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "

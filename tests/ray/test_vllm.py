@@ -299,7 +299,44 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
         # evaluation on a streaming actor: top-p allowed, no logprobs kept
         (group,) = ray.get(actor.complete.remote(["What is 2 + 2?"], 2,
                                                  {"temperature": 0.6, "top_p": 0.95, "max_tokens": 8}))
-        assert len(group) == 2 and all(isinstance(t, str) and 0 < n <= 8 for t, n, _ in group)
+        assert len(group) == 2 and all(isinstance(t, str) and 0 < n <= 8 and m is None for t, n, _, m in group)
+    finally:
+        ray.get(actor.shutdown.remote())
+        ray.kill(actor)
+
+
+def test_streaming_multi_turn_rollouts_run_tools_and_score_with_the_environment(ray_cluster, tiny_model_dir):
+    """data.tool_environment on the streaming actor: each rollout goes on by itself (a turn, its
+    calls on the environments' threads, the next turn); the group's record has the turn columns
+    and the environment's columns; evaluation runs the same loop without logprobs."""
+    from actors.prompts import Prompt
+    from actors.streaming import StreamingRolloutActor
+
+    ray = ray_cluster
+    call = '<tool_call>\n{"name": "add", "arguments": {"value": 3}}\n</tool_call>'
+    actor = ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
+        model_path=tiny_model_dir, rewards=[{"name": "state", "fn": "environment"},
+                                            {"name": "short", "fn": "length", "params": {"limit": 40}}],
+        group_size=2, engine="tests.ray.streaming_scripted:FirstTurnStreaming", sampling={"max_tokens": 240},
+        max_prompt_tokens=256, environment="tests.unit.trl_style_environments:Calculator", max_turns=3,
+        engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "first_turn": call,
+                       **gpu_share()})
+    try:
+        meta, batch = ray.get(actor.generate.remote([Prompt("p", 0, 0, 0, "What is 2 + 2?", {"target": 3})]),
+                              timeout=300)
+        check_groups(batch)
+        assert batch.num_rows == 2 and batch.column("num_tool_calls").to_pylist() == [1, 1]
+        assert batch.column("tool_errors").to_pylist() == [0, 0]
+        assert batch.column("rewards").flatten().to_pylist()[0::2] == [1.0, 1.0]  # the memory holds 3
+        for mask, logprobs in zip(batch.column("response_mask").to_pylist(), batch.column("response_logprobs").to_pylist()):
+            assert mask[0] == 1 and 0 in mask  # the model's turn, then the tool turn's tokens
+            assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)
+        assert set(batch.column("response_versions").flatten().to_pylist()) == {0}
+        (samples,) = ray.get(actor.complete.remote(["What is 2 + 2?"], 2, {"temperature": 0.6, "max_tokens": 240},
+                                                   [{"target": 3}]), timeout=300)
+        for text, tokens, reason, messages in samples:
+            assert messages[0]["content"] == call and messages[1] == {"role": "tool", "name": "add", "content": "memory = 3"}
+            assert text.startswith(call) and tokens > 0
     finally:
         ray.get(actor.shutdown.remote())
         ray.kill(actor)

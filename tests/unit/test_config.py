@@ -68,8 +68,6 @@ def test_defaults_and_sections():
     (lambda c: c.data(tool_environment=ENV + "NoReset"), "has no reset method"),
     (lambda c: c.data(tool_environment=ENV + "Calculator").training(
         rewards=REWARDS + [{"name": "state", "fn": "environment", "params": {"x": 1}}]), "it takes no params"),
-    (lambda c: c.data(tool_environment=ENV + "Calculator").generation(engine="vllm"),
-     "data.tool_environment (multi-turn tool rollouts) runs on batched generation for now"),
     (lambda c: c.generation(max_turns=0), "max_turns must be an integer >= 1"),
     (lambda c: c.data(tool_environment=ENV + "Calculator").llm(chat_template=False), "needs llm.chat_template=true"),
     (lambda c: c.generation(tool_timeout=0), "tool_timeout must be a number > 0"),
