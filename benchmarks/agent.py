@@ -13,12 +13,16 @@ idle time while tools run.
 - ``engine_idle_fraction`` (batched): the share of the loop's wall time in which the engine is not
   generating, with tools that take ``--tool-ms`` each (the calculator's tools, slowed down). On
   the batch engine a round's tools run after its generation, so the engine waits for them; the
-  streaming engine, which would hide them behind other rollouts' decoding, does not run
-  multi-turn rollouts yet (issue 32).
+  streaming engine hides them behind other rollouts' decoding (``tool_delay_hidden``, below).
 
 Alternating repeats in one process, best of each. ``--engine vllm`` (in the vllm install set,
 ``.venv-vllm/bin/python benchmarks/agent.py --engine vllm``): vLLM's batched engine, whose
-prefix cache serves a round's conversations without prefilling them again.
+prefix cache serves a round's conversations without prefilling them again; and
+``tool_delay_hidden``: the rollout actors themselves (Ray actors, vLLM, batched and streaming)
+generate the same groups with instant tools and with ``--tool-ms`` tools; the extra wall time
+the slow tools cost the streaming actor over the extra they cost the batched one, subtracted
+from 1 (1: the tools are hidden behind other rollouts' decoding; 0: they cost what they cost
+the batch engine, which waits for them).
 
     python benchmarks/agent.py [--json] [--engine hf|vllm] [--prompts 16] [--group-size 8] [--repeats 3] [--tool-ms 20]
 """
@@ -38,9 +42,10 @@ SLOW = "benchmarks.agent:SlowArithmetic"
 
 
 class SlowArithmetic:
-    """The agent preset's calculator whose tools each take ``DELAY_S``."""
+    """The agent preset's calculator whose tools each take ``DELAY_S`` (``$SLOW_TOOL_MS`` in a
+    rollout actor)."""
 
-    DELAY_S = 0.02
+    DELAY_S = float(__import__("os").environ.get("SLOW_TOOL_MS", 20)) / 1000
 
     def __init__(self) -> None:
         from gdpo_ray.environments.arithmetic import Arithmetic
@@ -118,6 +123,62 @@ def single_turn(engine, prompts: list[list[int]], g: int, length: int) -> tuple[
     return time.perf_counter() - start, sum(len(s.token_ids) for group in out for s in group)
 
 
+def actor_walls(args, environment: str) -> dict[str, float]:
+    """Best wall seconds of one ``generate`` call of the agent's groups on a batched and a
+    streaming vLLM rollout actor with ``environment``."""
+    import ray
+
+    from actors.prompts import PromptSource
+    from actors.rollout import RolloutActor
+    from actors.streaming import StreamingRolloutActor
+    from gdpo_ray.tasks import tool_arithmetic
+    from gdpo_ray.warm_start_agent import agent_model_dir
+
+    source = PromptSource(tool_arithmetic(args.prompts, seed=7))
+    out = {}
+    for mode, cls in (("batched", RolloutActor), ("streaming", StreamingRolloutActor)):
+        extra = {"max_staleness": 1} if mode == "streaming" else {}
+        actor = ray.remote(cls).options(num_cpus=1).remote(
+            str(agent_model_dir()), rewards=[{"name": "short", "fn": "length", "params": {"limit": 64}}],
+            group_size=args.group_size, engine="vllm", sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+            engine_kwargs={"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}, max_prompt_tokens=512,
+            environment=environment, max_turns=4, **extra)
+        try:
+            ray.get(actor.generate.remote(source.take(2)))  # warm up
+            walls = []
+            for _ in range(args.repeats):
+                prompts = source.take(args.prompts)
+                start = time.perf_counter()
+                ray.get(actor.generate.remote(prompts))
+                walls.append(time.perf_counter() - start)
+            out[mode] = min(walls)
+        finally:
+            ray.get(actor.shutdown.remote())
+            ray.kill(actor)
+    return out
+
+
+def tool_delay_hidden(args) -> dict[str, float]:
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    root = str(Path(__file__).resolve().parents[1])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {
+        "PYTHONPATH": root, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SLOW_TOOL_MS": str(args.tool_ms)}})
+    try:
+        from gdpo_ray.warm_start_agent import ENVIRONMENT
+
+        fast, slow = actor_walls(args, ENVIRONMENT), actor_walls(args, SLOW)
+    finally:
+        ray.shutdown()
+    extra = {mode: slow[mode] - fast[mode] for mode in fast}
+    return {"batched_wall_s": fast["batched"], "streaming_wall_s": fast["streaming"],
+            "batched_tool_extra_s": extra["batched"], "streaming_tool_extra_s": extra["streaming"],
+            "tool_delay_hidden": 1 - extra["streaming"] / extra["batched"] if extra["batched"] > 0 else float("nan")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -162,7 +223,9 @@ def main() -> None:
     out = {"multi_turn_tokens_per_s": max(multi), "single_turn_tokens_per_s": max(single),
            "multi_over_single": max(multi) / max(single), "mean_trajectory_tokens": float(sum(lengths) / len(lengths)),
            "engine_idle_fraction_batched": min(idle), "tool_ms": args.tool_ms,
-           "engine_idle_fraction_streaming": None, "engine": args.engine}
+           "engine": args.engine}
+    if args.engine == "vllm":
+        out |= tool_delay_hidden(args)
     if args.json:
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}))
         return
@@ -171,8 +234,11 @@ def main() -> None:
     print(f"multi-turn  {out['multi_turn_tokens_per_s']:8.0f} tokens/s (trajectories of {out['mean_trajectory_tokens']:.0f} tokens)")
     print(f"single-turn {out['single_turn_tokens_per_s']:8.0f} tokens/s (the same length)")
     print(f"multi_over_single {out['multi_over_single']:.3f} (aim >= 0.8; limit 1.0)")
-    print(f"engine idle with {args.tool_ms:g} ms tools (batched): {out['engine_idle_fraction_batched']:.3f}; "
-          "streaming: multi-turn not implemented yet")
+    print(f"engine idle with {args.tool_ms:g} ms tools (batched): {out['engine_idle_fraction_batched']:.3f}")
+    if "tool_delay_hidden" in out:
+        print(f"rollout actors, {args.tool_ms:g} ms tools: extra wall {out['batched_tool_extra_s']:.3f} s batched, "
+              f"{out['streaming_tool_extra_s']:.3f} s streaming (instant tools: {out['batched_wall_s']:.3f} s, "
+              f"{out['streaming_wall_s']:.3f} s); tool_delay_hidden {out['tool_delay_hidden']:.3f} (1: hidden)")
 
 
 if __name__ == "__main__":
