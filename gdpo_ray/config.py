@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -143,11 +144,71 @@ def section_fields(section: str) -> list[str]:
     return [name for name, f in FIELDS.items() if f.section == section]
 
 
+#: TRL GRPOConfig's names of settings that do the same job here: name -> (where it is here, what
+#: differs); the migration page (docs/training.md, "From TRL's GRPOConfig") is this table
+TRL_NAMES = {
+    "learning_rate": ("training.lr", ""),
+    "num_generations": ("training.group_size", ""),
+    "max_completion_length": ("generation.max_tokens", "with a tool environment it bounds the whole trajectory"),
+    "max_prompt_length": ("llm.max_prompt_tokens", "a longer prompt is filtered, not truncated"),
+    "per_device_train_batch_size": ("training.prompts_per_step", "prompts, each giving training.group_size "
+                                    "completions (TRL counts completions per device)"),
+    "generation_batch_size": ("training.prompts_per_step", "prompts, each giving training.group_size completions"),
+    "beta": ("training.kl_coef", ""),
+    "epsilon": ("training.clip_eps_low", "TRL's epsilon_high is training.clip_eps_high"),
+    "epsilon_high": ("training.clip_eps_high", ""),
+    "max_grad_norm": ("training.grad_clip", ""),
+    "num_iterations": ("training.num_epochs", ""),
+    "loss_type": ("training.loss_agg", "token_mean is TRL's dapo/bnpo aggregation"),
+    "multi_objective_aggregation": ("training.estimator", "TRL's normalize_then_sum is estimator: gdpo"),
+    "scale_rewards": ("training.estimator", "scale_rewards=False is estimator: grpo_no_std (or gdpo_no_std)"),
+    "reward_weights": ("training.rewards", "each reward's own weight: {name, fn, weight}"),
+    "reward_funcs": ("training.rewards", "each reward a {name, fn: 'module:function'}"),
+    "max_steps": ("run.steps", ""),
+    "output_dir": ("run.output_dir", ""),
+    "use_vllm": ("generation.engine", "engine: vllm"),
+    "vllm_gpu_memory_utilization": ("generation.engine_kwargs", "{gpu_memory_utilization: 0.9}"),
+    "bf16": ("training.precision", "precision: bf16"),
+    "environment_factory": ("data.environment", "'module:Class', or TRL's dict form {name: 'module:Class'}"),
+    "peft_config": ("llm.lora", "PEFT's LoraConfig settings as a mapping"),
+}
+#: settings outside the GDPO and RLlib field tables: the ``run`` section's (``gdpo_ray.run.train``)
+RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy")
+
+
+def field_lines(section: str | None = None) -> list[str]:
+    """``section.name  default  doc`` of every field (of ``section``, or all), GDPO's then the
+    RLlib ones GDPO reads: ``gdpo-ray list fields [SECTION]`` (the same table as
+    docs/configuration.md)."""
+    table = [(f"{f.section}.{name}", f.default, f.doc) for name, f in (*FIELDS.items(), *RLLIB_FIELDS.items())
+             if section in (None, f.section)]
+    width = max((len(n) for n, _, _ in table), default=0)
+    return [f"{name:<{width}}  {json.dumps(default):<10}  {doc}" for name, default, doc in table]
+
+
+def setting_home(name: str) -> str | None:
+    """Where a setting named ``name`` lives ("section.name"), or None."""
+    f = FIELDS.get(name) or RLLIB_FIELDS.get(name)
+    if f is not None:
+        return f"{f.section}.{name}"
+    return f"run.{name}" if name in RUN_SETTINGS else None
+
+
 def unknown_key(key: Any, valid: Sequence[str], where: str) -> str:
-    """The message for an unknown setting: the nearest valid names, then all of them."""
+    """The message for an unknown setting: where a setting of that name lives (another section,
+    or TRL's name for one of ours), else the nearest valid names; the whole list only when
+    nothing is near."""
+    head = f"{key!r} is not a setting of {where}"
+    home = setting_home(str(key))
+    if home is not None and home.split(".")[0] not in where:
+        return f"{head}; it is `{home}`"
+    if str(key) in TRL_NAMES:
+        ours, note = TRL_NAMES[str(key)]
+        return f"{head}; TRL's {key} is `{ours}` here" + (f" ({note})" if note else "")
     near = difflib.get_close_matches(str(key), list(valid), n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-    return f"unknown setting {key!r} of {where}{hint} (valid: {', '.join(sorted(valid))})"
+    if near:
+        return f"{head}; did you mean {' or '.join(repr(n) for n in near)}?"
+    return f"{head} (its settings: {', '.join(sorted(valid))}; `gdpo-ray list fields` shows each with its doc)"
 
 
 def _kind(f: Field) -> str:

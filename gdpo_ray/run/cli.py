@@ -113,6 +113,21 @@ def _plain(value):
 
 
 def _list(args: argparse.Namespace) -> int:
+    if args.what == "fields":
+        from gdpo_ray.config import FIELDS, RLLIB_FIELDS, field_lines
+        from gdpo_ray.run.train import RUN_DEFAULTS
+
+        sections = sorted({f.section for f in (*FIELDS.values(), *RLLIB_FIELDS.values())} | {"run"})
+        if args.section is not None and args.section not in sections:
+            raise SystemExit(f"gdpo-ray list fields: no section {args.section!r}; sections: {', '.join(sections)}")
+        lines = field_lines(args.section)
+        if args.section in (None, "run"):
+            lines += [f"run.{k}  {json.dumps(v)}  (the command line's run section: docs/training.md)"
+                      for k, v in RUN_DEFAULTS.items()]
+        print("\n".join(lines))
+        return 0
+    if args.section is not None:
+        raise SystemExit(f"gdpo-ray list {args.what} takes no section (only `gdpo-ray list fields SECTION` does)")
     if args.what == "presets":
         from gdpo_ray.run.presets import preset_names
 
@@ -193,8 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval(commands)
 
-    lister = commands.add_parser("list", help="list presets, rewards or estimators")
-    lister.add_argument("what", choices=["presets", "rewards", "estimators"])
+    lister = commands.add_parser("list", help="list presets, rewards, estimators or fields (every setting with its "
+                                                  "default and doc)")
+    lister.add_argument("what", choices=["presets", "rewards", "estimators", "fields"])
+    lister.add_argument("section", nargs="?", default=None, help="with fields: one section (training, llm, ...)")
     lister.set_defaults(run=_list)
     return parser
 

@@ -112,7 +112,7 @@ def test_gspo_with_its_own_clip_range_and_aggregation_validates():
 
 
 def test_unknown_setting_of_a_section():
-    with pytest.raises(TypeError, match="unknown setting 'modle_path' of .llm()"):
+    with pytest.raises(TypeError, match="'modle_path' is not a setting of .llm()"):
         GDPOConfig().llm(modle_path="x")
     with pytest.raises(TypeError):
         GDPOConfig().training(not_a_field=1)
@@ -176,7 +176,7 @@ def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "group_size must be an integer >= 2" in err
     assert main(["train", "demo", "run.stepz=3"]) == 2
-    assert "unknown setting 'stepz' of section 'run'; did you mean 'steps'?" in capsys.readouterr().err
+    assert "'stepz' is not a setting of section 'run'; did you mean 'steps'?" in capsys.readouterr().err
 
 
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):
@@ -262,3 +262,47 @@ def test_no_setting_shadows_a_method_of_rllibs_config():
     assert [n for n in FIELDS if callable(getattr(AlgorithmConfig, n, None))] == []
     config = good().data(tool_environment=ENV + "Calculator")
     assert GDPOConfig().update_from_dict(config.to_dict()).tool_environment == ENV + "Calculator"
+
+
+@pytest.mark.parametrize("section, key, message", [
+    ("training", "seed", "'seed' is not a setting of section 'training'; it is `debugging.seed`"),
+    ("training", "temperature", "'temperature' is not a setting of section 'training'; it is `generation.temperature`"),
+    ("training", "learning_rate", "'learning_rate' is not a setting of section 'training'; TRL's learning_rate is `training.lr` here"),
+    ("training", "num_generations", "TRL's num_generations is `training.group_size` here"),
+    ("generation", "max_completion_length", "TRL's max_completion_length is `generation.max_tokens` here (with a tool"),
+    ("data", "environment_factory", "TRL's environment_factory is `data.environment` here"),
+    ("training", "steps", "'steps' is not a setting of section 'training'; it is `run.steps`"),
+    ("training", "group_sise", "did you mean 'group_size'?"),
+])
+def test_a_setting_in_the_wrong_place_or_by_trls_name_is_answered_with_its_home(section, key, message):
+    with pytest.raises(ValueError) as err:
+        apply_sections(GDPOConfig(), {section: {key: 1}})
+    assert message in str(err.value) and "(its settings:" not in str(err.value)
+
+
+def test_every_trl_name_points_at_a_setting_and_is_on_the_migration_page():
+    from pathlib import Path
+
+    from gdpo_ray.config import RUN_SETTINGS, TRL_NAMES, setting_home
+    from gdpo_ray.run.train import RUN_DEFAULTS
+
+    assert set(RUN_SETTINGS) == set(RUN_DEFAULTS)  # the run section's names, where the leaf can see them
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    for trl, (ours, _) in TRL_NAMES.items():
+        section, name = ours.split(".")
+        assert setting_home(name) == ours or ours == "data.environment", trl
+        assert f"| `{trl}` | `{ours}` |" in page, trl
+
+
+def test_list_fields_prints_every_setting_with_its_default_and_doc(capsys):
+    from gdpo_ray.run.cli import main
+
+    assert main(["list", "fields", "generation"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["generation.engine", '"hf"'] and all(l.startswith("generation.") for l in lines)
+    assert main(["list", "fields"]) == 0
+    out = capsys.readouterr().out
+    assert "debugging.seed" in out and "run.steps" in out and "data.tool_environment" in out
+    with pytest.raises(SystemExit, match="no section 'nope'"):
+        main(["list", "fields", "nope"])

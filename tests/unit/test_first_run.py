@@ -106,11 +106,11 @@ def test_wrong_types_and_unknown_keys(folder, capsys):
     fails(capsys, folder, "train", "config.yaml", "training.lr=fast",
           match="training.lr must be a number; got 'fast' (str); e.g. training.lr=1e-06")
     fails(capsys, folder, "train", "config.yaml", "training.group_sise=4",
-          match="unknown setting 'group_sise' of section 'training'; did you mean 'group_size'?")
+          match="'group_sise' is not a setting of section 'training'; did you mean 'group_size'?")
     fails(capsys, folder, "train", "config.yaml", "generation.max_tokens=many",
           match="generation.max_tokens must be an integer; got 'many'")
     fails(capsys, folder, "check", "config.yaml", "run.stpes=3",
-          match="unknown setting 'stpes' of section 'run'; did you mean 'steps'?")
+          match="'stpes' is not a setting of section 'run'; did you mean 'steps'?")
 
 
 def test_rewards_that_cannot_run(folder, capsys):

@@ -41,8 +41,8 @@ BAD = [
      "llm.lora.target_modules must be a list of module names or 'all-linear'; got 'q_proj'; "
      "e.g. llm.lora.target_modules=[q_proj, v_proj]"),
     ({"r": 8, "rank": 8},
-     "unknown setting 'rank' of llm.lora (valid: lora_alpha, lora_dropout, r, target_modules)"),
-    ({"r": 8, "alpha": 8}, "unknown setting 'alpha' of llm.lora; did you mean 'lora_alpha'?"),
+     "'rank' is not a setting of llm.lora (its settings: lora_alpha, lora_dropout, r, target_modules;"),
+    ({"r": 8, "alpha": 8}, "'alpha' is not a setting of llm.lora; did you mean 'lora_alpha'?"),
     (8, "llm.lora must be a mapping"),
 ]
 
