@@ -55,6 +55,10 @@ def load_preset(name_or_path: str | None = None, overrides: Sequence[str] = ()) 
         base = OmegaConf.create(packaged.read_text())
     for item in overrides:  # each value replaces the preset's (a mapping is not merged into it)
         key = item.split("=", 1)[0]
+        section, _, name = key.partition(".")
+        if (section, name) in ALIASES:  # data.environment=X replaces the preset's data.tool_environment
+            key = f"{section}.{ALIASES[section, name]}"
+            item = key + "=" + item.split("=", 1)[1]
         try:
             if "=" not in item or not key:
                 raise ValueError("expected section.key=value")

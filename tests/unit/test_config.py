@@ -144,8 +144,11 @@ def test_presets_load_merge_and_build_a_valid_config():
     assert agent.tool_environment == "gdpo_ray.environments.arithmetic:Arithmetic"
     alias = apply_sections(GDPOConfig(), {"data": {"environment": "tests.unit.trl_style_environments:Calculator"}})
     assert alias.tool_environment == "tests.unit.trl_style_environments:Calculator" and alias.env is None
+    # an override by the other name replaces the preset's value; a YAML with both names is refused
+    replaced = apply_sections(GDPOConfig(), load_preset("agent", ["data.environment=tests.unit.trl_style_environments:Calculator"]))
+    assert replaced.tool_environment == "tests.unit.trl_style_environments:Calculator"
     with pytest.raises(ValueError, match="sets 'tool_environment' twice"):
-        apply_sections(GDPOConfig(), load_preset("agent", ["data.environment=a:B"]))
+        apply_sections(GDPOConfig(), {"data": {"environment": "a:B", "tool_environment": "c:D"}})
     # an override replaces the preset's value, a mapping too (it is not merged into it)
     gpu = load_preset("math", ["generation.engine_kwargs={}", "data.columns={ground_truth: a.b}",
                                "training.rewards.1.params.limit=12"])
