@@ -86,7 +86,10 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
         return
     conn.send("ready")
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the pool's process ended (a run's end stops its actors): so does this
+            return
         if msg is None:
             return
         k, kwargs = msg
@@ -99,7 +102,10 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
             values, kind, error = None, "infra", f"{type(err).__name__}: {err}"
         except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
             values, kind, error = None, "error", f"{type(err).__name__}: {err}"
-        conn.send((values, kind, error[:500], time.perf_counter() - start))
+        try:
+            conn.send((values, kind, error[:500], time.perf_counter() - start))
+        except OSError:  # BrokenPipeError: the pool is gone
+            return
 
 
 def _proc_stat(pid: int) -> tuple[str, float] | None:

@@ -46,6 +46,8 @@ class RolloutActor:
         sampling: ``SamplingParams`` fields.
         chat_template: apply the tokenizer's chat template to string prompts too (as one user
             message); chat-message prompts always get it.
+        system_prompt: a system message put before every prompt that has none of its own
+            (``data.system_prompt``).
         max_prompt_tokens: longer prompts are filtered ("prompt too long"), not generated.
         reward_workers: scoring worker processes of this actor.
         num_threads: torch threads in this actor.
@@ -67,7 +69,7 @@ class RolloutActor:
                  reward_workers: int = default("reward_workers"), num_threads: int = default("num_threads"),
                  seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None,
                  environment: str | None = None, max_turns: int = default("max_turns"),
-                 tool_timeout: float = default("tool_timeout")) -> None:
+                 tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -76,7 +78,7 @@ class RolloutActor:
         torch.set_num_threads(num_threads)
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2; got {group_size}")
-        self.group_size, self.chat_template = group_size, chat_template
+        self.group_size, self.chat_template, self.system_prompt = group_size, chat_template, system_prompt
         self.max_prompt_tokens = max_prompt_tokens
         self.sampling = SamplingParams(**dict(sampling or {}))
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
@@ -205,6 +207,8 @@ class RolloutActor:
         """The prompt's token ids (chat template with ``tools``, by default the environment's)."""
         if isinstance(prompt, list) or self.chat_template:
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if self.system_prompt and not (messages and messages[0].get("role") == "system"):
+                messages = [{"role": "system", "content": self.system_prompt}, *messages]
             if tools is None and self.tools is not None:
                 tools = self.tools.schemas
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,

@@ -80,6 +80,8 @@ FIELDS: dict[str, Field] = {
     "eval_pass_k": Field("training", None, "also pass@k of the eval for these k, e.g. [1, 4, 16] (Chen et al.'s unbiased estimator; each k <= eval_samples): metrics eval/<suite>/pass@<k>; None: none", "list?"),
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
+    "keep_checkpoints": Field("training", None, "keep the newest N automatic step checkpoints, deleting older ones (None: all; the final checkpoint is always kept)", "int?", at_least=1),
+    "log_completions": Field("training", 0, "samples per step written to completions.jsonl in the run directory (prompt, completion, every reward, the advantage, the finish reason), and as a table to TensorBoard, wandb and MLflow where run.loggers has them (0: none)", at_least=0),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
     # llm: the policy
     "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | demo-count | demo-agent | tiny | smollm2 (built locally)", "str?"),
@@ -107,6 +109,7 @@ FIELDS: dict[str, Field] = {
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
     "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout), or TRL's dict form {name: 'module:Class'} with the row's `environment` column naming its class; also `data.environment` in a preset or override", "any", fixed_on_resume=True),
+    "system_prompt": Field("data", None, "a system message put before every prompt (a chat-message prompt with its own system message keeps its own; needs llm.chat_template)", "str?"),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
 
@@ -173,7 +176,8 @@ TRL_NAMES = {
     "peft_config": ("llm.lora", "PEFT's LoraConfig settings as a mapping"),
 }
 #: settings outside the GDPO and RLlib field tables: the ``run`` section's (``gdpo_ray.run.train``)
-RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy")
+RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy",
+                "loggers")
 
 
 def field_lines(section: str | None = None) -> list[str]:

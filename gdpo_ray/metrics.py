@@ -175,3 +175,26 @@ def staleness_metrics(step: int, versions: np.ndarray) -> dict[str, float]:
     """step: the policy version being trained; versions: [B] the version of each group."""
     lag = step - versions
     return {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
+
+
+def throughput_metrics(tokens: float, samples: int, step_s: float) -> dict[str, float]:
+    """Per second of the step's wall time: response tokens and samples (rollouts) trained."""
+    per_s = lambda x: x / step_s if step_s > 0 else float("nan")
+    return {"throughput/tokens_per_s": per_s(tokens), "throughput/samples_per_s": per_s(float(samples))}
+
+
+class timed:
+    """``with timed(timers, name):`` stores the block's wall seconds as ``timers[name]``."""
+
+    def __init__(self, timers: dict, name: str) -> None:
+        self.timers, self.name = timers, name
+
+    def __enter__(self):
+        import time
+
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        import time
+
+        self.timers[self.name] = time.perf_counter() - self.start

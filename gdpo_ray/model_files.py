@@ -118,3 +118,16 @@ def same_model(a: str | Path, b: str | Path) -> bool:
         return json.dumps(config, sort_keys=True), files
 
     return identity(a) is not None and identity(a) == identity(b)
+
+
+def saved_dtype(path: str | Path) -> str:
+    """The dtype a model directory's weights are stored in (its config.json's ``dtype``, or
+    ``torch_dtype`` in older files; float32 when it names none): an exported policy keeps it."""
+    import json
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "float32"

@@ -443,11 +443,14 @@ class DeepSpeedLearner:
             return
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from gdpo_ray.model_files import saved_dtype
+
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        dtype = getattr(self.torch, saved_dtype(self.model_path))  # the base model's: bf16 stays bf16
         if not self.config.lora:
             model.load_state_dict(weights, strict=False)
-            model.save_pretrained(path)
+            model.to(dtype).save_pretrained(path)
             tokenizer.save_pretrained(path)
             return
         from peft import get_peft_model, set_peft_model_state_dict
@@ -462,7 +465,7 @@ class DeepSpeedLearner:
             raise RuntimeError(f"adapter tensors PEFT does not know: {result.unexpected_keys[:3]}")
         model.save_pretrained(path)
         if merged:
-            model.merge_and_unload().save_pretrained(merged)
+            model.merge_and_unload().to(dtype).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
 
 

@@ -3,8 +3,10 @@
 - ``suite``: the ``Suite`` contract (``EvalItem``, ``Completion``, ``exceeds``);
 - ``suites``: the registry of suite families (``SUITES``) and ``make_suite(spec)``; one module
   per family: ``task_suites`` (``task:<name>``), ``math_suite`` (``math:<path>``), ``humaneval``,
-  ``bfcl``;
-- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare``;
+  ``bfcl``, ``rewards_suite`` (``rewards:<path>``: a run's own rewards on held-out prompts);
+- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare`` (with
+  each report's settings, and a warning where they differ);
+- ``time_limit``: the nestable time limit of scoring;
 - ``pass_at_k``: Chen et al.'s unbiased pass@k estimator, and the checks of its ks.
 
 Generation on rollout actors and the command line are the driver's: ``gdpo_ray.run.eval_runner``

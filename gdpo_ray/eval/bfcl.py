@@ -7,8 +7,9 @@ Prompts: the ``tool_calling`` preset's system prompt (``gdpo_ray.tasks.TOOL_SYST
 the item's function docs, each description ending with BFCL's " Note that the provided function
 is in Python 3 syntax.", placed before the item's own system message as BFCL places its own;
 then the item's turn. Completions are read in that format (``<tool_call>`` with one JSON call
-per line, ``{"name", "parameters" | "arguments"}``) and converted to the checker's input, a list
-of ``{name: {param: value}}``.
+per line, ``{"name", "parameters" | "arguments"}``) and in BFCL's own output forms (Python call
+syntax in brackets, JSON call objects or lists, either in a fenced block: ``bfcl_decode``), and
+converted to the checker's input, a list of ``{name: {param: value}}``.
 
 Scoring is BFCL's, reimplemented here (``ast_valid``, ``relevance_valid``) because its own
 checker module imports every model handler of the leaderboard and cannot join this environment;
@@ -29,11 +30,18 @@ of each. Its rules, as that checker has them:
 - ``irrelevance``, ``live_irrelevance``: right when no call decodes; ``live_relevance``: right
   when a non-empty call decodes (arguments not checked).
 
-Metrics: ``accuracy`` (the above) and ``format_ratio`` (``gdpo_ray.rewards.toolrl.
-format_matches``: ``<think>…</think>`` then a ``<tool_call>`` block, or a ``<response>`` for the
-irrelevance categories). ``bfcl`` (every category below) also reports the leaderboard's v4 groups
-restricted to these categories: ``non_live`` (the unweighted mean of simple_python, multiple,
-parallel, parallel_multiple), ``live`` (the four live AST categories weighted by items),
+Metrics: ``accuracy`` (the above) and ``format_ratio`` (ToolRL's format reward,
+``gdpo_ray.rewards.toolrl.format_matches``: ``<think>…</think>`` then a ``<tool_call>`` block,
+or a ``<response>`` for the irrelevance categories; a right call in another form, or without
+the ``<think>`` block, scores 0 on it by design). Each sample also keeps ``reason``: "" when
+right, else BFCL's error type (``ast_decoder:decoder_failed``, ``simple_function_checker:
+missing_required``, ``value_error:string``, ``irrelevance_error:decoder_success``, ...: those of
+its eval runner and ``ast_checker``, proven equal by the same test) and, in parentheses, what
+it is about (the parameter, the value, why the output did not decode).
+
+``bfcl`` (every category below) also reports the leaderboard's v4 groups restricted to these
+categories: ``non_live`` (the unweighted mean of simple_python, multiple, parallel,
+parallel_multiple), ``live`` (the four live AST categories weighted by items),
 ``irrelevance`` (the mean of irrelevance and live_irrelevance), and ``accuracy`` = their
 unweighted mean (the v4 overall's equal weights on these three; its multi-turn and agentic
 parts, and the Java/JavaScript simple categories, are not evaluated here).
@@ -47,6 +55,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.environments.bfcl_data import load_category
+from gdpo_ray.eval.bfcl_decode import NotACall, read_calls
 from gdpo_ray.eval.report import nanmean
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
 
@@ -73,23 +82,28 @@ def _answer_type(allowed: Sequence[Any]) -> type | None:
     return next((type(v) for v in allowed if v != ""), None)
 
 
-def _types_ok(value: Any, allowed: Sequence[Any], want: type, item_type: type | None) -> tuple[bool, bool]:
-    """(the value's type passes, it is a "variable": of the answer's own type, not the doc's)."""
+def _type_error(value: Any, allowed: Sequence[Any], want: type, item_type: type | None) -> tuple[str, bool]:
+    """(the checker's type error, "" when the value's type passes; it is a "variable": of the
+    answer's own type, not the doc's)."""
     answer_type = _answer_type(allowed)
     variable = answer_type is not None and answer_type is not want
+    error = "type_error:simple"
     if type(value) is want:
         if item_type is None:
-            return True, variable
+            return "", variable
         # list items, one level deep: against the first allowed alternative that is not a list
         # (always passes) or whose items all type-check
         for alternative in allowed:
             if not isinstance(alternative, list) or all(
-                    _types_ok(v, alternative, item_type, None)[0] for v in value):
-                return True, variable
-        return False, variable
+                    not _type_error(v, alternative, item_type, None)[0] for v in value):
+                return "", variable
+        error = "type_error:nested"
+        if type(value) is answer_type:
+            return error, True
+        return "type_error:simple", variable
     if answer_type is not None and type(value) is answer_type:
-        return True, True
-    return False, variable
+        return "", True
+    return error, variable
 
 
 def _string_ok(value: str, allowed: Sequence[Any]) -> bool:
@@ -104,38 +118,62 @@ def _list_ok(value: list, allowed: Sequence[Any]) -> bool:
     return _std_items(value) in [_std_items(list(a)) for a in allowed]  # "" (optional) is []
 
 
-def _dict_ok(value: dict, allowed: Sequence[Any]) -> bool:
+def _dict_error(value: dict, allowed: Sequence[Any]) -> str:
+    """"" when the dict is one of the allowed ones, key by key; else the last alternative's error."""
     if not isinstance(value, dict):  # an item of a list of dicts that is not one
-        return False
+        return "value_error:dict_value"
+    error = "dict_checker:unclear"  # no alternative but the optional mark
     for alternative in allowed:
         if alternative == "":
             continue
-        keys_ok = all(k in alternative and (standardize(v) if isinstance(v, str) else v) in
-                      _std_items(alternative[k]) for k, v in value.items())
-        if keys_ok and all(k in value or "" in vs for k, vs in alternative.items()):
-            return True
-    return False
+        error = next(("value_error:dict_key" if k not in alternative else "value_error:dict_value"
+                      for k, v in value.items() if k not in alternative or
+                      (standardize(v) if isinstance(v, str) else v) not in _std_items(alternative[k])), "")
+        if any(k not in value and "" not in vs for k, vs in alternative.items()):
+            error = "value_error:dict_key"
+        if not error:
+            return ""
+    return error
 
 
-def _list_of_dicts_ok(value: list, allowed: Sequence[Any]) -> bool:
-    return any(len(value) == len(alternative) and all(_dict_ok(value[i], [alternative[i]])
-                                                      for i in range(len(value)))
-               for alternative in allowed)
+def _list_of_dicts_error(value: list, allowed: Sequence[Any]) -> str:
+    error = "list_dict_checker:unclear"
+    for alternative in allowed:
+        if len(value) != len(alternative):
+            error = "value_error:list_dict_count"
+            continue
+        error = next((e for i in range(len(value)) if (e := _dict_error(value[i], [alternative[i]]))), "")
+        if not error:
+            return ""
+    return error
 
 
-def call_valid(doc: Mapping[str, Any], call: Mapping[str, Any], answer: Mapping[str, Any]) -> bool:
-    """One model call (``{name: {param: value}}``) against one answer call and its doc."""
+def _clip(text: str, limit: int = 60) -> str:
+    """A model's text in a reason, cut short."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _short(value: Any) -> str:
+    return _clip(repr(value))
+
+
+def call_error(doc: Mapping[str, Any], call: Mapping[str, Any], answer: Mapping[str, Any]) -> str:
+    """Why one model call (``{name: {param: value}}``) fails one answer call and its doc: the
+    checker's error type then what it is about, e.g. ``simple_function_checker:missing_required
+    (parameter 'unit')``; "" when it passes."""
     allowed_by_param = next(iter(answer.values()))
     name = doc["name"]
     if name not in call:
-        return False
+        called = _clip(", ".join(map(str, call)))
+        return f"simple_function_checker:wrong_func_name (called {called}, not {name})"
     given = call[name]
     properties, required = doc["parameters"]["properties"], doc["parameters"]["required"]
-    if any(p not in given for p in required):
-        return False
+    missing = next((p for p in required if p not in given), None)
+    if missing is not None:
+        return f"simple_function_checker:missing_required (parameter {missing!r})"
     for param, value in given.items():
         if param not in properties or param not in allowed_by_param:
-            return False
+            return f"simple_function_checker:unexpected_param (parameter {_short(param)})"
         allowed = allowed_by_param[param]
         kind = properties[param]["type"]
         want = TYPES[kind]
@@ -144,52 +182,75 @@ def call_valid(doc: Mapping[str, Any], call: Mapping[str, Any], answer: Mapping[
             value = list(value)
         if kind == "float" and type(value) is int:
             value = float(value)
-        ok, variable = _types_ok(value, allowed, want, item_type)
-        if not ok:
-            return False
+        error, variable = _type_error(value, allowed, want, item_type)
+        if error == "type_error:nested":
+            items = properties[param]["items"]["type"]
+            return f"{error} (parameter {param!r}: an item is not of the doc's type {items})"
+        if error:
+            return f"{error} (parameter {param!r}: {type(value).__name__}, the doc's type is {kind})"
         if not variable:
             if want is dict:
-                if not _dict_ok(value, allowed):
-                    return False
-                continue
-            if want is list and item_type is dict:
-                if not _list_of_dicts_ok(value, allowed):
-                    return False
-                continue
-            if want is str:
-                if not _string_ok(value, allowed):
-                    return False
-                continue
-            if want is list:
-                if not _list_ok(value, allowed):
-                    return False
-                continue
-        if value not in allowed:
-            return False
-    return all(p in given or "" in allowed_by_param[p] for p in allowed_by_param)
+                error = _dict_error(value, allowed)
+            elif want is list and item_type is dict:
+                error = _list_of_dicts_error(value, allowed)
+            elif want is str:
+                error = "" if _string_ok(value, allowed) else "value_error:string"
+            elif want is list:
+                error = "" if _list_ok(value, allowed) else "value_error:list/tuple"
+            elif value not in allowed:
+                error = "value_error:others"
+        elif value not in allowed:
+            error = "value_error:others"
+        if error:
+            return f"{error} (parameter {param!r}: {_short(value)} is not allowed)"
+    missing = next((p for p in allowed_by_param if p not in given and "" not in allowed_by_param[p]), None)
+    if missing is not None:
+        return f"simple_function_checker:missing_optional (parameter {missing!r})"
+    return ""
+
+
+def call_valid(doc: Mapping[str, Any], call: Mapping[str, Any], answer: Mapping[str, Any]) -> bool:
+    """One model call against one answer call and its doc (``call_error``)."""
+    return not call_error(doc, call, answer)
 
 
 def _doc(functions: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
     return next((f for f in functions if f["name"] == name), None)
 
 
-def ast_valid(functions: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
-              answer: Sequence[Mapping[str, Any]], category: str) -> bool:
-    """BFCL's AST verdict for the decoded ``calls`` of an item of ``category``."""
+def ast_error(functions: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+              answer: Sequence[Mapping[str, Any]], category: str) -> str:
+    """Why the decoded ``calls`` of an item of ``category`` fail BFCL's AST checker ("" when
+    they pass): its error type, then what it is about."""
+    checker = ("parallel_function_checker_no_order" if "parallel" in category else
+               "multiple_function_checker" if "multiple" in category else "simple_function_checker")
     if len(calls) != len(answer):
-        return False
+        return f"{checker}:wrong_count ({len(calls)} calls, the answer has {len(answer)})"
     if "parallel" in category:
         used: set[int] = set()
-        for gold in answer:
+        for k, gold in enumerate(answer):
             doc = _doc(functions, next(iter(gold)))
-            match = next((i for i, c in enumerate(calls) if i not in used and call_valid(doc, c, gold)), None)
-            if match is None:
-                return False
-            used.add(match)
-        return True
+            error = ""
+            for i, call in enumerate(calls):
+                if i in used:
+                    continue
+                error = call_error(doc, call, gold)
+                if not error:
+                    used.add(i)
+                    break
+            if error:
+                return (f"{checker}:cannot_find_match (no call left matches the answer's call {k + 1}, "
+                        f"{doc['name']}; the last tried: {error})")
+        return ""
     if "multiple" in category:
-        return call_valid(_doc(functions, next(iter(answer[0]))), calls[0], answer[0])
-    return call_valid(functions[0], calls[0], answer[0])
+        return call_error(_doc(functions, next(iter(answer[0]))), calls[0], answer[0])
+    return call_error(functions[0], calls[0], answer[0])
+
+
+def ast_valid(functions: Sequence[Mapping[str, Any]], calls: Sequence[Mapping[str, Any]],
+              answer: Sequence[Mapping[str, Any]], category: str) -> bool:
+    """BFCL's AST verdict for the decoded ``calls`` of an item of ``category`` (``ast_error``)."""
+    return not ast_error(functions, calls, answer, category)
 
 
 def is_call_list(calls: Any) -> bool:
@@ -204,19 +265,37 @@ def relevance_valid(calls: Any, category: str) -> bool:
     return not has_call if "irrelevance" in category else has_call
 
 
-# --- completions in the tool_calling format -------------------------------------------------
+# --- completions ------------------------------------------------------------------------------
 
 def decode(completion: str) -> list[dict] | None:
-    """The calls of a completion (``gdpo_ray.rewards.toolrl.calls_in``) as the checker's
-    input; None when it has no tool-call block or one that does not parse (not JSON, or nested
-    past ``toolrl.MAX_DEPTH``: so the checker's recursion is bounded)."""
-    from gdpo_ray.rewards.toolrl import Unparsable, calls_in
-
+    """The calls of a completion as the checker's input (``gdpo_ray.eval.bfcl_decode``: a
+    ``<tool_call>`` block, JSON calls or Python call syntax, fenced or not); None when none
+    decode."""
     try:
-        calls = calls_in(completion)
-    except Unparsable:
+        return read_calls(completion)
+    except NotACall:
         return None
-    return None if calls is None else [{name: args} for name, args in calls]
+
+
+def completion_error(completion: str, entry: Mapping[str, Any], category: str) -> str:
+    """Why a completion of an item is wrong, in BFCL's error types (its eval runner's, then its
+    checker's) with what it is about; "" when it is right."""
+    try:
+        calls, why = read_calls(completion), ""
+    except NotACall as err:
+        calls, why = None, str(err)
+    if category in IRRELEVANCE + RELEVANCE:
+        if relevance_valid(calls, category):
+            return ""
+        if "irrelevance" in category:
+            called = _clip(", ".join(n for c in calls for n in c))
+            return f"irrelevance_error:decoder_success (it calls {called})"
+        return f"relevance_error:decoder_failed ({why or 'no call'})"
+    if calls is None:
+        return f"ast_decoder:decoder_failed ({why})"
+    if not is_call_list(calls):
+        return "ast_decoder:decoder_wrong_output_format"
+    return ast_error(entry["function"], calls, entry["ground_truth"], category)
 
 
 def prompt_of(item: Mapping[str, Any]) -> list[dict]:
@@ -261,14 +340,10 @@ class BFCL(Suite):
         wants_call = category not in IRRELEVANCE
         out = []
         for c in completions:
-            calls = decode(c.text)
-            if category in IRRELEVANCE + RELEVANCE:
-                right = relevance_valid(calls, category)
-            else:
-                right = calls is not None and is_call_list(calls) and ast_valid(
-                    entry["function"], calls, entry["ground_truth"], category)
+            reason = completion_error(c.text, entry, category)
             shape = _CALL_FORMAT if wants_call else _RESPONSE_FORMAT
-            out.append({"accuracy": float(right), "format_ratio": float(format_matches(c.text, shape))})
+            out.append({"accuracy": float(not reason), "format_ratio": float(format_matches(c.text, shape)),
+                        "reason": reason})
         return out
 
     def overall(self, items: Mapping[str, Mapping[str, Any]], categories: Mapping[str, Mapping]) -> dict:

@@ -18,6 +18,9 @@ The report (``build_report``) is one JSON object: ``suite``, ``policy``, ``setti
 samples not generated because their prompt was over the actors' max_prompt_tokens),
 ``missing`` and ``errors`` (the samples whose scoring failed, each ``{"item", "sample",
 "error"}``: they score 0, see ``gdpo_ray.run.eval_runner.score``).
+
+``compare`` puts runs side by side, then each report's settings, and warns where reports of one
+suite were made with different ``COMPARED_SETTINGS``.
 """
 
 from __future__ import annotations
@@ -150,9 +153,17 @@ def format_report(report: Mapping[str, Any]) -> str:
     return text
 
 
+#: the settings that change a report's numbers: ``compare`` warns when reports of one suite differ
+#: in one (a value not recorded, None, is not compared)
+COMPARED_SETTINGS = ("samples", "temperature", "top_p", "max_tokens", "length_limit", "items",
+                     "chat_template", "max_prompt_tokens", "reward_weights")
+
+
 def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     """The paper-style table: one row per run (``reports``: run label -> its reports), each
-    suite's overall metrics as columns (``suite/metric``); a run without a suite shows '-'."""
+    suite's overall metrics as columns (``suite/metric``); a run without a suite shows '-'.
+    Then each report's settings, and a warning for each suite whose reports were made with
+    different ``COMPARED_SETTINGS`` (an exceed ratio at a 64-token limit is no match for one at 4,000)."""
     columns: list[tuple[str, str]] = []
     for run_reports in reports.values():
         for r in run_reports:
@@ -163,4 +174,46 @@ def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     for label, run_reports in reports.items():
         by_suite = {r["suite"]: r["overall"] for r in run_reports}
         rows.append([label, *[by_suite.get(s, {}).get(m) for s, m in columns]])
-    return table(rows, ["run", *[f"{s}/{m}" for s, m in columns]])
+    text = table(rows, ["run", *[f"{s}/{m}" for s, m in columns]])
+    return "\n\n".join([text, settings_table(reports), *settings_warnings(reports)])
+
+
+def _setting_text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={_setting_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(_setting_text(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def settings_table(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """One row per report (run, suite): every setting it records, ``COMPARED_SETTINGS`` first."""
+    recorded = [(label, r) for label, run_reports in reports.items() for r in run_reports]
+    keys = list(dict.fromkeys(k for _, r in recorded for k in (r.get("settings") or {})))
+    keys = [k for k in COMPARED_SETTINGS if k in keys] + [k for k in keys if k not in COMPARED_SETTINGS]
+    rows = [[label, r["suite"], *[_setting_text((r.get("settings") or {}).get(k)) for k in keys]]
+            for label, r in recorded]
+    return "settings\n" + table(rows, ["run", "suite", *keys])
+
+
+def settings_warnings(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """One line per suite whose reports differ in a ``COMPARED_SETTINGS`` value (each report's
+    value, by run)."""
+    by_suite: dict[str, list[tuple[str, Mapping]]] = {}
+    for label, run_reports in reports.items():
+        for r in run_reports:
+            by_suite.setdefault(r["suite"], []).append((label, r.get("settings") or {}))
+    lines = []
+    for suite, recorded in by_suite.items():
+        differ = []
+        for key in COMPARED_SETTINGS:
+            values = [(label, s[key]) for label, s in recorded if s.get(key) is not None]
+            if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
+                differ.append(f"{key} " + ", ".join(f"{_setting_text(v)} ({label})" for label, v in values))
+        if differ:
+            lines.append(f"warning: the {suite} reports were made with different settings: {'; '.join(differ)}. "
+                         f"Their numbers do not compare like for like: evaluate again with the same settings "
+                         f"(gdpo-ray eval RUN --suite {suite} with --samples, --max-tokens, --length-limit, ...)")
+    return lines

@@ -111,6 +111,11 @@ class Suite(abc.ABC):
         aggregated as the suite aggregates its ``correct_metric``: the mean over the items."""
         return mean_over_items(items, [metric])[metric]
 
+    def report_settings(self) -> dict:
+        """What the suite was made with beyond the sampling settings, recorded in its reports'
+        ``settings`` (and compared by ``--compare``): e.g. the rewards suite's reward weights."""
+        return {}
+
     def environment_row(self, item: EvalItem) -> dict:
         """What the ``environment``'s ``reset`` gets for ``item`` besides its prompt."""
         return {}

@@ -10,7 +10,9 @@
 - ``bfcl:<category>`` / ``bfcl``: the Berkeley Function Calling Leaderboard's data, as the
   ``bfcl-eval`` package ships it (``gdpo_ray.eval.bfcl``); its multi-turn categories
   ``bfcl:multi_turn_<base|miss_func|miss_param|long_context>[:held_out|:train|:all]``
-  (``gdpo_ray.eval.bfcl_multi_turn``).
+  (``gdpo_ray.eval.bfcl_multi_turn``);
+- ``rewards:<path>``: held-out prompts scored with a run's own reward functions, given as the
+  ``rewards`` option (``gdpo-ray eval --rewards CONFIG``; ``gdpo_ray.eval.rewards_suite``).
 
 A new family is a module with a ``Suite`` subclass and one ``SUITES.register("name")`` factory
 (docs/architecture.md shows one end to end).
@@ -27,6 +29,7 @@ from gdpo_ray.eval.bfcl import BFCL
 from gdpo_ray.eval.bfcl_multi_turn import CATEGORIES as MULTI_TURN, BFCLMultiTurn
 from gdpo_ray.eval.humaneval import HumanEval
 from gdpo_ray.eval.math_suite import MathSuite
+from gdpo_ray.eval.rewards_suite import RewardsSuite
 from gdpo_ray.eval.suite import Suite
 from gdpo_ray.eval.task_suites import task_suite
 from gdpo_ray.registry import Registry
@@ -34,7 +37,7 @@ from gdpo_ray.registry import Registry
 #: family -> factory(argument, **options) -> Suite; argument is "" when the spec has none
 SUITES: Registry[Callable[..., Suite]] = Registry("eval suite family")
 USAGE = ("task:<name> (e.g. task:addition), math:<path>, humaneval, bfcl or bfcl:<category> "
-         "(e.g. bfcl:simple_python, bfcl:multi_turn_base)")
+         "(e.g. bfcl:simple_python, bfcl:multi_turn_base), rewards:<path> (with --rewards CONFIG)")
 
 
 @SUITES.register("task")
@@ -65,6 +68,18 @@ def _bfcl(category: str, **options: Any) -> Suite:
         raise ValueError(f"bfcl:{category}:{split}: only the multi-turn categories take a split "
                          f"({', '.join(MULTI_TURN)})")
     return BFCL(category or None, **options)
+
+
+@SUITES.register("rewards")
+def _rewards(path: str, rewards: Any = None, **options: Any) -> Suite:
+    if not path:
+        raise ValueError("--suite rewards:<path>: name the held-out jsonl/json/parquet file, e.g. "
+                         "rewards:data/held_out.jsonl")
+    if rewards is None:
+        raise ValueError(f"--suite rewards:{path} scores with a run's reward functions: give them with "
+                         f"gdpo-ray eval --rewards CONFIG (a preset, a YAML file or a run directory), or "
+                         f"evaluate a run directory, whose config.yaml names them")
+    return RewardsSuite(path, rewards, **options)
 
 
 def make_suite(spec: str, **options: Any) -> Suite:

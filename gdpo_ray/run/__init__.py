@@ -10,7 +10,9 @@
 - ``preflight``: the first-run checks (dataset, rewards on real rows, resources);
 - ``checkpoints``: atomic saves, resume, exporting a checkpoint's policy;
 - ``train``: a training run (Ray, the run directory, the loop, the final report);
-- ``outputs``: the run directory's metrics (JSONL, TensorBoard) and the reward plot;
+- ``outputs``: the run directory, its metrics read back and the reward plot; ``loggers``: where the
+  metrics go (JSONL, TensorBoard, wandb, MLflow); ``quiet``: log lines dropped, each with why;
 - ``eval_runner`` / ``eval_command``: evaluation on rollout actors, and ``gdpo-ray eval``;
+- ``run_curves`` / ``plot_command``: runs' curves side by side, ``gdpo-ray plot``;
 - ``cli``: ``gdpo-ray`` / ``python -m gdpo_ray``.
 """

@@ -36,14 +36,15 @@ from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files
 from gdpo_ray.advantages import compute_advantage_details
+from gdpo_ray.completion_log import CompletionLog
 from gdpo_ray.data import load_prompts
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
-from gdpo_ray.run import preflight, validation
-from gdpo_ray.run.checkpoints import save_atomically, verify_checkpoint
+from gdpo_ray.run import preflight, quiet, validation
+from gdpo_ray.run.checkpoints import prune_checkpoints, save_atomically, verify_checkpoint
 from gdpo_ray.run.presets import section_settings
 from gdpo_ray.run.sampling import take_groups
 from gdpo_ray.weights.digest import engine_variants
@@ -86,6 +87,8 @@ class GDPOConfig(AlgorithmConfig):
         self.min_time_s_per_iteration = None
         self.min_sample_timesteps_per_iteration = 0
         self.min_train_timesteps_per_iteration = 0
+        self.log_sys_usage = False  # Tune's monitor thread: warns without gputil, our metrics say more
+        quiet.install()
 
     def training(self, **kwargs: Any) -> "GDPOConfig":
         """GDPO's fields of section ``training`` (see ``gdpo_ray.config.FIELDS``) and RLlib's own
@@ -142,6 +145,7 @@ class GDPOConfig(AlgorithmConfig):
         return dict(model_path=self.model_path, rewards=list(self.rewards), group_size=self.group_size,
                     engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=fields.generation_mode(self),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
+                    system_prompt=self.system_prompt,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
                     num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora),
                     **fields.environment_settings(self))  # data.tool_environment: multi-turn rollouts
@@ -207,6 +211,7 @@ class GDPO(Algorithm):
         self._pushed: dict = {}  # the last push's bytes and seconds
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
+        self.completion_log, self.last_completions = CompletionLog(self.model_path, self.reward_names, c.log_completions), []
         if c.colocate:  # the rollout actors go into the learners' placement group
             self._start_learners()
             self.rollouts = self._build_rollouts()
@@ -291,35 +296,38 @@ class GDPO(Algorithm):
 
     def _step(self) -> None:
         c, timers, step = self.config, {}, self.policy_version
-        with _timed(timers, "take_groups"):
+        with step_metrics.timed(timers, "take_groups"):
             self.rollouts.fit_to_cluster(*fields.env_runner_range(c))
             groups, dropped = take_groups(c, self.rollouts, self.buffer, self.prompts, self.reward_weights)
             self.counters["filtered_groups"] += len(dropped)
-        with _timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
+        with step_metrics.timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
             rewards, index = rewards_matrix(groups)
             errors = reward_errors(groups)
             self.reward_watch.check_failures(step, rewards, errors)  # stops a run whose reward always fails
             details = compute_advantage_details(rewards, index, estimator=c.estimator,
                                                 weights=self.reward_weights, eps=c.eps)
-        with _timed(timers, "update"):
+        with step_metrics.timed(timers, "update"):
             learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
-        with _timed(timers, "push_weights"):
+        with step_metrics.timed(timers, "push_weights"):
             self._push_weights(self.policy_version + 1)
-        with _timed(timers, "metrics"):
+        with step_metrics.timed(timers, "metrics"):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
             values = self._step_metrics(step, groups, rewards, errors, details, dropped)
             values |= step_metrics.failure_metrics(errors, self.reward_names)
             values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+            self.last_completions = self.completion_log.samples(groups, details.advantages)
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
                 # counts only once complete (save_to_path writes aside, then renames)
                 self._last_checkpoint = self.save_to_path(
                     str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
+                prune_checkpoints(self._checkpoint_root, c.keep_checkpoints)
         if c.eval_every and self.policy_version % c.eval_every == 0:
-            with _timed(timers, "eval"):
+            with step_metrics.timed(timers, "eval"):
                 values |= self._eval_metrics()
         values.update({f"timing/{k}_s": v for k, v in timers.items()})
         values["timing/step_s"] = sum(timers.values())
+        values |= step_metrics.throughput_metrics(values["tokens"], len(rewards), values["timing/step_s"])
         for key, value in values.items():
             self.metrics.log_value(key, value, reduce="mean", window=1)
         return None
@@ -485,16 +493,3 @@ def _verify(path: Any, filesystem: Any) -> None:
     if filesystem is None and isinstance(path, (str, pathlib.Path)) and "://" not in str(path):
         for warning in verify_checkpoint(str(path), what="restoring"):
             logger.warning(warning)
-
-
-class _timed:
-    """``with _timed(timers, name):`` stores the block's wall seconds as ``timers[name]``."""
-
-    def __init__(self, timers: dict, name: str) -> None:
-        self.timers, self.name = timers, name
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.timers[self.name] = time.perf_counter() - self.start

@@ -172,6 +172,22 @@ def latest_checkpoint(*folders: str | pathlib.Path | None) -> str | None:
     return max(found)[2] if found else None
 
 
+def prune_checkpoints(root: str | pathlib.Path, keep: int | None) -> list[str]:
+    """``training.keep_checkpoints``: the complete ``step_<N>`` checkpoints directly in ``root``
+    beyond the newest ``keep`` deleted (others, ``final`` among them, are never touched); the
+    deleted paths. ``keep`` None: none deleted."""
+    import shutil
+
+    if keep is None or not pathlib.Path(root).is_dir():
+        return []
+    steps = sorted((v, str(p)) for p in pathlib.Path(root).iterdir()
+                   if p.is_dir() and p.name.startswith("step_") and (v := checkpoint_version(p)) is not None)
+    gone = [path for _, path in steps[:max(len(steps) - keep, 0)]]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
 def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
     """(field, saved value, this config's value) of every GDPO field that differs from the
     checkpoint's config. Raises ValueError, before anything starts, if a field marked
@@ -232,7 +248,7 @@ def saved_config(checkpoint: str) -> dict:
 def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     """A checkpoint's policy as a Hugging Face model directory ``out``: the learners' DeepSpeed
     state (any ZeRO stage, gathered to fp32 by DeepSpeed's ``zero_to_fp32``) in the run's base
-    model (its config and tokenizer); under ``llm.lora`` the adapter merged into it."""
+    model (its config, tokenizer and dtype: bf16 stays bf16); under ``llm.lora`` the adapter merged into it."""
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -257,6 +273,8 @@ def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint}: its weights do not fit the base model {base} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    (model.merge_and_unload() if lora else model).save_pretrained(out)
+    from gdpo_ray.model_files import saved_dtype
+
+    (model.merge_and_unload() if lora else model).to(getattr(torch, saved_dtype(base))).save_pretrained(out)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
     return out

@@ -78,17 +78,9 @@ def _train(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     import yaml
 
-    from gdpo_ray.config import FIELDS, RLLIB_FIELDS, SECTIONS
-
     try:
         run = _load_run(args, "check")
-        c = run.config
-        resolved = {section: {name: getattr(c, name) for name, f in FIELDS.items()
-                              if f.section == section} for section in SECTIONS}
-        for name, f in RLLIB_FIELDS.items():
-            resolved.setdefault(f.section, {})[name] = getattr(c, name)
-        resolved["run"] = dict(run.run_settings)
-        print(yaml.safe_dump(_plain(resolved), sort_keys=False, default_flow_style=None), end="")
+        print(yaml.safe_dump(run.sections, sort_keys=False, default_flow_style=None), end="")
         report = run.check()
     except ValueError as err:
         print(f"gdpo-ray check: {err}", file=sys.stderr)
@@ -99,17 +91,6 @@ def _check(args: argparse.Namespace) -> int:
     print(f"gdpo-ray check: {args.config or 'demo'} is ready to train "
           f"({len(report.warnings)} warning(s))")
     return 0
-
-
-def _plain(value):
-    """YAML-able: tuples as lists, other objects by their repr."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -207,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     from gdpo_ray.run.eval_command import add_parser as add_eval
 
     add_eval(commands)
+
+    from gdpo_ray.run.plot_command import add_parser as add_plot
+
+    add_plot(commands)
 
     lister = commands.add_parser("list", help="list presets, rewards, estimators or fields (every setting with its "
                                                   "default and doc)")

@@ -12,7 +12,8 @@ DESCRIPTION = """\
 Evaluate POLICY (a model directory such as a run's policy/, a run directory, a LoRA adapter
 directory, a training checkpoint, or 'demo') on a suite, as the paper evaluates: n samples per item at temperature 0.6 / top-p 0.95 by default,
 avg@n of each metric (--pass-k 1,4,16: pass@k too). Or score a file of completions (--completions FILE.jsonl: one
-{"id": ..., "completions": [...]} per line) without a model. Writes a JSON report (--output;
+{"id": ..., "completions": [...]} per line) without a model. --suite rewards:FILE scores held-out
+prompts with a run's own reward functions (--rewards CONFIG, or POLICY's run directory). Writes a JSON report (--output;
 default: eval/<suite>.json in the run directory, or in the current folder) and prints a table.
 With --compare, prints one row per run from reports already written (report files, or run
 directories holding eval/*.json)."""
@@ -23,7 +24,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                             description=DESCRIPTION,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("policy", nargs="?", help="model directory, run directory or 'demo'")
-    p.add_argument("--suite", help="task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>")
+    p.add_argument("--suite", help="task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>, rewards:<path>")
+    p.add_argument("--rewards", metavar="CONFIG", help="with --suite rewards:FILE: the config whose "
+                   "training.rewards score (a preset, a YAML file or a run directory; default: POLICY's run)")
     p.add_argument("--base", metavar="MODEL", help="a LoRA adapter's base model (default: the one "
                    "its adapter_config.json names; another model is refused)")
     p.add_argument("--completions", metavar="FILE", help="score these completions (no model)")
@@ -88,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
             print(compare({run: reports_of(run) for run in args.compare}))
             return 0
         if not args.suite:
-            raise ValueError("--suite is required (task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>)")
+            raise ValueError("--suite is required (task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>, "
+                             "rewards:<path>)")
+        if args.rewards is not None and not args.suite.startswith("rewards:"):
+            raise ValueError(f"--rewards goes with --suite rewards:FILE (the run's rewards on held-out prompts); "
+                             f"suite {args.suite} scores with its own")
         if (args.policy is None) == (args.completions is None):
             raise ValueError("give POLICY (to generate) or --completions FILE (to score), one of them")
         try:
@@ -105,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     path = write_report(report, args.output or default_output(args.policy, report["suite"]))
     print(format_report(report))
+    if report["suite"].startswith("rewards:"):
+        from gdpo_ray.eval.rewards_suite import failure_lines
+
+        for line in failure_lines(report):
+            print(f"gdpo-ray eval: note: {line}", file=sys.stderr)
     too_long = report["counts"]["prompt_too_long"]
     if too_long:
         print(f"gdpo-ray eval: note: {too_long} samples were not generated, their prompt being over "
@@ -123,7 +135,12 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
     from gdpo_ray.run.eval_runner import check_pass_k, evaluate, resolve_policy
     from gdpo_ray.eval.suites import make_suite
 
-    suite = make_suite(args.suite, length_limit=args.length_limit)
+    options = {}
+    if args.suite.startswith("rewards:"):
+        from gdpo_ray.run.eval_rewards import rewards_suite_options
+
+        options = rewards_suite_options(args.rewards, args.policy)
+    suite = make_suite(args.suite, length_limit=args.length_limit, **options)
     try:
         check_pass_k(suite, args.pass_k, args.samples if args.policy is not None else None)  # before Ray
         if args.policy is not None:

@@ -23,15 +23,11 @@ A sample whose scoring raises or hangs scores 0 with the reason in the report (`
 
 from __future__ import annotations
 
-import _thread
 import concurrent.futures
-import contextlib
 import functools
 import json
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,6 +37,7 @@ from gdpo_ray import model_files
 from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.eval.time_limit import ScoringTimeout, time_limit
 
 logger = logging.getLogger(__name__)
 
@@ -187,40 +184,6 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
 SAMPLE_TIMEOUT_S = 300.0
 
 
-class ScoringTimeout(BaseException):
-    """An item's scoring ran past its time limit (a BaseException, so that no ``except
-    Exception`` of a scorer swallows it)."""
-
-
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raises ``ScoringTimeout`` in the block once ``seconds`` have passed (a timer thread
-    interrupts the main thread, between two bytecodes: a C call that never returns, such as a
-    catastrophic regex, is not interrupted, which is why the scans of model output are linear).
-    Off the main thread, no limit (a suite with ``parallel_scoring`` waits on the sandbox, whose
-    calls have their own)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    armed = True
-
-    def expire(signum: int, frame: Any) -> None:
-        if armed:
-            raise ScoringTimeout(f"timed out after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGUSR2, expire)
-    timer = threading.Timer(seconds, _thread.interrupt_main, (signal.SIGUSR2,))
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        armed = False
-        timer.cancel()
-        timer.join()
-        signal.signal(signal.SIGUSR2, previous)
-
-
 def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Sequence[Completion]],
           score_threads: int | None = None, progress: bool = True) -> dict[str, list[dict]]:
     """Item id -> its samples, each the completion (text, tokens, finish reason) and its metrics.
@@ -236,7 +199,7 @@ def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Seq
     def attempt(it: EvalItem, samples: Sequence[Completion]) -> list[dict] | str:
         """The metrics of ``samples``, or why they could not be scored."""
         try:
-            with _time_limit(SAMPLE_TIMEOUT_S * len(samples)):
+            with time_limit(SAMPLE_TIMEOUT_S * len(samples)):
                 values = suite.score(it, samples)
             if len(values) != len(samples):
                 raise ValueError(f"{type(suite).__name__}.score returned {len(values)} results for "
@@ -300,6 +263,7 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
                 "length_limit": suite.length_limit, "limit": limit, "items": len(items)}
     if pass_k:
         settings["pass_k"] = list(pass_k)
+    settings |= suite.report_settings()
     if completions_file is not None:
         tok = None
         if tokenizer:
@@ -313,13 +277,18 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         if pass_k:
             item_id, fewest = min(((i, len(c)) for i, c in found.items()), key=lambda pair: pair[1])
             check_ks(pass_k, fewest, "--pass-k", f"the number of completions of item {item_id} in {completions_file}")
-        settings |= {"completions": str(completions_file), "items_missing": missing}
+        per_item = sorted({len(c) for c in found.values()})  # the file's, not --samples
+        settings |= {"samples": per_item[0] if len(per_item) == 1 else f"{per_item[0]}-{per_item[-1]}",
+                     "temperature": None, "top_p": None, "max_tokens": None,  # not known: the file's
+                     "completions": str(completions_file), "items_missing": missing}
         completions, source = found, str(completions_file)
     else:
         sampling = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         SamplingParams(**sampling)  # bad sampling fails before any actor starts
         model = resolve_policy(policy) if policy is not None else None
-        settings |= {"engine": engine, "max_prompt_tokens": max_prompt_tokens if rollouts is None else None}
+        own = rollouts is None  # else the run's rollout actors: their engine, template and prompt limit
+        settings |= {"engine": engine if own else None, "chat_template": chat_template if own else None,
+                     "max_prompt_tokens": max_prompt_tokens if own else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
                                rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment,

@@ -1,5 +1,5 @@
-"""What a training run leaves in its run directory: metrics per step as JSONL and TensorBoard
-event files, and at the end a PNG plot of every reward's curve.
+"""A training run's directory: taken atomically, uploaded to storage at the end; its metrics read
+back, and at the end a PNG plot of every reward's curve (what writes them: ``gdpo_ray.run.loggers``).
 
 The run directory is ``<run.output_dir>/<run.name>``: a local or shared-filesystem path, or
 storage (a URI that ``pyarrow.fs`` opens: ``s3://``, ``gs://``, ``hdfs://``, ``file://``), in
@@ -9,9 +9,11 @@ directory atomically (``OutputDir.create``: ``RUN_LOCK`` created with O_EXCL, th
 use or used before, an unnamed one gets a fresh name; only ``--resume`` continues a run in its
 own directory (appending its metrics), and only when no other process holds it.
 
+    <run_dir>/config.yaml        the resolved config, as a preset (``gdpo-ray train <run_dir>/config.yaml``)
     <run_dir>/metrics.jsonl      one JSON object per step: {"step": s, "time": t, "rewards/format/mean": ...}
     <run_dir>/tensorboard/       the same scalars (``tensorboard --logdir <run_dir>``)
     <run_dir>/rewards.png        rewards/<name>/mean against the step, one panel per reward
+    <run_dir>/completions.jsonl  with training.log_completions: N samples per step
 
 A file that cannot be written (a full disk, a quota, a read-only mount) raises ``WriteFailed``
 naming it, which ``gdpo-ray train`` reports without a traceback.
@@ -20,7 +22,6 @@ naming it, which ``gdpo-ray train`` reports without a traceback.
 from __future__ import annotations
 
 import json
-import math
 import numbers
 import os
 import tempfile
@@ -173,61 +174,6 @@ def flat_scalars(result: Mapping[str, Any], prefix: str = "") -> dict[str, float
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars too
             out[name] = float(value)
     return out
-
-
-#: metrics logged on some steps only (training.eval_every)
-SOME_STEPS = ("eval/", "timing/eval_s")
-
-
-class RunLog:
-    """Appends one step's scalars to metrics.jsonl and TensorBoard. Written synchronously (no
-    writer thread), so a write that fails raises ``WriteFailed`` naming the file, at that step."""
-
-    def __init__(self, run_dir: str | Path) -> None:
-        from tensorboardX.event_file_writer import EventsWriter
-
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / "metrics.jsonl"
-        self._file = self._tb = None
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a")
-            (self.run_dir / "tensorboard").mkdir(exist_ok=True)
-            self._tb = EventsWriter(str(self.run_dir / "tensorboard" / "events"))
-        except OSError as err:
-            raise WriteFailed("metrics", self.path if self._file is None else self.run_dir / "tensorboard",
-                              err) from None
-
-    def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        from tensorboardX.proto import event_pb2, summary_pb2
-
-        # metrics of some steps only (the evals): RLlib reports NaN for them in between, left out
-        scalars = {k: v for k, v in scalars.items() if not (k.startswith(SOME_STEPS) and math.isnan(v))}
-        # "time": the wall clock (Unix seconds) when the step ended
-        row = {"step": step, "time": round(time.time(), 3)} | {k: v for k, v in scalars.items()
-                                                              if k not in ("step", "time")}
-        try:
-            self._file.write(json.dumps(row, allow_nan=True) + "\n")
-            self._file.flush()
-        except OSError as err:
-            raise WriteFailed("metrics", self.path, err) from None
-        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()
-                  if k != "step" and math.isfinite(v)]
-        try:
-            self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=step,
-                                                 summary=summary_pb2.Summary(value=values)))
-            self._tb.flush()
-        except OSError as err:
-            raise WriteFailed("TensorBoard events", self._tb._file_name, err) from None
-
-    def close(self) -> None:
-        """Closes both files; a failure to write was raised by ``log`` already."""
-        for writer in (self._file, self._tb):
-            try:
-                if writer is not None:
-                    writer.close()
-            except OSError:
-                pass
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:

@@ -131,3 +131,30 @@ def section_settings(config: Any, section: str) -> list[str]:
         names |= {p for p, v in inspect.signature(base).parameters.items()
                   if p != "self" and v.kind is not v.VAR_KEYWORD}
     return sorted(names)
+
+
+def resolved_sections(config: Any, run: Mapping[str, Any] | None = None) -> dict:
+    """A config as a preset: every GDPO field and the RLlib fields GDPO reads, by section (and
+    the ``run`` section when given), YAML-able (``gdpo-ray check`` prints it, a run saves it as
+    ``config.yaml``, and ``gdpo-ray train`` takes it back)."""
+    from gdpo_ray.config import FIELDS, RLLIB_FIELDS
+
+    out: dict = {section: {} for section in SECTIONS}
+    for name, f in (*FIELDS.items(), *RLLIB_FIELDS.items()):
+        out.setdefault(f.section, {})[name] = getattr(config, name)
+    if run is not None:
+        out["run"] = dict(run)
+    return _plain(out)
+
+
+def _plain(value: Any) -> Any:
+    """YAML-able: tuples as lists, a function as its ``module:name``, other objects by their repr."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}:{value.__qualname__}"
+    return repr(value)

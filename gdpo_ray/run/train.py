@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 RUN_DEFAULTS = {"steps": 40, "output_dir": "runs", "num_cpus": 4, "address": None, "name": None,
-                "checkpoint_at_end": True, "export_policy": True}
+                "checkpoint_at_end": True, "export_policy": True, "loggers": ["tensorboard", "jsonl"]}
 RUN_KINDS = {"steps": int, "output_dir": str, "num_cpus": int, "address": (str, type(None)),
-             "name": (str, type(None)), "checkpoint_at_end": bool, "export_policy": bool}
+             "name": (str, type(None)), "checkpoint_at_end": bool, "export_policy": bool,
+             "loggers": (list, str)}
 #: quiet workers: no per-actor progress bars of transformers / huggingface_hub
 WORKER_ENV = {"RAY_AUTH_MODE": "disabled", "TRANSFORMERS_VERBOSITY": "error",
               "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -36,6 +37,7 @@ LOCAL_RAY_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driv
 def run_settings(sections: dict) -> dict:
     """The ``run`` section with its defaults, checked (names, kinds)."""
     from gdpo_ray.config import unknown_key
+    from gdpo_ray.run.loggers import check_loggers
 
     given = sections.get("run") or {}
     if not isinstance(given, dict):
@@ -48,6 +50,7 @@ def run_settings(sections: dict) -> dict:
         if not isinstance(run[key], kind) or (kind is int and isinstance(run[key], bool)):
             raise ValueError(f"run.{key} must be {getattr(kind, '__name__', 'a string or null')}; "
                              f"got {run[key]!r}")
+    run["loggers"] = check_loggers(run["loggers"])
     if run["steps"] < 1:
         raise ValueError(f"run.steps must be an integer >= 1; got {run['steps']!r}")
     if run["num_cpus"] < 1:  # a local Ray without CPUs holds no actor: the run would wait forever
@@ -235,9 +238,11 @@ class TrainingRun:
 
     def _train(self, stop: StopSignals) -> int:
         from gdpo_ray.run.checkpoints import WriteFailed
-        from gdpo_ray.run.outputs import RunLog, latest_rows, plot_rewards, read_metrics
+        from gdpo_ray.run.loggers import RunLog
+        from gdpo_ray.run.outputs import latest_rows, plot_rewards, read_metrics
 
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
+        self._save_config()
         if self.resume:
             print(f"gdpo-ray: resuming from {self.resume}"
                   + (" (continuing the run in its directory)" if self.outputs.continuing else ""), flush=True)
@@ -247,6 +252,7 @@ class TrainingRun:
         stop.install()  # ray.init set a SIGTERM handler of its own
         algo = log = None
         names: list[str] = []
+        rows: list = []
         code, closing = 0, []  # closing: how the run stopped and how to resume it, said last
         try:
             algo = self.config.build_algo()
@@ -255,7 +261,7 @@ class TrainingRun:
                     print(f"gdpo-ray: resuming with {name} {old!r} -> {new!r}")
                 algo.restore_from_path(self.resume, verified=True)  # in from_args
             names = algo.reward_names
-            log = RunLog(self.run_dir)
+            log = RunLog(self.run_dir, self.run_settings["loggers"], self.outputs.name, self.sections)
             stop.soft = True  # from now on a signal stops the run after a step, with a checkpoint
             self._loop(algo, log, stop)
             if stop.received is not None:
@@ -274,10 +280,10 @@ class TrainingRun:
             code = 1
         finally:
             if log is not None:
-                log.close()
+                log.close(failed=code == 1 or sys.exc_info()[0] is not None)
             if algo is not None:
                 algo.stop()
-            rows = read_metrics(self.run_dir / "metrics.jsonl")
+            rows = read_metrics(self.run_dir / "metrics.jsonl") or (log.rows if log is not None else [])
             if rows:
                 try:
                     plot_rewards(rows, names, self.run_dir / "rewards.png")
@@ -287,12 +293,40 @@ class TrainingRun:
             self.outputs.upload()
         if rows:
             print(summary(latest_rows(rows), names))
-        print(f"gdpo-ray: metrics {self.outputs / 'metrics.jsonl'}, plot "
-              f"{self.outputs / 'rewards.png'}, TensorBoard {self.outputs / 'tensorboard'}")
+        print(f"gdpo-ray: {', '.join(self.written())}")
         print(f"gdpo-ray: run directory {self.outputs}", flush=True)
         for line in closing:
             print(line, file=sys.stderr, flush=True)
         return code
+
+    def _save_config(self) -> None:
+        """The resolved config, once, as ``config.yaml`` (a preset: ``gdpo-ray train`` runs it)."""
+        import yaml
+
+        from gdpo_ray.run.checkpoints import WriteFailed
+
+        path = self.run_dir / "config.yaml"
+        try:
+            path.write_text(yaml.safe_dump(self.sections, sort_keys=False))
+        except OSError as err:
+            raise WriteFailed("config", path, err) from None
+
+    @property
+    def sections(self) -> dict:
+        from gdpo_ray.run.presets import resolved_sections
+
+        sections = resolved_sections(self.config, self.run_settings)
+        if sections["training"]["checkpoint_dir"] == str(self.run_dir / "checkpoints"):
+            sections["training"]["checkpoint_dir"] = None  # this run's own: another run gets its own
+        return sections
+
+    def written(self) -> list[str]:
+        """Where the run's metrics went, logger by logger, and its plot."""
+        where = {"jsonl": f"metrics {self.outputs / 'metrics.jsonl'}",
+                 "tensorboard": f"TensorBoard {self.outputs / 'tensorboard'}",
+                 "wandb": f"wandb {self.outputs / 'wandb'}", "mlflow": "MLflow "
+                 + (os.environ.get("MLFLOW_TRACKING_URI") or f"file:{self.outputs / 'mlruns'}")}
+        return [where[n] for n in self.run_settings["loggers"]] + [f"plot {self.outputs / 'rewards.png'}"]
 
     def _loop(self, algo: Any, log: Any, stop: StopSignals) -> None:
         """Steps until ``run.steps`` or a signal. A step in which a learner died is redone by the
@@ -303,7 +337,8 @@ class TrainingRun:
         from gdpo_ray.run.outputs import flat_scalars
 
         steps, names = self.run_settings["steps"], algo.reward_names
-        bar = tqdm(total=steps, initial=algo.policy_version, desc="gdpo", unit="step",
+        estimator = getattr(getattr(algo, "config", None), "estimator", "gdpo")
+        bar = tqdm(total=steps, initial=algo.policy_version, desc=estimator, unit="step",
                    dynamic_ncols=True, file=sys.stderr)
         placed = None  # (actors, nodes) of the rollout group: elastic runs change it
         try:
@@ -314,6 +349,7 @@ class TrainingRun:
                     bar.write(f"gdpo-ray: a learner died; new learners took over from step "
                               f"{algo.policy_version - 1} (the last checkpoint, or the start)", file=sys.stderr)
                 log.log(algo.policy_version, scalars)
+                log.log_completions(algo.policy_version, getattr(algo, "last_completions", ()))
                 now = (_count(scalars, "rollout/actors"), _count(scalars, "rollout/nodes"))
                 if None not in now and now != placed:
                     bar.write(f"gdpo-ray: rollout actors {now[0]} on {now[1]} node(s)")
@@ -444,15 +480,21 @@ def user_modules(config: Any) -> list[str]:
 
 
 def summary(rows: Sequence[dict], names: Sequence[str], window: int = 3) -> str:
-    """Each reward's mean over the first and the last ``window`` steps."""
+    """Each reward's batch mean over the first and the last ``window`` steps, the windows named."""
     import warnings
 
     import numpy as np
 
-    lines = [f"{'reward':<12} {'first':>7} {'last':>7}"]
+    steps = [int(r["step"]) for r in rows]
+    window = max(1, min(window, len(steps) // 2))  # two windows apart (one step: the same)
+    first, last = steps[:window], steps[-window:]
+    span = lambda s: f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}-{s[-1]}"
+    width = max(len(span(first)), len(span(last)), 7)
+    lines = ["batch mean of each reward", f"{'reward':<12} {span(first):>{width}} {span(last):>{width}}"]
     with warnings.catch_warnings():  # all NaN (a reward that never computed): nan, no warning
         warnings.simplefilter("ignore", RuntimeWarning)
         for name in names:
             values = [r.get(f"rewards/{name}/mean", float("nan")) for r in rows]
-            lines.append(f"{name:<12} {np.nanmean(values[:window]):>7.3f} {np.nanmean(values[-window:]):>7.3f}")
+            lines.append(f"{name:<12} {np.nanmean(values[:window]):>{width}.3f} "
+                         f"{np.nanmean(values[-window:]):>{width}.3f}")
     return "\n".join(lines)

@@ -49,6 +49,9 @@ def check(config: Any) -> None:
             isinstance(k, str) and isinstance(v, str) and v for k, v in c.columns.items()):
         raise ValueError(f"columns must map column names to nested fields, e.g. .data(columns="
                          f"{{'ground_truth': 'reward_model.ground_truth'}}); got {c.columns!r}")
+    if c.system_prompt is not None and not c.chat_template:
+        raise ValueError("data.system_prompt needs llm.chat_template=true: the system message goes to "
+                         "the model through the tokenizer's chat template")
     _check_engine(c)
     _check_eval(c)
     PolicyLossConfig.of(c)

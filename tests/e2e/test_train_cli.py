@@ -11,12 +11,31 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
     common = [f"run.output_dir={tmp_path}", "training.prompts_per_step=4",
               "training.group_size=4", "generation.max_tokens=32"]
-    assert main(["train", "demo", "run.steps=2", "run.name=first", *common]) == 0
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main(["train", "demo", "run.steps=2", "run.name=first", *common, "training.log_completions=3",
+                 "run.loggers=[jsonl,tensorboard,wandb,mlflow]", "training.checkpoint_every=1",
+                 "training.keep_checkpoints=1"]) == 0
     out = capsys.readouterr().out
     run = tmp_path / "first"
     assert f"run directory {run}" in out and "reward" in out and "format" in out
+    assert "steps 1-3" not in out and "step 1  step 2" in out.replace("   ", "  ")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+    # metrics only (the config is config.yaml, a preset of this run), throughput per step
+    assert not any(k.startswith(("config/", "timers/")) or k == "training_iteration" for r in rows for k in r)
+    assert all(r["throughput/samples_per_s"] == 16 / r["timing/step_s"] for r in rows)
+    from gdpo_ray.run.presets import load_preset
+
+    saved = load_preset(str(run / "config.yaml"))
+    assert saved["training"]["log_completions"] == 3 and saved["run"]["name"] == "first"
+    assert saved["training"]["checkpoint_dir"] is None and saved["generation"]["max_tokens"] == 32
+    samples = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2]
+    assert all(s["prompt"].startswith("<|im_start|>") and {"rewards/format", "advantage", "finish_reason"} <= set(s)
+               for s in samples)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final", "step_000002"]
+    assert len(list((run / "wandb").glob("offline-run-*/*.wandb"))) == 1
+    assert list((run / "mlruns").glob("*/*/metrics/rewards/format/mean"))
     for name in ("format", "correct", "length"):
         assert all(f"rewards/{name}/mean" in r and f"adv/{name}/std" in r for r in rows)
     assert any(p.name.startswith("events.out.tfevents") for p in (run / "tensorboard").iterdir())

@@ -320,6 +320,29 @@ def test_export_as_hugging_face_directory(ray_cluster, tiny_model_dir, fixed_bat
     assert (tmp_path / "policy" / "tokenizer_config.json").exists()
 
 
+def test_a_bf16_model_is_exported_in_bf16(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):
+    # the learners train in fp32 (training.precision) on a bf16 base; the policy keeps the base's dtype
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(base)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(base)
+    group = LearnerGroup(config(str(base), zero_stage=0, epochs=1), num_learners=1)
+    try:
+        group.update(fixed_batch, ADV)
+        group.export_hf(str(tmp_path / "policy"))
+        weights = group.get_weights()
+    finally:
+        group.shutdown()
+    with safe_open(tmp_path / "policy" / "model.safetensors", "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+    assert saved and all(t.dtype == torch.bfloat16 for t in saved.values())
+    for name, value in saved.items():
+        assert torch.equal(value, torch.from_numpy(weights[name]).to(torch.bfloat16)), name
+
+
 def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=1), num_learners=2)
     rollouts = two_rollout_actors(tiny_model_dir)

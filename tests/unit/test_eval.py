@@ -59,6 +59,28 @@ def test_reports_round_trip_and_compare(tmp_path):
         read_report(tmp_path / "bad.json")
 
 
+def test_compare_prints_each_reports_settings_and_warns_when_they_differ():
+    """Issue 33: an exceed ratio at a 64-token limit no longer sits silently beside one at 4,000."""
+    def report(max_tokens, engine):
+        settings = {"samples": 4, "temperature": 0.6, "top_p": 0.95, "max_tokens": max_tokens,
+                    "length_limit": max_tokens, "items": 1, "engine": engine}
+        return build_report(TwoMetrics(), {"i": [{"pass@1": 1.0, "exceed_ratio": 0.0}]}, {"i": "c"}, "p", settings)
+
+    lines = compare({"short": [report(64, "hf")], "long": [report(4000, "vllm")]}).splitlines()
+    assert lines[5:10] == ["settings",
+                           "run    suite  samples  temperature  top_p  max_tokens  length_limit  items  engine",
+                           "-----  -----  -------  -----------  -----  ----------  ------------  -----  ------",
+                           "short    toy        4          0.6   0.95          64            64      1      hf",
+                           "long     toy        4          0.6   0.95        4000          4000      1    vllm"]
+    assert lines[10:] == ["", "warning: the toy reports were made with different settings: max_tokens 64 (short), "
+                          "4000 (long); length_limit 64 (short), 4000 (long). Their numbers do not compare like for "
+                          "like: evaluate again with the same settings (gdpo-ray eval RUN --suite toy with --samples, "
+                          "--max-tokens, --length-limit, ...)"]
+    # the engine does not change the numbers; a setting a report did not record (None) is not compared
+    same = compare({"a": [report(64, "hf")], "b": [report(64, "vllm")], "c": [report(None, "hf")]})
+    assert "warning" not in same and same.splitlines()[-1].split() == ["c", "toy", "4", "0.6", "0.95", "-", "-", "1", "hf"]
+
+
 @pytest.mark.parametrize("tokens, reason, limit, expected", [
     (10, "stop", 16, 0.0), (17, "stop", 16, 1.0), (16, "length", 16, 1.0), (15, "length", 16, 0.0),
     (None, "length", 16, 1.0), (None, "stop", 16, math.nan), (None, None, 16, math.nan)])
@@ -202,6 +224,9 @@ def test_the_eval_command_scores_a_completions_file(tmp_path, capsys):
     report = read_report(out)
     assert report["overall"] == {"pass@1": 0.5, "format_ratio": 0.5, "exceed_ratio": 0.5}
     assert report["settings"]["items_missing"] == 90 and report["counts"] == {"items": 10, "samples": 20, "prompt_too_long": 0}
+    # the file's samples per item; its sampling is not known (not the defaults of --temperature, ...)
+    assert report["settings"] | {"samples": 2, "temperature": None, "top_p": None, "max_tokens": None,
+                                 "length_limit": 16} == report["settings"]
     assert "overall" in capsys.readouterr().out
     limited = tmp_path / "l.json"  # a file of 10 items, the first 4 scored
     assert main(["eval", "--suite", "task:addition", "--completions", path, "--limit", "4",

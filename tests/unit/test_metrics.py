@@ -113,7 +113,8 @@ def test_the_training_loop_logs_a_step_whose_metrics_are_nan_or_missing(tmp_path
     # issue 29 item 2: `gdpo-ray train` died on a step whose metrics were NaN (int(NaN) for the
     # rollout actors' count). A step with NaN and missing (None) values is logged as it is: NaN
     # in metrics.jsonl, left out of TensorBoard, and the next step runs
-    from gdpo_ray.run.outputs import RunLog, read_metrics
+    from gdpo_ray.run.loggers import RunLog
+    from gdpo_ray.run.outputs import read_metrics
     from gdpo_ray.run.train import StopSignals, TrainingRun
 
     class Algo:  # what the command's loop reads of a GDPO algorithm

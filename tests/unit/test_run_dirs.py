@@ -16,7 +16,8 @@ import pytest
 from gdpo_ray.run.checkpoints import (MANIFEST, WriteFailed, latest_checkpoint, save_atomically,
                                       verify_checkpoint)
 from gdpo_ray.run.cli import main
-from gdpo_ray.run.outputs import RUN_LOCK, OutputDir, RunLog
+from gdpo_ray.run.loggers import RunLog
+from gdpo_ray.run.outputs import RUN_LOCK, OutputDir
 from gdpo_ray.run.train import TrainingRun
 
 COMMON = ["training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32"]

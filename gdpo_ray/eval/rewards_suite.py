@@ -1,0 +1,238 @@
+"""``rewards:<path>``: held-out prompts scored with a run's own reward functions.
+
+The file is a dataset as training reads it (``gdpo_ray.data.read_dataset``: jsonl, json,
+parquet): the prompt column (``data.prompt_column``) and whatever columns the rewards take,
+nested ones taken as ``data.columns`` says; ids from ``data.id_column``, else the row's index
+from 0.
+The rewards are the run's ``training.rewards`` (``gdpo-ray eval --rewards CONFIG``, or the
+``config.yaml`` of the run directory evaluated), called as training calls them (TRL's keywords,
+``gdpo_ray.rewards.call_reward``; chat prompts get their completion as one assistant message),
+each with its ``timeout_s``, conditions applied (``apply_conditions``).
+
+Metrics, each avg@n (the mean over an item's n samples, then over the items):
+
+- ``<reward>``: the reward's value (a float32, as training stores it), over the samples it scored;
+- ``<reward>/failure_rate``: 1 for a sample it failed on (it raised, timed out, returned None or
+  NaN, or its condition's gate failed), 0 where it scored; the reason is in the sample's
+  ``reward_errors``, classed as training classes it (``gdpo_ray.rewards.failure_kind``);
+- ``weighted_sum``: sum_k w_k r_k with the config's weights, over the samples every reward
+  scored (a failed reward leaves the sample without a total, as GRPO leaves it unscored);
+- ``exceed_ratio``: over ``length_limit`` tokens (default: the run's ``generation.max_tokens``).
+
+Rewards an environment gives (``fn: environment``) or that read its instances
+(``environments=``) are computed only inside training's rollouts: they are left out, named in
+the report's ``settings.rewards_left_out``, as are the rewards conditioned on them. Eval knows a
+completion's token count (``response_length``) but not its token ids: ``completion_ids`` are
+None, ``trainer_state.global_step`` is 0.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
+
+#: the metrics besides each reward's own: no reward may take their names
+RESERVED = ("weighted_sum", "exceed_ratio")
+FAILURE = "/failure_rate"
+
+
+class RewardsSuite(Suite):
+    def __init__(self, path: str, rewards: Sequence[Mapping[str, Any]], prompt_column: str = "prompt",
+                 id_column: str | None = None, columns: Mapping[str, str] | None = None,
+                 max_tokens: int | None = None, length_limit: int | None = None,
+                 environment: Any = None, max_turns: int | None = None, source: str | None = None) -> None:
+        from gdpo_ray.data import read_dataset
+        from gdpo_ray.rewards import RewardSpec, check_specs, takes_environments
+
+        self.name, self.source = f"rewards:{Path(path).stem}", source
+        if not Path(path).expanduser().is_file():
+            raise ValueError(f"--suite rewards:{path}: no such file; name the held-out jsonl/json/parquet "
+                             f"file (the training data's columns: {prompt_column} and those the rewards take)")
+        if max_tokens is not None:
+            self.max_tokens = max_tokens
+        self.length_limit = length_limit if length_limit is not None else self.max_tokens
+        self.environment, self.max_turns = environment, max_turns or self.max_turns
+        specs = [RewardSpec.from_dict(r) for r in rewards]
+        fns = check_specs(specs)
+        left_out = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
+        while gated := {s.name for s in specs if s.condition and s.condition.on in left_out} - left_out:
+            left_out |= gated
+        self.left_out = [s.name for s in specs if s.name in left_out]
+        self.specs = [s for s in specs if s.name not in left_out]
+        self.fns = [fn for s, fn in zip(specs, fns) if s.name not in left_out]
+        if not self.specs:
+            raise ValueError(f"rewards:{path}: every reward of the config ({', '.join(self.left_out)}) is an "
+                             "environment's, computed only inside training's rollouts: none to score here")
+        taken = [s.name for s in self.specs if s.name in RESERVED]
+        if taken:
+            raise ValueError(f"reward {taken[0]!r}: the rewards suite reports a metric of that name; "
+                             f"rename the reward in the config (its name is only a label)")
+        self.metrics = (*[m for s in self.specs for m in (s.name, s.name + FAILURE)], *RESERVED)
+        self._items = _read_items(read_dataset(path), prompt_column, id_column, dict(columns or {}),
+                                  self.specs, self.fns, Path(path).stem)
+
+    def all_items(self) -> list[EvalItem]:
+        return list(self._items)
+
+    def environment_row(self, item: EvalItem) -> dict:
+        return dict(item.reference)
+
+    def report_settings(self) -> dict:
+        out = {"rewards_config": self.source, "reward_weights": {s.name: s.weight for s in self.specs}}
+        return out | ({"rewards_left_out": list(self.left_out)} if self.left_out else {})
+
+    def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
+        from gdpo_ray.rewards import TrainerState, apply_conditions
+
+        n, chat = len(completions), not isinstance(item.prompt, str)
+        texts = [c.messages if c.messages is not None else
+                 [{"role": "assistant", "content": c.text}] if chat else c.text for c in completions]
+        kwargs = {**{k: [v] * n for k, v in item.reference.items()},
+                  "response_length": [c.tokens for c in completions], "prompts": [item.prompt] * n,
+                  "completions": texts, "completion_ids": [None] * n, "trainer_state": TrainerState()}
+        values = np.full((n, len(self.specs)), np.nan)
+        errors = [[""] * len(self.specs) for _ in range(n)]
+        for k, (spec, fn) in enumerate(zip(self.specs, self.fns)):
+            rows = list(range(n))
+            if "response_length" in _required(fn):
+                unknown = [i for i in rows if completions[i].tokens is None]
+                for i in unknown:
+                    errors[i][k] = ("error: response_length is not known (give the completions file "
+                                    "\"tokens\", or --tokenizer MODEL)")
+                rows = [i for i in rows if i not in unknown]
+            for i, (value, error) in zip(rows, _call(spec, fn, kwargs, rows)):
+                values[i, k], errors[i][k] = value, error
+        stored = apply_conditions(values, self.specs).astype(np.float64)
+        _explain(values, stored, errors, self.specs)
+        weights = np.array([s.weight for s in self.specs])
+        out = []
+        for i, c in enumerate(completions):
+            row = {}
+            for k, spec in enumerate(self.specs):
+                row[spec.name] = float(stored[i, k])
+                row[spec.name + FAILURE] = float(math.isnan(stored[i, k]))
+            total = float(weights @ stored[i])  # NaN where a reward failed
+            row |= {"weighted_sum": total, "exceed_ratio": exceeds(c, self.length_limit)}
+            failed = {s.name: errors[i][k] for k, s in enumerate(self.specs) if errors[i][k]}
+            out.append(row | ({"reward_errors": failed} if failed else {}))
+        return out
+
+
+def _explain(values: np.ndarray, stored: np.ndarray, errors: list[list[str]], specs: Sequence[Any]) -> None:
+    """Every stored value that is NaN gets its reason, every other none (a reward that failed
+    where its gate is below the threshold stores 0: no failure): its gate's (``condition:``, as
+    training names it), else its own error, or that it returned None or NaN."""
+    for i, row in enumerate(errors):
+        for k in range(len(specs)):
+            if math.isnan(values[i, k]) and not row[k]:
+                row[k] = "error: returned None or NaN"
+    index = {s.name: k for k, s in enumerate(specs)}
+    for k, spec in enumerate(specs):
+        gate = index[spec.condition.on] if spec.condition else None
+        for i, row in enumerate(errors):
+            if not math.isnan(stored[i, k]):
+                row[k] = ""
+            elif gate is not None and math.isnan(stored[i, gate]):
+                row[k] = f"condition: on {spec.condition.on!r}, " + (row[gate] or "which could not be computed")
+
+
+def _required(fn: Any) -> list[str]:
+    from gdpo_ray.rewards import required_columns
+
+    return required_columns(fn)
+
+
+def _call(spec: Any, fn: Any, kwargs: Mapping[str, list], rows: Sequence[int]) -> list[tuple[float, str]]:
+    """(value, error text) of reward ``fn`` on ``rows``: one call of all of them (as training
+    batches), re-done row by row when it raises, so only the rows that fail are lost; a call past
+    the reward's timeout fails its rows with ``timeout:``. Called on this thread (math-verify's
+    own timeouts need the main thread), under a nested ``time_limit``."""
+    from gdpo_ray.eval.time_limit import ScoringTimeout, time_limit
+    from gdpo_ray.rewards import RewardInfraError, call_reward, to_floats
+
+    if not rows:
+        return []
+    timeout = spec.call_timeout_s(fn)
+    call = {key: [values[i] for i in rows] if isinstance(values, list) else values for key, values in kwargs.items()}
+    try:
+        with time_limit(timeout) as mine:
+            values = to_floats(call_reward(fn, **call), len(rows), spec.name)
+        return [(v, "") for v in values]
+    except ScoringTimeout as err:
+        if err.limit is not mine:  # the item's limit, not the reward's
+            raise
+        return [(math.nan, f"timeout: no answer after {timeout:g} s")] * len(rows)
+    except Exception as err:  # noqa: BLE001 - any failure of the reward is its rows'
+        if len(rows) > 1:
+            return [one for i in rows for one in _call(spec, fn, kwargs, [i])]
+        kind = "infra" if isinstance(err, RewardInfraError) else "error"
+        return [(math.nan, f"{kind}: {type(err).__name__}: {err}"[:500])]
+
+
+def _read_items(data: Any, prompt_column: str, id_column: str | None, columns: dict[str, str],
+                specs: Sequence[Any], fns: Sequence[Any], stem: str) -> list[EvalItem]:
+    """The file's rows as items (reference: the row's columns but the prompt), every column a
+    reward needs checked on every row, the first row without it named."""
+    from gdpo_ray.rewards import ROLLOUT_COLUMNS
+
+    rows = [dict(r) for r in data.rows]
+    names = list(rows[0])
+    for name, path in columns.items():
+        for i, row in enumerate(rows):
+            row[name] = _nested(row, path, f"{data.where(i)}: data column {name!r} comes from {path!r}")
+    for column, setting in ((prompt_column, "prompt_column"), (id_column, "id_column")):
+        if column is not None and column not in rows[0]:
+            raise ValueError(f"{data.source} has no column {column!r} (the config's data.{setting}); "
+                             f"its columns: {names}")
+    for spec, fn in zip(specs, fns):
+        for column in _required(fn):
+            if column in ROLLOUT_COLUMNS:
+                continue
+            if column not in rows[0]:
+                raise ValueError(f"reward {spec.name!r} needs column {column!r}, which {data.source} does not "
+                                 f"have (its columns: {names}); add it to every row, as the training data has it")
+            empty = next((i for i, r in enumerate(rows) if r[column] is None), None)
+            if empty is not None:
+                raise ValueError(f"{data.where(empty)} has no {column!r} (null or missing), which reward "
+                                 f"{spec.name!r} needs; give every row a value")
+    items, seen = [], {}
+    for i, row in enumerate(rows):
+        prompt = row[prompt_column]
+        if not (isinstance(prompt, str) and prompt or isinstance(prompt, list) and prompt and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in prompt)):
+            raise ValueError(f"{data.where(i)}: column {prompt_column!r} must be a non-empty string or a "
+                             f"list of chat messages {{role, content}}; got {str(prompt)[:100]!r}")
+        item_id = str(row[id_column]) if id_column else str(i)
+        if item_id in seen:
+            raise ValueError(f"{data.where(i)}: id {item_id!r} (data.id_column {id_column!r}) repeats "
+                             f"{data.where(seen[item_id])}")
+        seen[item_id] = i
+        items.append(EvalItem(item_id, prompt, stem, {k: v for k, v in row.items() if k != prompt_column}))
+    return items
+
+
+def _nested(row: dict, path: str, what: str) -> Any:
+    value, where = row, "the row"
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise ValueError(f"{what}, but {where} has no field {part!r}")
+        value, where = value[part], part if where == "the row" else f"{where}.{part}"
+    return value
+
+
+def failure_lines(report: Mapping[str, Any]) -> list[str]:
+    """Per reward that failed on some samples: how many, and the first reason."""
+    counts: dict[str, list] = {}
+    for item_id, item in report["items"].items():
+        for k, sample in enumerate(item["samples"]):
+            for name, error in (sample.get("reward_errors") or {}).items():
+                counts.setdefault(name, [0, f"item {item_id} sample {k}: {error}"])[0] += 1
+    total = report["counts"]["samples"]
+    return [f"reward {name!r} failed on {count} of {total} samples, e.g. {first}"
+            for name, (count, first) in counts.items()]

@@ -1,0 +1,294 @@
+"""Where a run's metrics go (``run.loggers``): any of ``tensorboard``, ``jsonl`` (the default:
+both), ``wandb`` and ``mlflow``, each through its library's own client. The run's resolved
+config goes to each once (metrics.jsonl holds metrics only: the config is ``config.yaml`` in the
+run directory); with ``training.log_completions`` each step's samples go to ``completions.jsonl``
+and, where those loggers are on, to a TensorBoard text table, a wandb table and an MLflow table.
+
+    jsonl        <run_dir>/metrics.jsonl (one JSON object per step), <run_dir>/completions.jsonl
+    tensorboard  <run_dir>/tensorboard/ (scalars; the config and the samples as text)
+    wandb        a wandb run named after the run (project: $WANDB_PROJECT or gdpo-ray), files in
+                 <run_dir>/wandb; offline (``wandb sync`` uploads it later) unless $WANDB_MODE
+                 says otherwise or an API key is set ($WANDB_API_KEY, or ``wandb login``)
+    mlflow       an MLflow run named after the run in experiment $MLFLOW_EXPERIMENT_NAME (or
+                 gdpo-ray), at $MLFLOW_TRACKING_URI or else ``file:<run_dir>/mlruns``
+
+Writes are synchronous: a write that fails raises ``WriteFailed`` naming the file, at that step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gdpo_ray.run.checkpoints import WriteFailed
+
+LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow")
+DEFAULT_LOGGERS = ["tensorboard", "jsonl"]
+#: the package each logger needs, and how to get it
+PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"), "wandb": ("wandb", "wandb"),
+            "mlflow": ("mlflow", "mlflow-skinny")}
+#: metrics logged on some steps only (training.eval_every)
+SOME_STEPS = ("eval/", "timing/eval_s")
+#: RLlib's bookkeeping in every result: its config (saved once as config.yaml instead), its own
+#: timers and counters, which repeat ours (step, time, timing/step_s) under other names
+RLLIB_KEYS = ("config/", "timers/", "num_training_step_calls_per_iteration", "num_env_steps_sampled_lifetime",
+              "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid",
+              "time_since_restore", "iterations_since_restore")
+
+
+def check_loggers(value: Any) -> list[str]:
+    """``run.loggers`` checked before anything starts: known names, their packages installed."""
+    import importlib.util
+
+    from gdpo_ray.config import unknown_key
+
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"run.loggers must be a list of names from {list(LOGGERS)}; got {value!r}")
+    for name in value:
+        if name not in LOGGERS:
+            raise ValueError(unknown_key(name, list(LOGGERS), "run.loggers").replace("a setting of", "a logger of"))
+        module, package = PACKAGES.get(name, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise ValueError(f"run.loggers: {name} needs the {package} package: pip install {package} "
+                             f"(or leave {name} out of run.loggers)")
+    return list(dict.fromkeys(value))
+
+
+def run_metrics(scalars: Mapping[str, float]) -> dict[str, float]:
+    """A step's metrics: RLlib's bookkeeping left out, and the evals' NaN on the steps between."""
+    return {k: v for k, v in scalars.items()
+            if not k.startswith(RLLIB_KEYS) and not (k.startswith(SOME_STEPS) and math.isnan(v))}
+
+
+def flat_config(sections: Mapping[str, Any]) -> dict[str, str]:
+    """``{"training.lr": "1e-06", ...}``: the resolved config as one level of text values."""
+    out = {}
+    for section, values in sections.items():
+        for key, value in (values or {}).items():
+            out[f"{section}.{key}"] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
+
+
+class RunLog:
+    """The run's loggers. ``rows``: every row logged, in order (the end-of-run table and plot)."""
+
+    def __init__(self, run_dir: str | Path, loggers: Sequence[str] = DEFAULT_LOGGERS, name: str | None = None,
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.run_dir, self.rows = Path(run_dir), []
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise WriteFailed("run directory", self.run_dir, err) from None
+        kinds = {"jsonl": JsonlLog, "tensorboard": TensorBoardLog, "wandb": WandbLog, "mlflow": MlflowLog}
+        self.backends: list = []
+        try:
+            for logger in loggers:
+                self.backends.append(kinds[logger](self.run_dir, name or self.run_dir.name, config or {}))
+        except BaseException:
+            self.close()
+            raise
+
+    def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        scalars = {k: v for k, v in run_metrics(scalars).items() if k not in ("step", "time")}
+        # "time": the wall clock (Unix seconds) when the step ended
+        row = {"step": step, "time": round(time.time(), 3)} | scalars
+        self.rows.append(row)
+        for backend in self.backends:
+            backend.log(step, row)
+
+    def log_completions(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        """One step's samples (``training.log_completions``): dicts of prompt, completion,
+        rewards, advantage, finish reason."""
+        if samples:
+            for backend in self.backends:
+                backend.log_completions(step, [{"step": step, **s} for s in samples])
+
+    def close(self, failed: bool = False) -> None:
+        """Closes every logger (a failure to write was raised by ``log`` already)."""
+        for backend in self.backends:
+            try:
+                backend.close(failed)
+            except Exception:  # noqa: BLE001 - a logger that cannot close loses nothing logged
+                pass
+
+
+def _table_columns(samples: Sequence[Mapping[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(k for s in samples for k in s))
+
+
+class JsonlLog:
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
+        self.path, self.samples_path, self._samples = run_dir / "metrics.jsonl", run_dir / "completions.jsonl", None
+        try:
+            self._file = self.path.open("a")
+        except OSError as err:
+            raise WriteFailed("metrics", self.path, err) from None
+
+    def log(self, step: int, row: Mapping[str, float]) -> None:
+        self._write(self._file, self.path, "metrics", [row])
+
+    def log_completions(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        if self._samples is None:
+            try:
+                self._samples = self.samples_path.open("a")
+            except OSError as err:
+                raise WriteFailed("completions", self.samples_path, err) from None
+        self._write(self._samples, self.samples_path, "completions", samples)
+
+    @staticmethod
+    def _write(file, path: Path, what: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            file.write("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+            file.flush()
+        except OSError as err:
+            raise WriteFailed(what, path, err) from None
+
+    def close(self, failed: bool) -> None:
+        for file in (self._file, self._samples):
+            if file is not None:
+                file.close()
+
+
+class TensorBoardLog:
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
+        from tensorboardX.event_file_writer import EventsWriter
+
+        folder = run_dir / "tensorboard"
+        try:
+            folder.mkdir(exist_ok=True)
+            self._tb = EventsWriter(str(folder / "events"))
+        except OSError as err:
+            raise WriteFailed("TensorBoard events", folder, err) from None
+        if config:  # once, as text: TensorBoard's Text tab
+            text = "\n".join(f"    {k}: {v}" for k, v in flat_config(config).items())
+            self._write(0, [self._text("config", text)])
+
+    @staticmethod
+    def _text(tag: str, text: str):
+        from tensorboardX.summary import text as text_summary
+
+        return text_summary(tag, text).value[0]
+
+    def _write(self, step: int, values: list) -> None:
+        from tensorboardX.proto import event_pb2, summary_pb2
+
+        try:
+            self._tb.write_event(event_pb2.Event(wall_time=time.time(), step=step,
+                                                 summary=summary_pb2.Summary(value=values)))
+            self._tb.flush()
+        except OSError as err:
+            raise WriteFailed("TensorBoard events", self._tb._file_name, err) from None
+
+    def log(self, step: int, row: Mapping[str, float]) -> None:
+        from tensorboardX.proto import summary_pb2
+
+        self._write(step, [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in row.items()
+                           if k not in ("step", "time") and math.isfinite(v)])
+
+    def log_completions(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        columns = _table_columns(samples)  # a markdown table: TensorBoard renders it in its Text tab
+        cell = lambda v: str(v if not isinstance(v, float) else round(v, 4)).replace("|", "\\|").replace("\n", "<br>")
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(cell(s.get(c, "")) for c in columns) + " |" for s in samples]
+        self._write(step, [self._text("completions", "\n".join(lines))])
+
+    def close(self, failed: bool) -> None:
+        self._tb.close()
+
+
+def _wandb_mode() -> str:
+    """$WANDB_MODE, else online with an API key ($WANDB_API_KEY or ``wandb login``'s netrc entry),
+    else offline: a run never stops at a login prompt."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    import netrc
+
+    try:
+        logged_in = netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        logged_in = False
+    return "online" if logged_in else "offline"
+
+
+class WandbLog:
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
+        import wandb
+
+        self._wandb = wandb
+        self.mode = _wandb_mode()
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "gdpo-ray"), name=name, dir=str(run_dir),
+                              mode=self.mode, config=dict(config), reinit="create_new",
+                              settings=wandb.Settings(silent=True, console="off"))
+        self._columns: list[str] | None = None
+        self._table = None
+
+    def log(self, step: int, row: Mapping[str, float]) -> None:
+        self.run.log({k: v for k, v in row.items() if k not in ("step", "time")}, step=step)
+
+    def log_completions(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        if self._columns is None:  # one table, growing each step (wandb's "incremental" table)
+            self._columns = _table_columns(samples)
+            self._table = self._wandb.Table(columns=self._columns, log_mode="INCREMENTAL")
+        for s in samples:
+            self._table.add_data(*[json.dumps(s[c]) if isinstance(s.get(c), (dict, list)) else s.get(c)
+                                   for c in self._columns])
+        self.run.log({"completions": self._table}, step=step)
+
+    def close(self, failed: bool) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+#: what an MLflow metric name may hold; any other character becomes "_" (pass@4 -> pass_4)
+_MLFLOW_NAME = re.compile(r"[^\w./\- ]")
+
+
+class MlflowLog:
+    def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{run_dir / 'mlruns'}"
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # under the run's own bar
+        if uri.startswith("file:"):  # MLflow 3 refuses its file store unless told; a run's local record
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # is exactly what it is for
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.uri = MlflowClient(tracking_uri=uri), uri
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "gdpo-ray")
+        experiment = self.client.get_experiment_by_name(experiment_name)
+        experiment_id = (experiment.experiment_id if experiment is not None
+                         else self.client.create_experiment(experiment_name))
+        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        params = [(k[:250], v[:6000]) for k, v in flat_config(config).items()]
+        from mlflow.entities import Param
+
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params[i:i + 100]])
+
+    def log(self, step: int, row: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(row.get("time", time.time()) * 1000)
+        metrics = [Metric(_MLFLOW_NAME.sub("_", k), v, stamp, step) for k, v in row.items()
+                   if k not in ("step", "time") and math.isfinite(v)]
+        for i in range(0, len(metrics), 1000):  # MLflow takes at most 1000 metrics per batch
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def log_completions(self, step: int, samples: Sequence[Mapping[str, Any]]) -> None:
+        import warnings
+
+        columns = _table_columns(samples)
+        table = {c: [json.dumps(s[c]) if isinstance(s.get(c), (dict, list)) else s.get(c) for s in samples]
+                 for c in columns}
+        with warnings.catch_warnings():  # MLflow's own use of pandas (select_dtypes), not ours to fix
+            warnings.simplefilter("ignore")
+            self.client.log_table(self.run_id, table, artifact_file="completions.json")  # appends
+
+    def close(self, failed: bool) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -1,0 +1,223 @@
+"""``--suite rewards:FILE``: held-out prompts scored with a run's own rewards, exact avg@n,
+failure rates and weighted sums; the config read from --rewards or the run directory."""
+
+import json
+import math
+import time
+
+import pytest
+
+from gdpo_ray.eval.report import read_report
+from gdpo_ray.eval.suite import Completion
+from gdpo_ray.eval.suites import make_suite
+from gdpo_ray.rewards import completion_text
+from gdpo_ray.run.eval_runner import score
+
+HERE = "tests.unit.test_eval_rewards_suite"
+
+
+def says_answer(completions, answer, **kwargs):
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+def flaky(completions, **kwargs):
+    """0.25, but None for "skip..." and raises for "boom..." (the whole call raises)."""
+    texts = [completion_text(c) for c in completions]
+    if any(t.startswith("boom") for t in texts):
+        raise ValueError("boom")
+    return [None if t.startswith("skip") else 0.25 for t in texts]
+
+
+def chat_shape(completions, **kwargs):
+    return [float(isinstance(c, list) and c[0]["role"] == "assistant") for c in completions]
+
+
+def slow(completions, **kwargs):
+    time.sleep(2)
+    return [1.0 for _ in completions]
+
+
+REWARDS = [{"name": "correct", "fn": f"{HERE}:says_answer"},
+           {"name": "brief", "fn": "length", "params": {"limit": 5}, "weight": 0.5,
+            "condition": {"on": "correct", "min": 1.0}},
+           {"name": "flaky", "fn": f"{HERE}:flaky", "weight": 2.0}]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.fixture
+def held_out(tmp_path):
+    rows = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]
+    return write_jsonl(tmp_path / "held_out.jsonl", rows)
+
+
+def test_each_reward_its_failure_rate_and_the_weighted_sum_are_exact(held_out):
+    suite = make_suite(f"rewards:{held_out}", rewards=REWARDS, max_tokens=8)
+    assert suite.name == "rewards:held_out" and suite.length_limit == 8
+    assert suite.metrics == ("correct", "correct/failure_rate", "brief", "brief/failure_rate", "flaky",
+                             "flaky/failure_rate", "weighted_sum", "exceed_ratio")
+    items = suite.items()
+    assert [(it.id, it.prompt, it.reference) for it in items] == [("0", "2+2?", {"answer": "4"}),
+                                                                  ("1", "3+3?", {"answer": "6"})]
+    scored = score(suite, items, {"0": [Completion("4", 1), Completion("boom 4", 9), Completion("skip", 3)],
+                                  "1": [Completion("6", 2), Completion("5", 1)]}, progress=False)
+    first = scored["0"]
+    # correct [1, 0 ("boom 4" is not "4"), 0]; brief (<= 5 tokens, paid when correct): [1, 0, 0];
+    # flaky: its call raises, so row by row: 0.25, raised, None
+    assert [(s["correct"], s["brief"], s["flaky"]) for s in first][0] == (1.0, 1.0, 0.25)
+    assert math.isnan(first[1]["flaky"]) and math.isnan(first[2]["flaky"])
+    assert [s["flaky/failure_rate"] for s in first] == [0.0, 1.0, 1.0]
+    assert first[1]["reward_errors"] == {"flaky": "error: ValueError: boom"}
+    assert first[2]["reward_errors"] == {"flaky": "error: returned None or NaN"}
+    assert "reward_errors" not in first[0]
+    # weighted sums: 1 + 0.5 * 1 + 2 * 0.25 = 2; none where a reward failed
+    assert first[0]["weighted_sum"] == 2.0 and math.isnan(first[1]["weighted_sum"])
+    assert [s["exceed_ratio"] for s in first] == [0.0, 1.0, 0.0]  # 9 tokens > 8
+    from gdpo_ray.eval.report import build_report
+
+    report = build_report(suite, scored, {"0": "held_out", "1": "held_out"}, "p", {})
+    assert report["overall"] == pytest.approx({
+        "correct": (1 / 3 + 1 / 2) / 2, "correct/failure_rate": 0.0,
+        "brief": (1 / 3 + 1 / 2) / 2, "brief/failure_rate": 0.0,
+        "flaky": 0.25, "flaky/failure_rate": (2 / 3 + 0) / 2,
+        # item 0: 2 (its one scored sample); item 1: (2 + 0.5) / 2
+        "weighted_sum": (2.0 + 1.25) / 2, "exceed_ratio": (1 / 3 + 0) / 2})
+    from gdpo_ray.eval.rewards_suite import failure_lines
+
+    assert failure_lines(report) == ["reward 'flaky' failed on 2 of 5 samples, e.g. item 0 sample 1: "
+                                     "error: ValueError: boom"]
+
+
+def test_a_failed_gate_an_unknown_length_a_timeout_and_chat_prompts(tmp_path):
+    data = write_jsonl(tmp_path / "chat.jsonl", [{"q": [{"role": "user", "content": "hi"}], "key": "a"}])
+    rewards = [{"name": "flaky", "fn": f"{HERE}:flaky"},
+               {"name": "gated", "fn": "length", "params": {"limit": 100}, "condition": {"on": "flaky", "min": 0}},
+               {"name": "chat", "fn": f"{HERE}:chat_shape"},
+               {"name": "slow", "fn": f"{HERE}:slow", "timeout_s": 0.2}]
+    suite = make_suite(f"rewards:{data}", rewards=rewards, prompt_column="q", id_column="key")
+    [item] = suite.items()
+    assert item.id == "a" and item.reference == {"key": "a"}
+    samples = suite.score(item, [Completion("boom", 3), Completion("fine", None)])
+    assert samples[0]["reward_errors"] == {"flaky": "error: ValueError: boom",
+                                           "gated": "condition: on 'flaky', error: ValueError: boom",
+                                           "slow": "timeout: no answer after 0.2 s"}
+    assert samples[1]["reward_errors"] == {
+        "gated": "error: response_length is not known (give the completions file \"tokens\", or --tokenizer MODEL)",
+        "slow": "timeout: no answer after 0.2 s"}
+    assert samples[1]["flaky"] == 0.25 and [s["chat"] for s in samples] == [1.0, 1.0]  # one assistant message
+    assert [s["gated/failure_rate"] for s in samples] == [1.0, 1.0]
+    assert math.isnan(samples[1]["exceed_ratio"])  # no length, no finish reason
+
+
+def test_bad_input_is_named_with_its_fix(tmp_path, held_out):
+    with pytest.raises(ValueError, match=r"rewards:no/such\.jsonl: no such file"):
+        make_suite("rewards:no/such.jsonl", rewards=REWARDS)
+    with pytest.raises(ValueError, match=r"scores with a run's reward functions: give them with gdpo-ray eval "
+                                         r"--rewards"):
+        make_suite(f"rewards:{held_out}")
+    no_column = write_jsonl(tmp_path / "q.jsonl", [{"prompt": "2+2?", "truth": "4"}])
+    with pytest.raises(ValueError, match=r"reward 'correct' needs column 'answer', which .*q\.jsonl does not have "
+                                         r"\(its columns: \['prompt', 'truth'\]\)"):
+        make_suite(f"rewards:{no_column}", rewards=REWARDS)
+    gap = write_jsonl(tmp_path / "gap.jsonl", [{"prompt": "a", "answer": "1"}, {"prompt": "b"}])
+    with pytest.raises(ValueError, match=r"gap\.jsonl, line 2 has no 'answer' \(null or missing\), which reward "
+                                         r"'correct' needs"):
+        make_suite(f"rewards:{gap}", rewards=REWARDS)
+    with pytest.raises(ValueError, match=r"reward 'weighted_sum': the rewards suite reports a metric of that name"):
+        make_suite(f"rewards:{held_out}", rewards=[{"name": "weighted_sum", "fn": f"{HERE}:flaky"}])
+
+
+def test_rewards_an_environment_gives_are_left_out_and_recorded(held_out):
+    rewards = [*REWARDS, {"name": "solved", "fn": "environment"},
+               {"name": "after", "fn": "length", "condition": {"on": "solved", "min": 1}}]
+    suite = make_suite(f"rewards:{held_out}", rewards=rewards, source="cfg.yaml")
+    assert [s.name for s in suite.specs] == ["correct", "brief", "flaky"]
+    assert suite.report_settings() == {"rewards_config": "cfg.yaml", "reward_weights": {
+        "correct": 1.0, "brief": 0.5, "flaky": 2.0}, "rewards_left_out": ["solved", "after"]}
+
+
+CONFIG = """\
+data:
+  prompt_column: question
+  columns: {answer: meta.answer}
+generation:
+  max_tokens: 8
+training:
+  rewards:
+    - {name: correct, fn: "tests.unit.test_eval_rewards_suite:says_answer"}
+    - {name: flaky, fn: "tests.unit.test_eval_rewards_suite:flaky", weight: 2.0}
+"""
+
+
+def test_the_eval_command_scores_with_a_run_directorys_config(tmp_path, capsys):
+    from gdpo_ray.run.cli import main
+    from gdpo_ray.run.eval_rewards import run_config
+
+    run = tmp_path / "runs" / "mine"
+    (run / "policy").mkdir(parents=True)
+    (run / "config.yaml").write_text(CONFIG)
+    assert run_config(run / "policy") == run / "config.yaml" and run_config(tmp_path) is None
+    data = write_jsonl(tmp_path / "held_out.jsonl", [{"question": "2+2?", "meta": {"answer": "4"}},
+                                                     {"question": "3+3?", "meta": {"answer": "6"}}])
+    completions = write_jsonl(tmp_path / "c.jsonl", [{"id": "0", "completions": ["4", "skip"], "tokens": [1, 9]},
+                                                     {"id": "1", "completions": ["6", "7"], "tokens": [1, 1]}])
+    out = tmp_path / "r.json"
+    assert main(["eval", "--suite", f"rewards:{data}", "--rewards", str(run), "--completions", completions,
+                 "--output", str(out)]) == 0
+    report = read_report(out)
+    # correct: (1/2 + 1/2) / 2; flaky: 0.25 where scored, failed on 1 of item 0's 2 samples;
+    # weighted sums: item 0 1.5 (its one scored sample), item 1 (1.5 + 0.5) / 2;
+    # exceed: 9 tokens > 8 (the config's max_tokens) on 1 of item 0's 2 samples
+    assert report["overall"] == {"correct": 0.5, "correct/failure_rate": 0.0, "flaky": 0.25,
+                                 "flaky/failure_rate": 0.25, "weighted_sum": 1.25, "exceed_ratio": 0.25}
+    assert report["settings"] | {"rewards_config": str(run / "config.yaml"), "reward_weights": {
+        "correct": 1.0, "flaky": 2.0}, "samples": 2, "temperature": None, "max_tokens": None,
+        "length_limit": 8} == report["settings"]
+    captured = capsys.readouterr()
+    assert "weighted_sum" in captured.out
+    assert ("note: reward 'flaky' failed on 1 of 4 samples, e.g. item 0 sample 1: error: returned None or NaN"
+            in captured.err)
+
+
+def test_the_eval_command_names_a_missing_rewards_config(tmp_path, capsys, held_out):
+    from gdpo_ray.run.cli import main
+
+    assert main(["eval", "demo", "--suite", f"rewards:{held_out}"]) == 2
+    assert ("--suite rewards:FILE needs the reward functions to score with, and POLICY 'demo' is not a run "
+            "directory with config.yaml: give --rewards CONFIG") in capsys.readouterr().err
+    assert main(["eval", "--suite", f"rewards:{held_out}", "--rewards", str(tmp_path), "--completions", "x"]) == 2
+    assert f"--rewards {tmp_path}: a directory without config.yaml" in capsys.readouterr().err
+    assert main(["eval", "--suite", "task:addition", "--rewards", "demo", "--completions", "x"]) == 2
+    assert "--rewards goes with --suite rewards:FILE" in capsys.readouterr().err
+
+
+def test_a_preset_names_the_rewards(tmp_path):
+    from gdpo_ray.run.eval_rewards import rewards_suite_options
+
+    options = rewards_suite_options("demo", None)
+    assert [r["name"] for r in options["rewards"]] == ["format", "correct", "length"]
+    assert options["max_tokens"] == 40 and options["source"] == "demo" and options["prompt_column"] == "prompt"
+    data = write_jsonl(tmp_path / "sums.jsonl", [{"prompt": "1+1", "ground_truth": "2"}])
+    suite = make_suite(f"rewards:{data}", **options)
+    [sample] = suite.score(suite.items()[0], [Completion("<think>x</think><answer>2</answer>", 10)])
+    assert (sample["format"], sample["correct"], sample["length"], sample["weighted_sum"]) == (1.0, 1.0, 1.0, 3.0)
+
+
+def test_time_limits_nest_each_raising_its_own():
+    """A reward call's limit inside an item's (``eval_runner.score``): whichever is up first raises, named."""
+    from gdpo_ray.eval.time_limit import ScoringTimeout, time_limit
+
+    start = time.monotonic()
+    with time_limit(5) as outer:
+        with pytest.raises(ScoringTimeout) as inner_up:
+            with time_limit(0.1) as inner:
+                time.sleep(2)
+    assert inner_up.value.limit is inner and str(inner_up.value) == "timed out after 0.1 s"
+    with pytest.raises(ScoringTimeout) as outer_up:
+        with time_limit(0.2) as outer:
+            with time_limit(5):
+                time.sleep(2)
+    assert outer_up.value.limit is outer and time.monotonic() - start < 1.5

@@ -1,0 +1,158 @@
+"""run.loggers: TensorBoard, JSONL, wandb (offline) and MLflow (a file: store), each through its
+own client, read back through that library's own reader; the config logged once; metrics.jsonl
+without RLlib's bookkeeping; training.log_completions' samples in every logger."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gdpo_ray.run.loggers import RunLog, check_loggers, flat_config, run_metrics
+
+CONFIG = {"training": {"lr": 1e-5, "rewards": [{"name": "a", "fn": "regex"}]}, "run": {"steps": 2}}
+RESULT = {"rewards/a/mean": 0.25, "eval/task/accuracy": float("nan"), "pass@4": 0.5,
+          "config/lr": 1e-5, "timers/training_step": 1.0, "training_iteration": 1.0, "pid": 77.0,
+          "time_this_iter_s": 1.0, "perf/cpu_util_percent": 50.0}
+SAMPLES = [{"prompt": "2+2?", "completion": "<answer>4</answer>", "rewards/a": 1.0, "advantage": 0.5,
+            "finish_reason": "stop"},
+           {"prompt": "1|2", "completion": "x\ny", "rewards/a": float("nan"), "advantage": -0.5,
+            "finish_reason": "length"}]
+
+
+def test_a_step_keeps_its_metrics_and_drops_rllibs_bookkeeping():
+    assert run_metrics(RESULT) == {"rewards/a/mean": 0.25, "pass@4": 0.5, "perf/cpu_util_percent": 50.0}
+
+
+def test_the_config_is_flattened_to_text_values():
+    assert flat_config(CONFIG) == {"training.lr": "1e-05", "training.rewards": '[{"name": "a", "fn": "regex"}]',
+                                   "run.steps": "2"}
+
+
+def test_loggers_are_checked_by_name_and_package(monkeypatch):
+    assert check_loggers("wandb") == ["wandb"]
+    assert check_loggers(["jsonl", "jsonl", "mlflow"]) == ["jsonl", "mlflow"]
+    with pytest.raises(ValueError, match=r"'wandbb' is not a logger of run.loggers; did you mean 'wandb'"):
+        check_loggers(["wandbb"])
+    with pytest.raises(ValueError, match="run.loggers must be a list of names"):
+        check_loggers({"wandb": True})
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    with pytest.raises(ValueError, match=r"mlflow needs the mlflow-skinny package: pip install mlflow-skinny"):
+        check_loggers(["mlflow"])
+
+
+def _log_two_steps(run_dir, loggers):
+    log = RunLog(run_dir, loggers, "my-run", CONFIG)
+    log.log(1, RESULT)
+    log.log_completions(1, SAMPLES)
+    log.log(2, {"rewards/a/mean": 0.75})
+    log.log_completions(2, SAMPLES[:1])
+    log.log_completions(3, [])  # a step without samples logs none
+    log.close()
+    return log
+
+
+def test_jsonl_holds_metrics_and_completions_only(tmp_path):
+    log = _log_two_steps(tmp_path, ["jsonl"])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [sorted(r) for r in rows] == [["pass@4", "perf/cpu_util_percent", "rewards/a/mean", "step", "time"],
+                                         ["rewards/a/mean", "step", "time"]]
+    assert [r["rewards/a/mean"] for r in rows] == [0.25, 0.75] and rows == log.rows
+    samples = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert samples[0] == {"step": 1, **SAMPLES[0]}
+    assert samples[1]["completion"] == "x\ny" and math.isnan(samples[1]["rewards/a"])
+    assert [s["step"] for s in samples] == [1, 1, 2]
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_tensorboard_holds_the_scalars_the_config_and_the_samples(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _log_two_steps(tmp_path, ["tensorboard"])
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("rewards/a/mean")] == [(1, 0.25), (2, 0.75)]
+    assert "config/lr" not in events.Tags()["scalars"]
+    texts = {tag: events.Tensors(tag) for tag in events.Tags()["tensors"]}
+    config = texts["config/text_summary"][0].tensor_proto.string_val[0].decode()
+    assert "training.lr: 1e-05" in config and "run.steps: 2" in config
+    table = texts["completions/text_summary"][0]
+    assert table.step == 1
+    lines = table.tensor_proto.string_val[0].decode().splitlines()
+    assert lines[0] == "| step | prompt | completion | rewards/a | advantage | finish_reason |"
+    assert lines[3] == "| 1 | 1\\|2 | x<br>y | nan | -0.5 | length |"
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _wandb_records(raw: bytes):
+    """The records of a wandb run file: a 7-byte header (":W&B", magic, version), then LevelDB's
+    log format (32 KiB blocks of chunks: crc32c, length, type FULL 1 / FIRST 2 / MIDDLE 3 / LAST 4)."""
+    import struct
+
+    assert raw[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if kind == 0:
+            break
+        pending += raw[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            yield pending
+            pending = b""
+
+
+def test_wandb_offline_run_holds_the_config_metrics_and_table(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_two_steps(tmp_path, ["wandb"])
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    # the run file's records (what `wandb sync` uploads), parsed with wandb's own protobuf classes
+    from wandb.proto import wandb_internal_pb2
+
+    config, history = {}, []
+    for data in _wandb_records(next(runs[0].glob("*.wandb")).read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") in ("run", "config"):  # given at init: in the run record
+            updates = (record.run.config if record.HasField("run") else record.config).update
+            config |= {item.key: json.loads(item.value_json) for item in updates}
+        elif record.WhichOneof("record_type") == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
+    assert config["training"] == CONFIG["training"] and config["run"] == {"steps": 2}
+    assert [(h["_step"], h["rewards/a/mean"]) for h in history] == [(1, 0.25), (2, 0.75)]
+    assert "config/lr" not in history[0] and "pid" not in history[0]
+    assert history[0]["completions/_type"] == "incremental-table-file" and history[0]["completions/nrows"] == 2
+    table = json.loads((runs[0] / "files" / history[0]["completions/path"]).read_text())
+    assert table["columns"] == ["step", "prompt", "completion", "rewards/a", "advantage", "finish_reason"]
+    assert table["data"][0] == [1, "2+2?", "<answer>4</answer>", 1.0, 0.5, "stop"]
+    assert history[1]["completions/nrows"] == 3 and history[1]["completions/increment_num"] == 1
+
+
+def test_mlflow_file_store_holds_the_params_metrics_and_table(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
+    _log_two_steps(tmp_path, ["mlflow"])
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    [run] = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.run_name == "my-run" and run.info.status == "FINISHED"
+    assert run.data.params == {"training.lr": "1e-05", "training.rewards": '[{"name": "a", "fn": "regex"}]',
+                               "run.steps": "2"}
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rewards/a/mean")] == \
+        [(1, 0.25), (2, 0.75)]
+    assert "pass_4" in run.data.metrics and "pid" not in run.data.metrics
+    table = json.loads((tmp_path / "mlruns" / run.info.experiment_id / run.info.run_id / "artifacts"
+                        / "completions.json").read_text())
+    assert table["columns"] == ["step", "prompt", "completion", "rewards/a", "advantage", "finish_reason"]
+    assert table["data"][0] == [1, "2+2?", "<answer>4</answer>", 1.0, 0.5, "stop"]
+    assert [row[0] for row in table["data"]] == [1, 1, 2]  # each step's samples appended
