@@ -174,6 +174,11 @@ TRL_NAMES = {
     "bf16": ("training.precision", "precision: bf16"),
     "environment_factory": ("data.environment", "'module:Class', or TRL's dict form {name: 'module:Class'}"),
     "peft_config": ("llm.lora", "PEFT's LoraConfig settings as a mapping"),
+    "report_to": ("run.loggers", "a list of tensorboard, jsonl, wandb, mlflow"),
+    "log_completions": ("training.log_completions", "the number of samples per step (0: none), not a flag"),
+    "num_completions_to_print": ("training.log_completions", "written to completions.jsonl and the loggers' tables"),
+    "save_steps": ("training.checkpoint_every", ""),
+    "save_total_limit": ("training.keep_checkpoints", "the final checkpoint is always kept"),
 }
 #: settings outside the GDPO and RLlib field tables: the ``run`` section's (``gdpo_ray.run.train``)
 RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy",

@@ -95,29 +95,25 @@ def resolve_model_path(spec: str) -> Path:
 
         target = Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
         return target if (target / "config.json").exists() else build_tiny_model(target)
-    return Path(spec)
+    return hub_model(spec) or Path(spec)
 
 
-def same_model(a: str | Path, b: str | Path) -> bool:
-    """Whether two model directories hold the same model: one directory, or copies (the same
-    config, the same weight files of the same sizes)."""
-    import json
+def hub_model(spec: str, cache_dir: str | Path | None = None) -> Path | None:
+    """A Hugging Face hub name (``org/name``, not a folder here) as its snapshot in the local hub
+    cache (nothing is downloaded: a run starts from what is on the machine); None for anything
+    else. A hub name that is not in the cache raises ValueError naming it and the fix."""
+    import re
 
-    a, b = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
-    if a == b:
-        return True
+    if Path(spec).expanduser().exists() or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
+        return None
+    from huggingface_hub import snapshot_download
 
-    def identity(folder: Path) -> tuple | None:
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError):
-            return None
-        config.pop("_name_or_path", None)
-        files = sorted((f.name, f.stat().st_size) for f in folder.iterdir()
-                       if f.suffix in (".safetensors", ".bin", ".pt"))
-        return json.dumps(config, sort_keys=True), files
-
-    return identity(a) is not None and identity(a) == identity(b)
+    try:
+        return Path(snapshot_download(spec, cache_dir=cache_dir, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached (huggingface_hub's error types vary by version)
+        raise ValueError(f"model {spec!r} is not a local directory nor a model in the Hugging Face cache; "
+                         f"download it first (huggingface-cli download {spec}) and give its name or "
+                         f"directory, or use one of {', '.join(BUILT_IN_MODELS)}") from None
 
 
 def saved_dtype(path: str | Path) -> str:

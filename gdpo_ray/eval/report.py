@@ -156,7 +156,7 @@ def format_report(report: Mapping[str, Any]) -> str:
 #: the settings that change a report's numbers: ``compare`` warns when reports of one suite differ
 #: in one (a value not recorded, None, is not compared)
 COMPARED_SETTINGS = ("samples", "temperature", "top_p", "max_tokens", "length_limit", "items",
-                     "chat_template", "max_prompt_tokens", "reward_weights")
+                     "chat_template", "max_prompt_tokens", "system_prompt", "reward_weights")
 
 
 def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:

@@ -93,9 +93,9 @@ def make_suite(spec: str, **options: Any) -> Suite:
     return SUITES.get(family)(argument, **{k: v for k, v in options.items() if v is not None})
 
 
-def held_out_suite(spec: str, training_data: Any, prompt_column: str = "prompt", **options: Any) -> Suite:
+def held_out_suite(spec: str, training_data: Any, training_column: str = "prompt", **options: Any) -> Suite:
     """The suite a training run evaluates on: ``spec``'s (built with ``options``, as
-    ``make_suite``), without the items whose prompt is a prompt of ``training_data`` (rows, a
+    ``make_suite``), without the items whose prompt is a prompt (``training_column``) of ``training_data`` (rows, a
     ``gdpo_ray.data.Rows``, or a dataset path; other data, e.g. a ``datasets.Dataset``, leaves
     the suite whole)."""
     suite = make_suite(spec, **options)
@@ -103,7 +103,7 @@ def held_out_suite(spec: str, training_data: Any, prompt_column: str = "prompt",
         training_data = read_dataset(training_data)  # read by the start-up check already (cached)
     rows = getattr(training_data, "rows", training_data)
     if isinstance(rows, list):
-        left_out = suite.hold_out([r.get(prompt_column) for r in rows if isinstance(r, dict)])
+        left_out = suite.hold_out([r.get(training_column) for r in rows if isinstance(r, dict)])
         logging.getLogger(__name__).info("eval suite %s: %d items, %d left out as training prompts",
                                          suite.name, len(suite.items()), left_out)
     return suite

@@ -223,9 +223,10 @@ class GDPO(Algorithm):
                 self.rollouts.shutdown()
                 raise
         from gdpo_ray.eval.suites import held_out_suite
+        from gdpo_ray.run.eval_rewards import training_suite_options
 
         self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c.prompts, c.num_prompts, c.seed or 0), c.prompt_column,
-                                         length_limit=c.eval_length_limit) if c.eval_suite else None
+                                         length_limit=c.eval_length_limit, **training_suite_options(c)) if c.eval_suite else None
         self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)

@@ -46,6 +46,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=8192,
                    help="longer prompts are not generated: empty completions, counted (default 8192)")
     p.add_argument("--no-chat-template", action="store_true", help="prompts as plain text")
+    p.add_argument("--system-prompt", metavar="TEXT", help="a system message before every prompt without "
+                   "one (default: data.system_prompt of POLICY's run, if it is a run; '' for none)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--output", help="the report's path")
     p.add_argument("--compare", nargs="+", metavar="RUN", help="print the table of these runs' reports")
@@ -131,6 +133,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def system_prompt(given: str | None, policy: str | None) -> str | None:
+    """``--system-prompt`` ('' for none), else the ``data.system_prompt`` the run POLICY trained with."""
+    if given is not None:
+        return given or None
+    from gdpo_ray.run.eval_rewards import run_config
+
+    found = run_config(policy) if policy else None
+    if found is None:
+        return None
+    import yaml
+
+    return ((yaml.safe_load(found.read_text()) or {}).get("data") or {}).get("system_prompt")
+
+
 def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
     from gdpo_ray.run.eval_runner import check_pass_k, evaluate, resolve_policy
     from gdpo_ray.eval.suites import make_suite
@@ -155,6 +171,7 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
                         limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
                         num_actors=args.num_actors, chat_template=not args.no_chat_template,
                         tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                        label=args.policy, pass_k=args.pass_k)
+                        label=args.policy, pass_k=args.pass_k,
+                        system_prompt=system_prompt(args.system_prompt, args.policy))
     finally:
         suite.close()

@@ -59,6 +59,17 @@ def rewards_suite_options(rewards: str | None, policy: str | None) -> dict:
         raise ValueError(f"--rewards {source}: {err}") from None
     if not c.rewards:
         raise ValueError(f"--rewards {source}: the config has no training.rewards to score with")
+    return config_options(c, source)
+
+
+def config_options(c, source: str) -> dict:
+    """The ``rewards:`` suite's options from a ``GDPOConfig`` (``source``: where it came from)."""
     return dict(rewards=list(c.rewards), prompt_column=c.prompt_column, id_column=c.id_column,
                 columns=dict(c.columns), max_tokens=c.max_tokens, environment=c.tool_environment,
                 max_turns=c.max_turns, source=source)
+
+
+def training_suite_options(c) -> dict:
+    """The options of a run's own ``training.eval_suite``: a ``rewards:FILE`` suite scores with the
+    run's ``training.rewards``; other suites take none."""
+    return config_options(c, "training.rewards") if (c.eval_suite or "").startswith("rewards:") else {}

@@ -64,6 +64,9 @@ def resolve_policy(policy: str, base: str | None = None) -> str:
         from gdpo_ray.run.checkpoints import export_checkpoint_policy
 
         return export_checkpoint_policy(str(path), tempfile.mkdtemp(prefix="gdpo-eval-policy-"))
+    hub = model_files.hub_model(policy)
+    if hub is not None:
+        return str(hub)
     raise ValueError(f"policy {policy!r} is not a model directory (no config.json), a LoRA adapter "
                      f"directory (no adapter_config.json), a run directory (no policy/ in it), a "
                      f"training checkpoint, or one of {' | '.join(model_files.BUILT_IN_MODELS)}")
@@ -149,12 +152,13 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
              max_prompt_tokens: int = 8192, environment: str | None = None,
-             environment_row: Callable[[EvalItem], dict] | None = None, max_turns: int = 10
-             ) -> dict[str, list[Completion]]:
+             environment_row: Callable[[EvalItem], dict] | None = None, max_turns: int = 10,
+             system_prompt: str | None = None) -> dict[str, list[Completion]]:
     """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
     max_prompt_tokens and tool environment) or on a group of ``num_actors`` new rollout actors
     without rewards (multi-turn with the tools of ``environment``, 'module:Class', if given, each
-    rollout's instance reset with the prompt and ``environment_row(item)``); a
+    rollout's instance reset with the prompt and ``environment_row(item)``; ``system_prompt``
+    before every prompt without one, as ``data.system_prompt`` in training); a
     prompt over ``max_prompt_tokens`` is not generated (its completions are empty, finish reason
     "prompt_too_long")."""
     from tqdm import tqdm
@@ -165,7 +169,7 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
             dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=None,
                  group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
                  chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
-                 environment=environment, max_turns=max_turns),
+                 environment=environment, max_turns=max_turns, system_prompt=system_prompt),
             num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
             calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
     bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
@@ -245,7 +249,8 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
              limit: int | None = None, engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None,
              num_actors: int = 1, chat_template: bool = True, tokenizer: str | None = None,
              progress: bool = True, rollouts: RolloutGroup | None = None, label: str | None = None,
-             max_prompt_tokens: int = 8192, pass_k: Sequence[int] | None = None) -> dict:
+             max_prompt_tokens: int = 8192, pass_k: Sequence[int] | None = None,
+             system_prompt: str | None = None) -> dict:
     """The report of ``suite`` for ``policy`` (generated on new rollout actors), for the policy
     of ``rollouts`` (a run's rollout group, during training) or for ``completions_file``; with
     ``pass_k`` (ks, each at most ``samples``, or at most each item's completions in the file)
@@ -288,11 +293,13 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         model = resolve_policy(policy) if policy is not None else None
         own = rollouts is None  # else the run's rollout actors: their engine, template and prompt limit
         settings |= {"engine": engine if own else None, "chat_template": chat_template if own else None,
-                     "max_prompt_tokens": max_prompt_tokens if own else None}
+                     "max_prompt_tokens": max_prompt_tokens if own else None,
+                     "system_prompt": (system_prompt or "") if own else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
                                rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment,
-                               environment_row=suite.environment_row, max_turns=suite.max_turns)
+                               environment_row=suite.environment_row, max_turns=suite.max_turns,
+                               system_prompt=system_prompt)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings, pass_k)

@@ -123,7 +123,9 @@ def _check_eval(c: Any) -> None:
         check_ks(parse_ks(c.eval_pass_k, "training.eval_pass_k"), c.eval_samples,
                  "training.eval_pass_k", "training.eval_samples")
     if c.eval_suite:
-        suite = make_suite(c.eval_suite, length_limit=c.eval_length_limit)
+        from gdpo_ray.run.eval_rewards import training_suite_options
+
+        suite = make_suite(c.eval_suite, length_limit=c.eval_length_limit, **training_suite_options(c))
         suite.close()
         if suite.environment != c.tool_environment:  # in-training eval runs on the run's rollout actors
             raise ValueError(f"training.eval_suite {c.eval_suite} is generated "

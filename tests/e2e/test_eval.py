@@ -97,7 +97,9 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     capsys.readouterr()
     assert main(["eval", "--compare", str(run), str(by_policy)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:2] == ["run", "task:addition/pass@1"] and len(table) == 4
+    assert table[0].split()[:2] == ["run", "task:addition/pass@1"] and table[4:6] == ["", "settings"]
+    # the in-training eval (6 items, the suite's max_tokens) and this one (8 items, 16): said
+    assert table[-1].startswith("warning: the task:addition reports were made with different settings: max_tokens ")
 
 
 def test_prompts_over_the_limit_are_counted_not_generated(ray_cluster):
@@ -135,3 +137,30 @@ def test_an_actor_killed_during_an_eval_is_replaced_and_its_prompts_completed(ra
     assert len(out) == 4 and all(len(samples) == 2 for samples in out)
     assert all(0 < tokens <= 4 and messages is None for samples in out for _, tokens, _, messages in samples)
     assert rollouts.stats["actor_restarts"] == 1 and sum(done) == 4
+
+
+def test_a_run_evaluates_its_own_rewards_on_held_out_prompts(ray_cluster, tmp_path, capsys):
+    """training.eval_suite: rewards:FILE scores held-out rows with the run's training.rewards
+    during training; `gdpo-ray eval RUN --suite rewards:FILE` does the same after it, with the
+    run's data.system_prompt (recorded in the report's settings)."""
+    from gdpo_ray.run.cli import main
+
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"prompt": f"What is {a} + {b}?", "ground_truth": str(a + b)}) + "\n"
+                                for a, b in [(1, 1), (2, 5), (4, 4), (9, 0)]))
+    assert main(["train", "demo", "run.steps=2", "run.name=own", f"run.output_dir={tmp_path}",
+                 "training.prompts_per_step=4", "training.group_size=4", "generation.max_tokens=32",
+                 "training.eval_every=2", f"training.eval_suite=rewards:{held_out}", "training.eval_samples=2",
+                 "data.system_prompt=Add the numbers.", "run.export_policy=true"]) == 0
+    run = tmp_path / "own"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(k.removeprefix("eval/rewards:held_out/") for k in rows[1] if k.startswith("eval/")) == [
+        "correct", "correct/failure_rate", "exceed_ratio", "format", "format/failure_rate",
+        "length", "length/failure_rate", "weighted_sum"]
+    capsys.readouterr()
+    out = tmp_path / "after.json"
+    assert main(["eval", str(run), "--suite", f"rewards:{held_out}", "--samples", "2", "--max-tokens", "32",
+                 "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["system_prompt"] == "Add the numbers." and report["counts"]["items"] == 4
+    assert 0 <= report["overall"]["correct"] <= 1 and report["overall"]["correct/failure_rate"] == 0

@@ -224,3 +224,22 @@ def test_broken_files_are_named(folder, capsys):
     fails(capsys, folder, "train", "config.yaml", "training.rewards=[math_correctness]",
           match="a reward is a mapping {name, fn, params, weight, condition, timeout_s}; got "
                 "'math_correctness'")
+
+
+def test_train_and_eval_resolve_a_hub_name_from_the_local_cache(tmp_path, monkeypatch):
+    # one resolver: `llm.model_path: org/name` and `gdpo-ray eval org/name` find the same snapshot
+    import huggingface_hub.constants
+
+    from gdpo_ray.model_files import resolve_model_path
+    from gdpo_ray.run.eval_runner import resolve_policy
+
+    snapshot = tmp_path / "models--org--name" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--name" / "refs").mkdir()
+    (tmp_path / "models--org--name" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert resolve_model_path("org/name") == snapshot and resolve_policy("org/name") == str(snapshot)
+    with pytest.raises(ValueError, match="model 'org/other' is not a local directory nor a model in the "
+                                         "Hugging Face cache; download it first"):
+        resolve_policy("org/other")

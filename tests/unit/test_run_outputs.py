@@ -126,3 +126,32 @@ def test_the_saved_config_is_a_preset_that_trains_the_same_config(tmp_path):
     assert again == resolved_sections(apply_sections(GDPOConfig(), again), run_settings(again))
     assert again["training"]["lr"] == 3e-5 and again["debugging"]["seed"] == 7
     assert again["data"]["tool_environment"] == config.tool_environment and again["run"]["loggers"] == ["jsonl"]
+
+
+def test_the_policy_keeps_the_base_models_dtype(tmp_path):
+    import json
+
+    from gdpo_ray.model_files import saved_dtype
+
+    for config, dtype in [({"dtype": "bfloat16"}, "bfloat16"), ({"torch_dtype": "float16"}, "float16"),
+                          ({}, "float32"), ({"dtype": "int8"}, "float32")]:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        assert saved_dtype(tmp_path) == dtype
+    assert saved_dtype(tmp_path / "missing") == "float32"
+
+
+def test_rllibs_api_stack_notice_is_dropped_and_nothing_else(caplog):
+    import logging
+
+    from gdpo_ray.run import quiet
+    from gdpo_ray.run.algorithm import GDPOConfig
+
+    config = GDPOConfig()  # installs the filters
+    assert config.log_sys_usage is False  # Tune's monitor thread off: it warns without gputil
+    logger = logging.getLogger(quiet.FILTERS[0][0])
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        logger.warning("You are running GDPO on the new API stack! This is the new default ...")
+        logger.warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
+    quiet.install()
+    assert len(logger.filters) == len({f.start for f in logger.filters})  # installed once
