@@ -133,6 +133,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def rewards_suite_options(rewards: str | None, policy: str | None) -> dict:
+    """The ``rewards:`` suite's options from the config named by ``--rewards`` or POLICY's run
+    (where it is looked for: ``gdpo_ray.run.eval_rewards``)."""
+    from gdpo_ray.run.algorithm import GDPOConfig
+    from gdpo_ray.run.eval_rewards import config_options, config_path
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    source = config_path(rewards, policy)
+    try:
+        c = apply_sections(GDPOConfig(), load_preset(source))
+    except ValueError as err:
+        raise ValueError(f"--rewards {source}: {err}") from None
+    if not c.rewards:
+        raise ValueError(f"--rewards {source}: the config has no training.rewards to score with")
+    return config_options(c, source)
+
+
 def system_prompt(given: str | None, policy: str | None) -> str | None:
     """``--system-prompt`` ('' for none), else the ``data.system_prompt`` the run POLICY trained with."""
     if given is not None:
@@ -153,8 +170,6 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
 
     options = {}
     if args.suite.startswith("rewards:"):
-        from gdpo_ray.run.eval_rewards import rewards_suite_options
-
         options = rewards_suite_options(args.rewards, args.policy)
     suite = make_suite(args.suite, length_limit=args.length_limit, **options)
     try:

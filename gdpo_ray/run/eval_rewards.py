@@ -1,7 +1,7 @@
 """Where ``gdpo-ray eval --suite rewards:FILE`` gets a run's reward functions from.
 
 ``--rewards CONFIG``: a preset name or a YAML path (read as ``gdpo-ray train`` reads it:
-``presets.load_preset``, then ``apply_sections`` onto a ``GDPOConfig``), or a run directory, whose
+``presets.load_preset``, then ``apply_sections`` onto a ``GDPOConfig``: ``eval_command``), or a run directory, whose
 resolved config is its ``config.yaml`` (written by every run, in a preset's format). Without
 ``--rewards``, the run directory evaluated (POLICY: a run directory, or its ``policy/``).
 The suite (``gdpo_ray.eval.rewards_suite``) gets the config's rewards and what it reads the held-out
@@ -45,21 +45,6 @@ def config_path(rewards: str | None, policy: str | None) -> str:
         raise ValueError(f"--suite rewards:FILE needs the reward functions to score with, and {what}: give "
                          f"--rewards CONFIG (the run directory, or the preset or YAML file it was trained with)")
     return str(found)
-
-
-def rewards_suite_options(rewards: str | None, policy: str | None) -> dict:
-    """The ``rewards:`` suite's options from the config named by ``--rewards`` or POLICY's run."""
-    from gdpo_ray.run.algorithm import GDPOConfig
-    from gdpo_ray.run.presets import apply_sections, load_preset
-
-    source = config_path(rewards, policy)
-    try:
-        c = apply_sections(GDPOConfig(), load_preset(source))
-    except ValueError as err:
-        raise ValueError(f"--rewards {source}: {err}") from None
-    if not c.rewards:
-        raise ValueError(f"--rewards {source}: the config has no training.rewards to score with")
-    return config_options(c, source)
 
 
 def config_options(c, source: str) -> dict:

@@ -195,7 +195,7 @@ def test_the_eval_command_names_a_missing_rewards_config(tmp_path, capsys, held_
 
 
 def test_a_preset_names_the_rewards(tmp_path):
-    from gdpo_ray.run.eval_rewards import rewards_suite_options
+    from gdpo_ray.run.eval_command import rewards_suite_options
 
     options = rewards_suite_options("demo", None)
     assert [r["name"] for r in options["rewards"]] == ["format", "correct", "length"]
