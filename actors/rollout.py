@@ -19,6 +19,7 @@ import itertools
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from actors.engines import SamplingParams, VersionedSample, make_engine
@@ -299,15 +300,20 @@ class RolloutActor:
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
-            versions = [s.versions if _has_versions(s) else [version] * len(s.token_ids) for s in group]
+            # per-token versions where the engine knows them (a batch engine's samples: all `version`)
+            versions = [s.versions if _has_versions(s) else None for s in group]
+            known = [v for v in versions if v is not None and len(v)]
+            oldest = [int(min(v)) for v in known] + [version] * any(
+                v is None and len(s.token_ids) for v, s in zip(versions, group))
             turns = None if self.tools is None else self.tools.turns(group, ids[rows])
             groups.append(GroupData(
                 prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i * g] if turns else ids[i],
                 response_token_ids=[s.token_ids for s in group],
                 response_logprobs=[s.logprobs for s in group],
                 finish_reasons=[s.finish_reason for s in group],
-                policy_version=min((v for vs in versions for v in vs), default=version),
-                response_versions=versions,
+                policy_version=min(oldest, default=version),  # of its oldest token
+                response_versions=None if not known else [
+                    v if v is not None else np.full(len(s.token_ids), version, np.int32) for v, s in zip(versions, group)],
                 rewards=scored.values[rows], reward_errors=scored.errors[rows],
                 task_columns=p.columns, turns=turns,
             ))

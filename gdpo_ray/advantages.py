@@ -65,7 +65,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gdpo_ray.group_layout import layout
+from gdpo_ray.group_layout import UniformGroups, layout
 from gdpo_ray.registry import Registry
 
 __all__ = [
@@ -163,8 +163,7 @@ def normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -
         ref = groups.nanmin(x)
         ref[np.isnan(ref)] = 0.0  # a column with no valid value in the group
         count = groups.sum(valid.astype(x.dtype))
-    d = groups.expand(ref)
-    np.subtract(x, d, out=d)  # exact 0 wherever a value equals its group's reference
+    d = groups.minus_expanded(x, ref)  # exact 0 wherever a value equals its group's reference
     if valid is not None:
         d[~valid] = 0.0
     s, q = groups.sum(d), groups.sum_squares(d)
@@ -244,13 +243,19 @@ Estimator = Callable[[np.ndarray, Any, np.ndarray, float, float], EstimatorOutpu
 ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
-def _gdpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp: float,
-          use_std: bool):
+def _gdpo_summed(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp: float,
+                 use_std: bool):
+    """GDPO before batch normalization (group-local): (norm, S, cancelled groups, scored rows)."""
     norm = normalize_in_groups(rewards, groups, use_std, eps)
     summed = norm.contributions(groups, np.broadcast_to(weights, norm.mean_d.shape))
     flat = cancel_residue(summed, groups, norm.magnitude() @ np.abs(weights), ulp)
     cancelled = flat & ~norm.degenerate[:, weights != 0].all(axis=1)
-    scored = None if norm.valid is None else norm.valid.any(axis=1)
+    return norm, summed, cancelled, None if norm.valid is None else norm.valid.any(axis=1)
+
+
+def _gdpo(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp: float,
+          use_std: bool):
+    norm, summed, cancelled, scored = _gdpo_summed(rewards, groups, weights, eps, ulp, use_std)
     advantages, mean, std = normalize_batch(summed, scored, eps)
     return EstimatorOutput(advantages, summed, scored, norm, mean, std, cancelled,
                             np.zeros_like(norm.ref), lambda: norm.per_column(groups) * weights)
@@ -340,8 +345,58 @@ def compute_advantages(
         [N] advantages, a torch tensor (on the input's device) if ``rewards`` is one, else a
         numpy array; float64 for float64 input, else float32.
     """
+    chunked = _chunked(rewards, group_index, estimator, weights, eps)
+    if chunked is not None:
+        return chunked
     run = _Run(rewards, group_index, estimator, weights, eps)
     return run.result(run.out.advantages)
+
+
+#: rows per chunk of ``compute_advantages`` on a large batch of equal contiguous groups: the
+#: float64 temporaries of one chunk stay in the cache (benchmarks/advantages.py)
+CHUNK_ROWS = 1 << 15
+#: the built-in estimators, by how their advantages come from group-local parts: GDPO's S is
+#: group-local then batch-normalized; GRPO's advantages are group-local
+_LOCAL = {"gdpo": True, "gdpo_no_std": False}
+_GROUP_ONLY = {"grpo": True, "grpo_no_std": False}
+
+
+def _chunked(rewards: Any, group_index: Any, estimator: str, weights: Any, eps: float) -> Any:
+    """``compute_advantages`` of a built-in estimator over a large batch of equal contiguous
+    groups in rows order, computed chunk by chunk of whole groups (the same arithmetic per
+    group; GDPO's batch normalization over the whole batch after); None for any other input."""
+    x, like = _to_numpy(rewards, "rewards")
+    index, _ = _to_numpy(group_index, "group_index")
+    if (estimator not in _LOCAL and estimator not in _GROUP_ONLY) or x.ndim != 2 or len(x) < 2 * CHUNK_ROWS \
+            or x.dtype.kind != "f" or index.shape != (len(x),) or index.dtype.kind not in "iu":
+        return None
+    order, _, groups = layout(index)
+    if order is not None or not isinstance(groups, UniformGroups):
+        return None
+    w = _check_weights(weights, x.shape[1])
+    if not (np.isfinite(eps) and eps >= 0):
+        return None  # _Run says what is wrong
+    if not np.isfinite(x).all():
+        _reject_infinite(x, "rewards")  # the row of the whole batch, not of a chunk
+    dtype = np.float64 if x.dtype == np.float64 else np.float32
+    ulp, g = float(np.finfo(dtype).eps), groups.group_size
+    step = max(CHUNK_ROWS // g, 1) * g
+    out = np.empty(len(x), np.float64)
+    scored = None
+    for a in range(0, len(x), step):
+        chunk = np.asarray(x[a:a + step], np.float64)
+        part = UniformGroups(len(chunk) // g, g)
+        if estimator in _LOCAL:
+            _, out[a:a + len(chunk)], _, ok = _gdpo_summed(chunk, part, w, float(eps), ulp, _LOCAL[estimator])
+            if ok is not None:
+                if scored is None:
+                    scored = np.ones(len(x), bool)
+                scored[a:a + len(chunk)] = ok
+        else:
+            out[a:a + len(chunk)] = _grpo(chunk, part, w, float(eps), ulp, _GROUP_ONLY[estimator]).advantages
+    if estimator in _LOCAL:
+        out = normalize_batch(out, scored, eps)[0]
+    return like(out.astype(dtype, copy=False))
 
 
 def compute_advantage_details(

@@ -15,9 +15,12 @@ one or more whole groups (each a zero-copy slice). Columns (names are the contra
     finish_reason       string                       "stop" | "length" | "abort"
     policy_version      int64                        the oldest policy version that sampled a
                                                      token of the group (admission, staleness)
-    response_versions   large_list<int32>            per token: the policy version that sampled it
-                                                     (a streaming engine's weights change in flight;
-                                                     batch engines: all = policy_version)
+    response_versions   list<struct<version: int32,  the policy versions that sampled the response,
+                             tokens: int32>>         as runs over its tokens in order: run (v, n) =
+                                                     n tokens sampled by version v (a streaming
+                                                     engine's weights change in flight; batch
+                                                     engines: one run, (policy_version, length));
+                                                     ``token_versions`` expands them per token
     rewards             fixed_size_list<float32>[K]  NaN = could not be computed
     reward_errors       list<string>                 K strings, "" where computed
     ...task columns (e.g. ground_truth), one value per row
@@ -64,7 +67,7 @@ _CORE = [
     ("response_length", pa.int32()),
     ("finish_reason", pa.string()),
     ("policy_version", pa.int64()),
-    ("response_versions", pa.large_list(pa.int32())),
+    ("response_versions", pa.list_(pa.struct([("version", pa.int32()), ("tokens", pa.int32())]))),
 ]
 CORE_COLUMNS = [name for name, _ in _CORE] + ["rewards", "reward_errors"]
 #: the columns of a multi-turn rollout (see the module docstring)
@@ -152,7 +155,7 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
         pa.array(np.fromiter((len(r) for r in responses), np.int32, len(responses))),
         pa.array([f for g in groups for f in g.finish_reasons], pa.string()),
         pa.array(np.repeat([g.policy_version for g in groups], sizes).astype(np.int64)),
-        _ragged([v for g in groups for v in _versions(g)], np.int32, large=True),
+        _version_runs(groups, sizes),
         pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(
             [np.asarray(g.rewards, np.float32).reshape(n, k) for g, n in zip(groups, sizes)]
         ).reshape(-1)), k),
@@ -176,10 +179,48 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
     return batch
 
 
-def _versions(g: GroupData) -> Sequence[Sequence[int]]:
-    if g.response_versions is not None:
-        return g.response_versions
-    return [np.full(len(r), g.policy_version, np.int32) for r in g.response_token_ids]
+def _version_runs(groups: Sequence[GroupData], sizes: Sequence[int]) -> pa.Array:
+    """The ``response_versions`` column: each response's per-token versions as runs; a group
+    without them (a batch engine's) is one run per response, (policy_version, its length)."""
+    lengths = np.fromiter((len(r) for g in groups for r in g.response_token_ids), np.int64, sum(sizes))
+    versions = np.repeat([g.policy_version for g in groups], sizes).astype(np.int32)
+    counts, tokens = (lengths > 0).astype(np.int32), lengths.astype(np.int32)
+    given = [g.response_versions is not None for g in groups]
+    if any(given):  # runs of the given per-token versions, row by row
+        runs_v, runs_n, counts, row = [], [], [], 0
+        for g, n in zip(groups, sizes):
+            for j in range(n):
+                v, t = _runs(g.response_versions[j]) if g.response_versions is not None else \
+                    (versions[row:row + 1], tokens[row:row + 1]) if lengths[row] else (np.zeros(0, np.int32),) * 2
+                runs_v.append(v)
+                runs_n.append(t)
+                counts.append(len(v))
+                row += 1
+        versions, tokens = np.concatenate(runs_v).astype(np.int32), np.concatenate(runs_n).astype(np.int32)
+        counts = np.asarray(counts, np.int32)
+    else:
+        versions, tokens = versions[lengths > 0], tokens[lengths > 0]
+    offsets = np.zeros(len(counts) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    runs = pa.StructArray.from_arrays([pa.array(versions, pa.int32()), pa.array(tokens, pa.int32())],
+                                      names=["version", "tokens"])
+    return pa.ListArray.from_arrays(pa.array(offsets), runs)
+
+
+def _runs(per_token: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(versions, token counts) of the runs of equal values in ``per_token``."""
+    v = np.asarray(per_token, np.int32)
+    if not len(v):
+        return v, v
+    starts = np.concatenate(([0], np.flatnonzero(v[1:] != v[:-1]) + 1))
+    return v[starts], np.diff(np.append(starts, len(v))).astype(np.int32)
+
+
+def token_versions(column: pa.Array) -> np.ndarray:
+    """A ``response_versions`` column (or a slice of one) expanded: per token, rows in order,
+    the policy version that sampled it."""
+    version, tokens = column.flatten().flatten()
+    return np.repeat(version.to_numpy(), tokens.to_numpy())
 
 
 def build_group(*, reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
@@ -235,13 +276,17 @@ def check_groups(batch: pa.RecordBatch) -> None:
         if not pc.all(pc.equal(values, pc.take(values, pa.array(first_row)))).as_py():
             raise ValueError(f"all rows of a group share one {col}")
     lengths = batch.column("response_length").to_numpy()
-    ragged = [batch.column(c) for c in ("response_token_ids", "response_logprobs", "response_versions")]
+    ragged = [batch.column(c) for c in ("response_token_ids", "response_logprobs")]
     if not all(np.array_equal(np.diff(c.offsets.to_numpy()), lengths) for c in ragged):
-        raise ValueError("response_token_ids, response_logprobs, response_versions and "
-                         "response_length disagree")
-    versions = ragged[2].flatten().to_numpy()
-    row_version = np.repeat(batch.column("policy_version").to_numpy(), lengths)  # per token
-    if np.any(versions < row_version):
+        raise ValueError("response_token_ids, response_logprobs and response_length disagree")
+    runs = batch.column("response_versions")
+    counts = np.diff(runs.offsets.to_numpy())
+    version, tokens = (a.to_numpy() for a in runs.flatten().flatten())
+    if np.any(tokens < 1) or not np.array_equal(
+            np.bincount(np.repeat(np.arange(len(counts)), counts), tokens, len(counts)), lengths):
+        raise ValueError("response_versions and response_length disagree (its runs must count >= 1 "
+                         "token each and cover the response)")
+    if np.any(version < np.repeat(batch.column("policy_version").to_numpy(), counts)):
         raise ValueError("a token's response_versions is older than its group's policy_version "
                          "(which must be the oldest)")
     if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():

@@ -5,7 +5,7 @@ groups that the advantage estimators (``gdpo_ray.advantages``) are written in.
 groups (None: they are already), ``labels`` the group_index value of each group, ``groups`` a
 ``UniformGroups`` (B groups of G rows: reductions are small matrix products) or a
 ``RaggedGroups`` (any sizes: numpy's reduceat). Both offer, for [N, C] row values and [B, C]
-group values: ``sum``, ``sum_squares``, ``expand``, ``subtract_per_group``, ``row_dot``,
+group values: ``sum``, ``sum_squares``, ``expand``, ``minus_expanded``, ``subtract_per_group``, ``row_dot``,
 ``first``, ``nanmin``, ``nanmax``, ``zero``, and ``sizes`` [B]. Every group must have >= 2 rows.
 """
 
@@ -39,7 +39,11 @@ class UniformGroups:
 
     def expand(self, z: np.ndarray) -> np.ndarray:  # [B, C] -> [N, C]
         c = z.shape[1]
-        return (z @ self._fold(c, z.dtype).T).reshape(-1, c)
+        return np.broadcast_to(z[:, None, :], (self.num_groups, self.group_size, c)).reshape(-1, c)
+
+    def minus_expanded(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:  # y - expand(z), one pass
+        b, g, c = self.num_groups, self.group_size, y.shape[1]
+        return np.subtract(y.reshape(b, g, c), z[:, None, :], dtype=z.dtype).reshape(-1, c)
 
     def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:  # v[n] -= z[g(n)]
         v.reshape(self.num_groups, self.group_size)[...] -= z[:, None]
@@ -87,6 +91,10 @@ class RaggedGroups:
 
     def expand(self, z: np.ndarray) -> np.ndarray:
         return np.repeat(z, self.sizes, axis=0)
+
+    def minus_expanded(self, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        d = self.expand(z)
+        return np.subtract(y, d, out=d)
 
     def subtract_per_group(self, v: np.ndarray, z: np.ndarray) -> None:
         v -= np.repeat(z, self.sizes)

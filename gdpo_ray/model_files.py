@@ -116,6 +116,28 @@ def hub_model(spec: str, cache_dir: str | Path | None = None) -> Path | None:
                          f"directory, or use one of {', '.join(BUILT_IN_MODELS)}") from None
 
 
+def same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model directories hold the same model: one directory, or copies (the same
+    config, the same weight files of the same sizes)."""
+    import json
+
+    a, b = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
+    if a == b:
+        return True
+
+    def identity(folder: Path) -> tuple | None:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        config.pop("_name_or_path", None)
+        files = sorted((f.name, f.stat().st_size) for f in folder.iterdir()
+                       if f.suffix in (".safetensors", ".bin", ".pt"))
+        return json.dumps(config, sort_keys=True), files
+
+    return identity(a) is not None and identity(a) == identity(b)
+
+
 def saved_dtype(path: str | Path) -> str:
     """The dtype a model directory's weights are stored in (its config.json's ``dtype``, or
     ``torch_dtype`` in older files; float32 when it names none): an exported policy keeps it."""

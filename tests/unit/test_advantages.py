@@ -551,3 +551,28 @@ def test_a_new_estimator_is_one_registered_function(monkeypatch):
     np.testing.assert_array_equal(out, [-1 / np.sqrt(2), 1 / np.sqrt(2), 0.0, 0.0])
     details = compute_advantage_details(rewards, np.array([0, 0, 1, 1]), estimator="first_only", eps=0.0)
     np.testing.assert_array_equal(details.contributions[:, 1], 0.0)
+
+
+@pytest.mark.parametrize("estimator", ["gdpo", "gdpo_no_std", "grpo", "grpo_no_std"])
+@pytest.mark.parametrize("nan_fraction", [0.0, 0.15])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_large_batch_computed_in_chunks_equals_the_whole(monkeypatch, estimator, nan_fraction, dtype):
+    # compute_advantages takes a large batch of equal contiguous groups chunk by chunk (the
+    # temporaries stay in the cache); details take it whole: the same advantages, and the same
+    # exactly-zero groups
+    import gdpo_ray.advantages as adv
+
+    monkeypatch.setattr(adv, "CHUNK_ROWS", 40)  # 2 * 40 <= N = 92: chunks of 10 groups of 4
+    rng = np.random.default_rng(7)
+    r, g = random_table(rng, 23, 5, nan_fraction, uniform=True)
+    r, g = r.astype(dtype), np.sort(g)
+    assert len(r) >= 2 * adv.CHUNK_ROWS and adv._chunked(r, g, estimator, None, 0.0) is not None
+    w = np.array([0.5, 1.0, 1.0, 2.0, 1.0], dtype)
+    for eps in (0.0, 1e-6):
+        got = compute_advantages(r, g, estimator=estimator, weights=w, eps=eps)
+        want = compute_advantage_details(r, g, estimator=estimator, weights=w, eps=eps).advantages
+        assert got.dtype == want.dtype and ((got == 0) == (want == 0)).all()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    r[85, 2] = np.inf  # named by its row in the whole batch (chunk 3, its row 5)
+    with pytest.raises(ValueError, match=r"rewards\[85, 2\] is inf"):
+        compute_advantages(r, g, estimator=estimator)

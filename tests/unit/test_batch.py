@@ -28,9 +28,9 @@ def test_schema_and_dtypes():
                             "response_token_ids", "response_logprobs", "response_length",
                             "finish_reason", "policy_version", "response_versions", "rewards",
                             "reward_errors"]
-    assert s.field("response_versions").type == pa.large_list(pa.int32())
-    assert b.column("response_versions").to_pylist() == [[group().column("policy_version")[0].as_py()] * 3,
-                                                         [group().column("policy_version")[0].as_py()]]
+    assert s.field("response_versions").type == pa.list_(pa.struct([("version", pa.int32()), ("tokens", pa.int32())]))
+    # a batch engine's response: one run of its group's version over all its tokens
+    assert b.column("response_versions").to_pylist() == [[{"version": 3, "tokens": 3}], [{"version": 3, "tokens": 1}]]
     assert s.field("response_token_ids").type == pa.large_list(pa.int32())
     assert s.field("response_logprobs").type == pa.large_list(pa.float32())
     assert s.field("rewards").type == pa.list_(pa.float32(), 2)
@@ -50,8 +50,21 @@ def test_response_versions_per_token_and_the_oldest_is_the_group_version():
     fields = dict(prompt_id="p", group_id="g", prompt_token_ids=[1], response_token_ids=[[5, 6, 7], [8]],
                   response_logprobs=[[-1.0] * 3, [-1.0]], finish_reasons=["stop", "stop"],
                   rewards=np.zeros((2, 1)), reward_errors=[[""], [""]])
+    from gdpo_ray.batch import token_versions
+
     b = build_groups([GroupData(policy_version=3, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
-    assert b.column("response_versions").to_pylist() == [[3, 3, 4], [4]]
+    assert b.column("response_versions").to_pylist() == [[{"version": 3, "tokens": 2}, {"version": 4, "tokens": 1}],
+                                                         [{"version": 4, "tokens": 1}]]
+    assert token_versions(b.column("response_versions")).tolist() == [3, 3, 4, 4]
+    assert token_versions(b.slice(1).column("response_versions")).tolist() == [4]
+    # a group with per-token versions beside one without (a batch engine's), and an empty response
+    other = dict(fields, group_id="h", prompt_id="q", response_token_ids=[[9, 9], []],
+                 response_logprobs=[[-1.0] * 2, []])
+    b = build_groups([GroupData(policy_version=2, **other),
+                      GroupData(policy_version=3, response_versions=[[5, 3, 3], [4]], **fields)], ["r"])
+    assert [[(r["version"], r["tokens"]) for r in row] for row in b.column("response_versions").to_pylist()] == \
+        [[(2, 2)], [], [(5, 1), (3, 2)], [(4, 1)]]
+    assert token_versions(b.slice(2, 2).column("response_versions")).tolist() == [5, 3, 3, 4]
     with pytest.raises(ValueError, match="older than its group's policy_version"):
         build_groups([GroupData(policy_version=4, response_versions=[[3, 3, 4], [4]], **fields)], ["r"])
     # checked group by group: an older group beside it does not hide the error
