@@ -151,19 +151,21 @@ class GroupNormalized:
         return out
 
 
-def normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -> GroupNormalized:
-    """Normalizes each column of x [N, C] (NaN = missing) within its group."""
-    if np.isfinite(x).all():
+def normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float,
+                        finite: bool | None = None) -> GroupNormalized:
+    """Normalizes each column of x [N, C] (NaN = missing; float32 or float64, the statistics in
+    float64) within its group. ``finite``: whether every value is finite, when known."""
+    if finite if finite is not None else np.isfinite(x).all():
         valid = None
-        ref = groups.first(x)
-        count = np.broadcast_to(groups.sizes[:, None], ref.shape).astype(x.dtype)
+        ref = np.asarray(groups.first(x), np.float64)
+        count = np.broadcast_to(groups.sizes[:, None], ref.shape).astype(np.float64)
     else:
         _reject_infinite(x, "rewards")
         valid = ~np.isnan(x)
-        ref = groups.nanmin(x)
+        ref = np.asarray(groups.nanmin(x), np.float64)
         ref[np.isnan(ref)] = 0.0  # a column with no valid value in the group
-        count = groups.sum(valid.astype(x.dtype))
-    d = groups.minus_expanded(x, ref)  # exact 0 wherever a value equals its group's reference
+        count = groups.sum(valid.astype(np.float64))
+    d = groups.minus_expanded(x, ref)  # float64; exact 0 wherever a value equals its group's reference
     if valid is not None:
         d[~valid] = 0.0
     s, q = groups.sum(d), groups.sum_squares(d)
@@ -173,12 +175,12 @@ def normalize_in_groups(x: np.ndarray, groups: Any, use_std: bool, eps: float) -
     # cancellation by the group size, and q == 0 holds exactly when every value is equal.
     ss = np.maximum(q - s * mean_d, 0.0)
     degenerate = (q == 0) | (count < 2)
-    std = np.where(degenerate, 0.0, np.sqrt(ss / np.maximum(count - 1, 1))).astype(x.dtype)
+    std = np.where(degenerate, 0.0, np.sqrt(ss / np.maximum(count - 1, 1)))
     if use_std:
         with np.errstate(divide="ignore"):
-            inv_std = np.where(degenerate, 0.0, 1.0 / (std + eps)).astype(x.dtype)
+            inv_std = np.where(degenerate, 0.0, 1.0 / (std + eps))
     else:
-        inv_std = np.where(degenerate, 0.0, 1.0).astype(x.dtype)
+        inv_std = np.where(degenerate, 0.0, 1.0)
     return GroupNormalized(d, valid, ref, count, mean_d, std, degenerate, inv_std)
 
 
@@ -244,9 +246,9 @@ ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 
 
 def _gdpo_summed(rewards: np.ndarray, groups: Any, weights: np.ndarray, eps: float, ulp: float,
-                 use_std: bool):
+                 use_std: bool, finite: bool | None = None):
     """GDPO before batch normalization (group-local): (norm, S, cancelled groups, scored rows)."""
-    norm = normalize_in_groups(rewards, groups, use_std, eps)
+    norm = normalize_in_groups(rewards, groups, use_std, eps, finite)
     summed = norm.contributions(groups, np.broadcast_to(weights, norm.mean_d.shape))
     flat = cancel_residue(summed, groups, norm.magnitude() @ np.abs(weights), ulp)
     cancelled = flat & ~norm.degenerate[:, weights != 0].all(axis=1)
@@ -376,7 +378,8 @@ def _chunked(rewards: Any, group_index: Any, estimator: str, weights: Any, eps: 
     w = _check_weights(weights, x.shape[1])
     if not (np.isfinite(eps) and eps >= 0):
         return None  # _Run says what is wrong
-    if not np.isfinite(x).all():
+    finite = bool(np.isfinite(x).all())
+    if not finite:
         _reject_infinite(x, "rewards")  # the row of the whole batch, not of a chunk
     dtype = np.float64 if x.dtype == np.float64 else np.float32
     ulp, g = float(np.finfo(dtype).eps), groups.group_size
@@ -384,16 +387,18 @@ def _chunked(rewards: Any, group_index: Any, estimator: str, weights: Any, eps: 
     out = np.empty(len(x), np.float64)
     scored = None
     for a in range(0, len(x), step):
-        chunk = np.asarray(x[a:a + step], np.float64)
+        chunk = x[a:a + step] if x.dtype in (np.float32, np.float64) else np.asarray(x[a:a + step], np.float64)
         part = UniformGroups(len(chunk) // g, g)
-        if estimator in _LOCAL:
-            _, out[a:a + len(chunk)], _, ok = _gdpo_summed(chunk, part, w, float(eps), ulp, _LOCAL[estimator])
+        if estimator in _LOCAL:  # the float32 rewards as they are: the statistics are float64
+            _, out[a:a + len(chunk)], _, ok = _gdpo_summed(chunk, part, w, float(eps), ulp, _LOCAL[estimator],
+                                                           finite if finite else None)
             if ok is not None:
                 if scored is None:
                     scored = np.ones(len(x), bool)
                 scored[a:a + len(chunk)] = ok
         else:
-            out[a:a + len(chunk)] = _grpo(chunk, part, w, float(eps), ulp, _GROUP_ONLY[estimator]).advantages
+            out[a:a + len(chunk)] = _grpo(np.asarray(chunk, np.float64), part, w, float(eps), ulp,
+                                          _GROUP_ONLY[estimator]).advantages
     if estimator in _LOCAL:
         out = normalize_batch(out, scored, eps)[0]
     return like(out.astype(dtype, copy=False))
