@@ -171,7 +171,7 @@ class DeepSpeedLearner:
         # C++ ops JIT-built by DeepSpeed land in a cache of this Python environment's own (two
         # environments sharing torch's default one would rebuild them at every switch)
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-        import deepspeed
+        deepspeed = import_deepspeed()
         from transformers import AutoModelForCausalLM
 
         if self.world_size == 1:  # no peer to reduce with: no DeepSpeed op is probed or built (its
@@ -473,6 +473,23 @@ class DeepSpeedLearner:
         if merged:
             model.merge_and_unload().to(dtype).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
+
+
+def import_deepspeed():
+    """``import deepspeed``, without the MLflow import its autotuner makes when MLflow is installed
+    (0.9 s and pandas in every learner, for autotuning runs, which a learner never makes); MLflow
+    stays importable afterwards."""
+    import sys
+
+    hidden = "mlflow" not in sys.modules
+    if hidden:
+        sys.modules["mlflow"] = None  # an import of it raises ImportError, as if not installed
+    try:
+        import deepspeed
+    finally:
+        if hidden:
+            sys.modules.pop("mlflow", None)
+    return deepspeed
 
 
 def extensions_dir() -> str:

@@ -250,8 +250,12 @@ def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     state (any ZeRO stage, gathered to fp32 by DeepSpeed's ``zero_to_fp32``) in the run's base
     model (its config, tokenizer and dtype: bf16 stays bf16); under ``llm.lora`` the adapter merged into it."""
     import torch
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learners.deepspeed_learner import import_deepspeed
+
+    import_deepspeed()  # without its autotuner's MLflow import
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     from gdpo_ray.model_files import resolve_model_path
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -117,10 +118,18 @@ def test_wandb_offline_run_holds_the_config_metrics_and_table(tmp_path, monkeypa
     # the run file's records (what `wandb sync` uploads), parsed with wandb's own protobuf classes
     from wandb.proto import wandb_internal_pb2
 
+    path = next(runs[0].glob("*.wandb"))
+    for _ in range(150):  # wandb's service may still be writing when finish() returns: until its exit record
+        records = []
+        for data in _wandb_records(path.read_bytes()):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        time.sleep(0.2)
     config, history = {}, []
-    for data in _wandb_records(next(runs[0].glob("*.wandb")).read_bytes()):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
+    for record in records:
         if record.WhichOneof("record_type") in ("run", "config"):  # given at init: in the run record
             updates = (record.run.config if record.HasField("run") else record.config).update
             config |= {item.key: json.loads(item.value_json) for item in updates}
