@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import pathlib
 import time
 from typing import Any, Sequence
 
@@ -28,6 +27,7 @@ import numpy as np
 from gdpo_ray.config import check_value, default, merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from gdpo_ray.weights.digest import VARIANTS
+from learners.deepspeed_env import deepspeed_for
 from learners.weight_sender import WeightSender
 
 
@@ -168,14 +168,9 @@ class DeepSpeedLearner:
         os.environ.update(RANK=str(self.rank), LOCAL_RANK="0", WORLD_SIZE=str(self.world_size),
                           MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-        # C++ ops JIT-built by DeepSpeed land in a cache of this Python environment's own (two
-        # environments sharing torch's default one would rebuild them at every switch)
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
-        deepspeed = import_deepspeed()
+        deepspeed = deepspeed_for(self.world_size)
         from transformers import AutoModelForCausalLM
 
-        if self.world_size == 1:  # no peer to reduce with: no DeepSpeed op is probed or built (its
-            deepspeed.ops.__compatible_ops__ = {}  # shm all-reduce is a C++ compile, ~20 s cold on CPU)
         self.torch = torch
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(cfg.seed)
@@ -473,32 +468,6 @@ class DeepSpeedLearner:
         if merged:
             model.merge_and_unload().to(dtype).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
-
-
-def import_deepspeed():
-    """``import deepspeed``, without the MLflow import its autotuner makes when MLflow is installed
-    (0.9 s and pandas in every learner, for autotuning runs, which a learner never makes); MLflow
-    stays importable afterwards."""
-    import sys
-
-    hidden = "mlflow" not in sys.modules
-    if hidden:
-        sys.modules["mlflow"] = None  # an import of it raises ImportError, as if not installed
-    try:
-        import deepspeed
-    finally:
-        if hidden:
-            sys.modules.pop("mlflow", None)
-    return deepspeed
-
-
-def extensions_dir() -> str:
-    """Where this Python environment's JIT-built torch extensions are cached."""
-    import hashlib
-    import sys
-
-    key = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
-    return str(pathlib.Path.home() / ".cache" / "gdpo-ray" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}")
 
 
 #: how long the learners' placement group may wait for resources (an autoscaler adding nodes)

@@ -12,7 +12,7 @@
 - ``train``: a training run (Ray, the run directory, the loop, the final report);
 - ``outputs``: the run directory, its metrics read back and the reward plot; ``loggers``: where the
   metrics go (JSONL, TensorBoard, wandb, MLflow); ``quiet``: log lines dropped, each with why;
-- ``eval_runner`` / ``eval_command``: evaluation on rollout actors, and ``gdpo-ray eval``;
+- ``eval_runner`` / ``eval_command`` / ``eval_rewards``: evaluation on rollout actors, ``gdpo-ray eval``, and where a ``rewards:`` suite finds its run's config;
 - ``run_curves`` / ``plot_command``: runs' curves side by side, ``gdpo-ray plot``;
 - ``cli``: ``gdpo-ray`` / ``python -m gdpo_ray``.
 """

@@ -252,7 +252,7 @@ def export_checkpoint_policy(checkpoint: str, out: str) -> str:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learners.deepspeed_learner import import_deepspeed
+    from learners.deepspeed_env import import_deepspeed
 
     import_deepspeed()  # without its autotuner's MLflow import
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

@@ -341,7 +341,7 @@ def test_a_bf16_model_is_exported_in_bf16(ray_cluster, tiny_model_dir, fixed_bat
                           "mlflow" in __import__("sys").modules)))
     finally:
         group.shutdown()
-    from learners.deepspeed_learner import extensions_dir
+    from learners.deepspeed_env import extensions_dir
 
     # ... and DeepSpeed's autotuner did not import MLflow (installed with the test extra): 0.9 s
     assert ops == {} and cache == extensions_dir() and not mlflow
