@@ -251,9 +251,14 @@ class WandbLog:
 _MLFLOW_NAME = re.compile(r"[^\w./\- ]")
 
 
+def mlflow_uri(run_dir: str | Path) -> str:
+    """Where a run's MLflow logger writes: $MLFLOW_TRACKING_URI, else its directory's file store."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"file:{str(run_dir).rstrip('/')}/mlruns"
+
+
 class MlflowLog:
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{run_dir / 'mlruns'}"
+        uri = mlflow_uri(run_dir)
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # under the run's own bar
         if uri.startswith("file:"):  # MLflow 3 refuses its file store unless told; a run's local record
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # is exactly what it is for

@@ -322,10 +322,11 @@ class TrainingRun:
 
     def written(self) -> list[str]:
         """Where the run's metrics went, logger by logger, and its plot."""
+        from gdpo_ray.run.loggers import mlflow_uri
+
         where = {"jsonl": f"metrics {self.outputs / 'metrics.jsonl'}",
                  "tensorboard": f"TensorBoard {self.outputs / 'tensorboard'}",
-                 "wandb": f"wandb {self.outputs / 'wandb'}", "mlflow": "MLflow "
-                 + (os.environ.get("MLFLOW_TRACKING_URI") or f"file:{self.outputs / 'mlruns'}")}
+                 "wandb": f"wandb {self.outputs / 'wandb'}", "mlflow": f"MLflow {mlflow_uri(str(self.outputs))}"}
         return [where[n] for n in self.run_settings["loggers"]] + [f"plot {self.outputs / 'rewards.png'}"]
 
     def _loop(self, algo: Any, log: Any, stop: StopSignals) -> None:
