@@ -1,12 +1,17 @@
 """How DeepSpeed comes into a process: imported without its autotuner's MLflow import, its
-JIT-built C++ ops cached per Python environment, and none probed or built for a single learner."""
+JIT-built C++ ops cached per Python environment, none probed or built for a single learner, and
+its Muon optimizer imported without compiling its kernels (a learner's optimizer is AdamW)."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import pathlib
 import sys
+
+#: DeepSpeed's Muon optimizer, which a learner never builds (``deepspeed_for``)
+MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
 def import_deepspeed():
@@ -35,9 +40,24 @@ def deepspeed_for(world_size: int):
     """DeepSpeed for a learner of a group of ``world_size``: C++ ops JIT-built into this
     environment's own cache (two environments sharing torch's default one rebuild them at every
     switch; ``TORCH_EXTENSIONS_DIR`` when set wins); with no peer to reduce with, no op is probed
-    or built (the shm all-reduce is a C++ compile, ~20 s and ~2.5 GB cold on CPU)."""
+    or built (the shm all-reduce is a C++ compile, ~20 s and ~2.5 GB cold on CPU).
+
+    DeepSpeed imports its Muon optimizer in ``deepspeed.initialize`` and its ZeRO optimizers (to
+    ask whether the optimizer is one), and that import wraps Muon's kernels in ``torch.compile``:
+    1.1 s of every learner's start, for an optimizer a learner never builds. Here it is imported
+    first with DeepSpeed's compile decorator as the identity: the same classes, so every such
+    check answers as before; Muon's functions would run uncompiled."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     deepspeed = import_deepspeed()
+    if MUON not in sys.modules:
+        from deepspeed.runtime import compiler
+
+        compile_decorator = compiler.compile
+        compiler.compile = lambda: compiler.dummy_decorator
+        try:
+            importlib.import_module(MUON)
+        finally:
+            compiler.compile = compile_decorator
     if world_size == 1:
         deepspeed.ops.__compatible_ops__ = {}
     return deepspeed

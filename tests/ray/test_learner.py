@@ -336,15 +336,18 @@ def test_a_bf16_model_is_exported_in_bf16(ray_cluster, tiny_model_dir, fixed_bat
         weights = group.get_weights()
         # one learner: no DeepSpeed op probed or built (no C++ compile); the extension cache is
         # this environment's own
-        ops, cache, mlflow = ray_cluster.get(group.learners[0].__ray_call__.remote(
+        ops, cache, mlflow, muon = ray_cluster.get(group.learners[0].__ray_call__.remote(
             lambda self: (__import__("deepspeed").ops.__compatible_ops__, __import__("os").environ["TORCH_EXTENSIONS_DIR"],
-                          "mlflow" in __import__("sys").modules)))
+                          "mlflow" in __import__("sys").modules,
+                          hasattr(__import__("sys").modules["deepspeed.runtime.zero.muon.original_muon"].muon_update,
+                                  "_torchdynamo_orig_callable"))))
     finally:
         group.shutdown()
     from learners.deepspeed_env import extensions_dir
 
-    # ... and DeepSpeed's autotuner did not import MLflow (installed with the test extra): 0.9 s
-    assert ops == {} and cache == extensions_dir() and not mlflow
+    # ... DeepSpeed's autotuner did not import MLflow (installed with the test extra): 0.9 s; nor
+    # did its Muon optimizer's import wrap Muon's kernels in torch.compile: 1.1 s
+    assert ops == {} and cache == extensions_dir() and not mlflow and not muon
     with safe_open(tmp_path / "policy" / "model.safetensors", "pt") as f:
         saved = {k: f.get_tensor(k) for k in f.keys()}
     assert saved and all(t.dtype == torch.bfloat16 for t in saved.values())
