@@ -38,42 +38,32 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gdpo_ray.environments.arithmetic import Arithmetic  # noqa: E402 - after the path above
+
 SLOW = "benchmarks.agent:SlowArithmetic"
 
 
 class SlowArithmetic:
     """The agent preset's calculator whose tools each take ``DELAY_S`` (``$SLOW_TOOL_MS`` in a
-    rollout actor)."""
+    rollout actor); each tool keeps ``Arithmetic``'s docstring, which its schema is built from."""
 
     DELAY_S = float(__import__("os").environ.get("SLOW_TOOL_MS", 20)) / 1000
 
     def __init__(self) -> None:
-        from gdpo_ray.environments.arithmetic import Arithmetic
-
         self.inner = Arithmetic()
 
     def reset(self, **row):
         return self.inner.reset(**row)
 
     def add(self, a: int, b: int) -> int:
-        """Adds two integers.
-
-        Args:
-            a: The first integer.
-            b: The second integer.
-        """
         time.sleep(self.DELAY_S)
         return self.inner.add(a, b)
 
     def multiply(self, a: int, b: int) -> int:
-        """Multiplies two integers.
-
-        Args:
-            a: The first integer.
-            b: The second integer.
-        """
         time.sleep(self.DELAY_S)
         return self.inner.multiply(a, b)
+
+    add.__doc__, multiply.__doc__ = Arithmetic.add.__doc__, Arithmetic.multiply.__doc__
 
 
 class TimedEngine:
