@@ -101,24 +101,23 @@ def main() -> None:
 
     resolve_model_path(job_config(0, 1, args.steps).model_path)  # built once and cached, outside the timings
     runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "trl": []}
-    trl_threads = sync_threads = None
+    best: dict[str, int] = {}  # run kind -> its faster thread count, tried on the first seed
+
+    def at_best_threads(kind: str, side: str, seed: int, staleness: int = 1) -> None:
+        if kind not in best:  # the faster of 1 and 2 threads
+            tried = {n: child(args, side, seed, staleness=staleness, threads=n) for n in (1, 2)}
+            best[kind] = min(tried, key=lambda n: tried[n]["s_per_step"])
+            runs[kind].append(tried[best[kind]])
+            runs[f"{kind}_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
+        else:
+            runs[kind].append(child(args, side, seed, staleness=staleness, threads=best[kind]))
+
     for seed in range(args.seeds):
         runs["ours_async"].append(child(args, "ours", seed, staleness=1))
-        if sync_threads is None:  # synchronous: the phases alternate, so an actor may take both
-            # cores (training.num_threads); the faster of 1 and 2 threads, as for TRL
-            tried = {n: child(args, "ours", seed, staleness=0, threads=n) for n in (1, 2)}
-            sync_threads = min(tried, key=lambda n: tried[n]["s_per_step"])
-            runs["ours_sync"].append(tried[sync_threads])
-            runs["sync_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
-        else:
-            runs["ours_sync"].append(child(args, "ours", seed, staleness=0, threads=sync_threads))
-        if trl_threads is None:  # TRL at its best here: the faster of 1 and 2 threads
-            tried = {n: child(args, "trl", seed, threads=n) for n in (1, 2)}
-            trl_threads = min(tried, key=lambda n: tried[n]["s_per_step"])
-            runs["trl"].append(tried[trl_threads])
-            runs["trl_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
-        else:
-            runs["trl"].append(child(args, "trl", seed, threads=trl_threads))
+        # synchronous: the phases alternate, so an actor may take both cores (training.num_threads)
+        at_best_threads("ours_sync", "ours", seed, staleness=0)
+        at_best_threads("trl", "trl", seed)  # TRL at its best here
+    trl_threads = best["trl"]
     # a user's first run: empty compile caches (a fresh TORCH_EXTENSIONS_DIR), each side at its best
     if not args.no_cold:
         runs["ours_cold"] = [child(args, "ours", 0, staleness=1, cold=True)]
@@ -204,7 +203,7 @@ def summarize(runs: dict, trl_threads: int | None) -> dict:
 
     report: dict = {"seeds": len(runs["trl"]), "trl_threads": trl_threads,
                     "trl_thread_trial": runs.get("trl_threads", []),
-                    "sync_thread_trial": runs.get("sync_threads", [])}
+                    "sync_thread_trial": runs.get("ours_sync_threads", [])}
     for side in ("ours_async", "ours_sync", "trl"):
         for key in ("wall_s", "s_per_step", "pss_gib"):
             report[f"{side}_{key}"] = med(side, key)
