@@ -174,28 +174,34 @@ class RolloutGroup:
             index = next((i for i, s in enumerate(self.slots) if s.handle == handle), -1)
         return f"rollout actor {index} (Ray actor {handle._actor_id.hex()[:12]})"
 
-    def pump(self, timeout: float = 0.0) -> None:
-        """Collects finished calls (waiting up to ``timeout`` s for one), then starts new ones."""
-        self.collect(timeout)
+    def pump(self, timeout: float = 0.0, until: Sequence[Any] = ()) -> None:
+        """Collects finished calls (waiting up to ``timeout`` s for one, or for one of ``until``:
+        refs of other work the caller awaits), then starts new ones."""
+        self.collect(timeout, until)
         self._submit()
 
-    def collect(self, timeout: float = 0.0) -> None:
-        """Takes in what has finished (waiting up to ``timeout`` s for something): started
+    def collect(self, timeout: float = 0.0, until: Sequence[Any] = ()) -> None:
+        """Takes in what has finished (waiting up to ``timeout`` s for something, or for one of
+        ``until``: with nothing in flight the wait is on those alone, never a spin): started
         actors, finished calls into the buffer, dead actors replaced with their calls re-issued;
         starts no new call. Weight reports that arrived are checked (``PushLedger.poll``)."""
         self.ledger.poll()
         starting = [s.starting for s in self.slots if s.starting is not None]
         waitables = [c.gen for s in self.slots for c in s.calls] + starting
+        if not waitables:
+            if until and timeout > 0:
+                self._ray.wait(list(until), num_returns=1, timeout=timeout, fetch_local=False)
+            return
         wait = timeout
         while waitables:  # every item that is ready now (a stream may hold several)
             # fetch_local=False: a ready batch stays where its actor wrote it
             ready, _ = self._ray.wait(waitables, num_returns=len(waitables), timeout=0, fetch_local=False)
             if not ready and wait > 0:
-                ready, _ = self._ray.wait(waitables, num_returns=1, timeout=wait, fetch_local=False)
+                ready, _ = self._ray.wait(waitables + list(until), num_returns=1, timeout=wait, fetch_local=False)
+            ready = set(ready).difference(until)
             if not ready:
                 return
             wait = 0
-            ready = set(ready)
             for slot in list(self.slots):
                 if slot.starting in ready:
                     self._started(slot)

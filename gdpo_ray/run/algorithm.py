@@ -362,8 +362,8 @@ class GDPO(Algorithm):
             self.rollouts.sleep()
         before = self.rollouts.stats["groups"]
         refs = self.learners.update_async(groups, advantages)
-        while ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
-            self.rollouts.pump(timeout=0.05)
+        while pending := ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+            self.rollouts.pump(timeout=0.05, until=pending)  # wakes as a learner finishes
         self._groups_during_update = self.rollouts.stats["groups"] - before
         metrics = ray.get(refs)[0]
         if self.config.colocate:
