@@ -29,11 +29,12 @@ response tokens gives loss 0.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gdpo_ray.config import default
+
+if TYPE_CHECKING:  # imported where the math runs: the driver reads PolicyLossConfig, not torch
+    import torch
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -99,13 +100,13 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k2":
         return 0.5 * diff.square()
     if estimator == "k3":
-        return torch.exp(-diff) + diff - 1.0
+        return diff.neg().exp() + diff - 1.0
     raise ValueError(f"kl_estimator {estimator!r} is not one of {KL_ESTIMATORS}")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """[..., V] logits -> [...] entropy of softmax(logits)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = logits.float().log_softmax(dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -122,6 +123,8 @@ def policy_loss(
     num_sequences: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss to minimize and its metrics (see the module docstring)."""
+    import torch
+
     c = config
     mask_f = mask.to(logprobs.dtype)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages

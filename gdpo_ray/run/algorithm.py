@@ -28,10 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
-from ray.rllib.utils.checkpoints import Checkpointable
-
 from gdpo_ray import config as fields
 from gdpo_ray import metrics as step_metrics
 from gdpo_ray import model_files
@@ -46,6 +42,7 @@ from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, quiet, validation
 from gdpo_ray.run.checkpoints import prune_checkpoints, save_atomically, verify_checkpoint
 from gdpo_ray.run.presets import section_settings
+from gdpo_ray.run.rllib_base import Algorithm, AlgorithmConfig, Checkpointable, NotProvided
 from gdpo_ray.run.sampling import take_groups
 from gdpo_ray.weights.digest import engine_variants
 
@@ -117,6 +114,11 @@ class GDPOConfig(AlgorithmConfig):
         """GDPO's rules first (their messages name the fix), then RLlib's own."""
         validation.check(self)
         super().validate()
+
+    def _validate_framework_settings(self) -> None:
+        """RLlib's check of its network framework (it imports torch): GDPO's driver runs no
+        network (``gdpo_ray.run.rllib_base``); torch is a dependency of the package, and its
+        settings here (torch.compile of RLlib's learners) are RLlib's own, which GDPO never builds."""
 
     @property
     def rollout_resources(self) -> dict:

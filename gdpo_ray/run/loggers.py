@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.run.checkpoints import WriteFailed
+from gdpo_ray.run.torchless import torch_kept_out
 
 LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow")
 DEFAULT_LOGGERS = ["tensorboard", "jsonl"]
@@ -158,7 +159,8 @@ class JsonlLog:
 
 class TensorBoardLog:
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
-        from tensorboardX.event_file_writer import EventsWriter
+        with torch_kept_out():  # tensorboardX takes torch tensors too; these are floats and text
+            from tensorboardX.event_file_writer import EventsWriter
 
         folder = run_dir / "tensorboard"
         try:

@@ -15,9 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
-
 from gdpo_ray.config import SECTIONS, section_fields, unknown_key
+from gdpo_ray.run.rllib_base import AlgorithmConfig
 
 
 def _presets():
