@@ -42,7 +42,6 @@ from typing import Any, Mapping, Sequence
 import cloudpickle
 import numpy as np
 
-from gdpo_ray.config import default
 from gdpo_ray.environments.session import Hung, run_with_timeout
 from gdpo_ray.rewards import (NOT_APPLICABLE, RewardInfraError, RewardSpec, TrainerState, apply_conditions,
                               call_reward, check_specs, failure_kind, takes_environments, to_floats)
@@ -195,7 +194,7 @@ class RewardPool:
     """
 
     def __init__(self, rewards: Sequence[RewardSpec | Mapping[str, Any]],
-                 num_workers: int = default("reward_workers"),
+                 num_workers: int = 1,
                  rows_per_call: int | None = None) -> None:
         if num_workers < 1 or (rows_per_call is not None and rows_per_call < 1):
             raise ValueError(f"num_workers ({num_workers}) and rows_per_call ({rows_per_call}) must be >= 1")

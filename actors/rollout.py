@@ -50,7 +50,7 @@ class RolloutActor:
         system_prompt: a system message put before every prompt that has none of its own
             (``data.system_prompt``).
         max_prompt_tokens: longer prompts are filtered ("prompt too long"), not generated.
-        reward_workers: scoring worker processes of this actor.
+        reward_workers: scoring worker processes of this actor (None: ``num_threads``).
         num_threads: torch threads in this actor.
         model_files: ``model_path``'s files in the object store (``gdpo_ray.model_files.pack``),
             used when this node cannot read ``model_path``.
@@ -67,7 +67,7 @@ class RolloutActor:
                  engine: str = default("engine"), engine_kwargs: Mapping[str, Any] | None = None,
                  sampling: Mapping[str, Any] | None = None, chat_template: bool = default("chat_template"),
                  max_prompt_tokens: int = default("max_prompt_tokens"),
-                 reward_workers: int = default("reward_workers"), num_threads: int = default("num_threads"),
+                 reward_workers: int | None = default("reward_workers"), num_threads: int = default("num_threads"),
                  seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None,
                  environment: str | None = None, max_turns: int = default("max_turns"),
                  tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None) -> None:
@@ -90,7 +90,7 @@ class RolloutActor:
         self.tools = None if environment is None else ToolEnvironment(environment, self.tokenizer, max_turns,
                                                                      tool_timeout)
         # no rewards: an actor that only completes prompts (evaluation: ``complete``)
-        self.rewards = RewardPool(rewards, num_workers=reward_workers) if rewards else None
+        self.rewards = RewardPool(rewards, num_workers=reward_workers or num_threads) if rewards else None
         self.version, self.channel = 0, None
 
     def ready(self) -> str:

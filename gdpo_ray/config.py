@@ -101,7 +101,7 @@ FIELDS: dict[str, Field] = {
     "tool_timeout": Field("generation", 30.0, "seconds an environment's tool call, reset or get_rewards may take; one past it is abandoned and counted", above=0, at_most=3600, why="a hung tool must not stall its rollout for longer than an hour"),
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
-    "reward_workers": Field("generation", 1, "reward scoring processes per rollout actor", at_least=1),
+    "reward_workers": Field("generation", None, "reward scoring processes per rollout actor (None: training.num_threads, the cores the actor's threads take: scoring runs between its generation and the update)", "int?", at_least=1),
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
     # data: the prompts
     "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any", fixed_on_resume=True),

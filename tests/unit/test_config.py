@@ -209,7 +209,6 @@ def test_defaults_and_rules_have_one_source():
     import inspect
 
     from actors.engines import SamplingParams
-    from actors.reward import RewardPool
     from actors.rollout import RolloutActor
     from gdpo_ray.config import RLLIB_FIELDS, default
     from gdpo_ray.losses import PolicyLossConfig
@@ -228,7 +227,6 @@ def test_defaults_and_rules_have_one_source():
     actor = inspect.signature(RolloutActor).parameters
     for name in ("engine", "chat_template", "max_prompt_tokens", "reward_workers", "num_threads"):
         assert actor[name].default == FIELDS[name].default, name
-    assert inspect.signature(RewardPool).parameters["num_workers"].default == FIELDS["reward_workers"].default
     config = GDPOConfig()
     for name, f in RLLIB_FIELDS.items():  # GDPO's defaults of RLlib's fields
         assert getattr(config, name) == f.default, name
