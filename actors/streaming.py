@@ -153,7 +153,7 @@ class StreamingRolloutActor(RolloutActor):
             room = dataclasses.replace(sampling, max_tokens=budget - len(t.tokens))
             sample = await self._sample(group_id, prompt_ids + t.tokens, room, logprobs)
             if not logprobs:  # evaluation: no logprobs kept
-                sample.logprobs = [0.0] * len(sample.token_ids)
+                sample = dataclasses.replace(sample, logprobs=[0.0] * len(sample.token_ids))
             step = take_turn(t, sample, budget, self.tools.max_turns, self.tokenizer)
             if step is None:
                 return
