@@ -12,6 +12,9 @@ import re
 from gdpo_ray.rewards.adapters import completion_text
 
 
+#: parsed ground truths a math_correctness reward keeps (all of them are parsed again past it)
+TRUTHS_KEPT = 4096
+
 _BOXED = re.compile(r"\\boxed\s*\{")  # \boxed, optional whitespace, its opening brace
 _BRACE = re.compile(r"[{}]")
 
@@ -82,6 +85,15 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
     ``after_tag="</think>"``). ``timeout_s`` bounds math-verify's parsing and comparison."""
     from math_verify import parse, verify
 
+    truths: dict[str, list] = {}  # parsed ground truths: a group's G rows share one, prompts recur
+
+    def parsed_truth(truth: str) -> list:
+        if truth not in truths:
+            if len(truths) >= TRUTHS_KEPT:
+                truths.clear()
+            truths[truth] = parse(f"${truth}$", parsing_timeout=timeout_s, raise_on_error=True)
+        return truths[truth]
+
     def math_correctness(prompts, completions, *, ground_truth, **_columns) -> list[float]:
         out = []
         for completion, truth in zip(completions, ground_truth):
@@ -89,7 +101,7 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
             if answer is None:
                 out.append(0.0)
                 continue
-            gold = parse(f"${truth}$", parsing_timeout=timeout_s, raise_on_error=True)
+            gold = parsed_truth(str(truth))
             pred = parse(f"$\\boxed{{{answer}}}$", parsing_timeout=timeout_s)  # garbage: []
             if not gold:
                 raise ValueError(f"math-verify cannot parse the ground truth {truth!r}")

@@ -202,6 +202,24 @@ def test_math_correctness_equivalent_forms():
     assert fn([""] * 5, completions, ground_truth=["0.5"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_math_correctness_parses_each_ground_truth_once(monkeypatch):
+    import math_verify
+
+    from gdpo_ray.rewards import math_answer
+
+    truths, parse = [], math_verify.parse
+    monkeypatch.setattr(math_verify, "parse", lambda text, **kw: truths.append(text) or parse(text, **kw))
+    fn = rewards.get("math_correctness")
+    completions = [r"\boxed{\frac{1}{2}}", r"\boxed{3}", r"\boxed{0.5}", r"\boxed{4}", "no answer", r"\boxed{3}"]
+    gold = ["0.5", "3", "0.5", "3", "3", 3]  # an int truth is its text
+    assert fn([""] * 6, completions, ground_truth=gold) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert fn([""] * 6, completions, ground_truth=gold) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert [t for t in truths if not t.startswith("$\\boxed")] == ["$0.5$", "$3$"]  # once each, both calls
+    monkeypatch.setattr(math_answer, "TRUTHS_KEPT", 1)  # past the bound: parsed again, the same scores
+    fn = rewards.get("math_correctness")
+    assert fn([""] * 6, completions, ground_truth=gold) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+
+
 def test_a_multi_turn_completion_is_scored_on_the_models_messages():
     from gdpo_ray.rewards import completion_text
 
