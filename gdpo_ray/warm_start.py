@@ -80,6 +80,26 @@ def supervised_fit(model: Any, batches: Iterable[tuple[float, list[Example]]], l
         optimizer.step()
 
 
+def fit_on_prompts(path: Path, recipe: dict, prompts_of: Callable[[Any], list[list[int]]],
+                   batches_of: Callable[[Any, list[list[int]], np.random.Generator], Iterable]) -> None:
+    """Fits the untrained model in ``path`` (``supervised_fit``, seeded by ``recipe["seed"]``)
+    and saves it. ``prompts_of(tokenizer)``: each row's prompt ids; the prefix they all share (a
+    system message, the tools' listing) is cut off and run once per batch, and
+    ``batches_of(tokenizer, the prompts past it, rng)`` gives the examples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    prompts = prompts_of(tokenizer)
+    shared = next(i for i, ids in enumerate(zip(*prompts)) if len(set(ids)) > 1)
+    rng = np.random.default_rng(recipe["seed"])
+    torch.manual_seed(recipe["seed"])
+    supervised_fit(model, batches_of(tokenizer, [p[shared:] for p in prompts], rng), recipe["lr"],
+                   tokenizer.pad_token_id, prefix=prompts[0][:shared])
+    model.save_pretrained(path)
+
+
 def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list[int] | None = None) -> Any:
     """The mean cross-entropy of the response tokens given the prompt (right-padded; prompt,
     padding and the response tokens an example's mask leaves out are out of the loss).

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gdpo_ray.tiny_model import CHATML
-from gdpo_ray.warm_start import Example, cached_model, response_ids, supervised_fit
+from gdpo_ray.warm_start import Example, cached_model, fit_on_prompts, response_ids
 
 #: the recipe (the cache key); ``rows``: the task's rows the teacher answers (seed ``seed``)
 RECIPE = dict(hidden_size=128, layers=2, vocab_size=512, rows=2048, clean_steps=1200, steps=150,
@@ -145,19 +145,9 @@ def build_untrained(path: Path, recipe: dict) -> tuple[list[dict], list[dict]]:
 
 
 def _warm_start(path: Path, recipe: dict) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     rows, schemas = build_untrained(path, recipe)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    prompts = [prompt_ids(tokenizer, row["prompt"], schemas) for row in rows]
-    shared = next(i for i, ids in enumerate(zip(*prompts)) if len(set(ids)) > 1)
-    rng = np.random.default_rng(recipe["seed"])
-    torch.manual_seed(recipe["seed"])
-    batches = _batches(tokenizer, rows, [p[shared:] for p in prompts], recipe, rng)
-    supervised_fit(model, batches, recipe["lr"], tokenizer.pad_token_id, prefix=prompts[0][:shared])
-    model.save_pretrained(path)
+    fit_on_prompts(path, recipe, lambda tokenizer: [prompt_ids(tokenizer, row["prompt"], schemas) for row in rows],
+                   lambda tokenizer, prompts, rng: _batches(tokenizer, rows, prompts, recipe, rng))
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict], schemas: list[dict]) -> list[int]:

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gdpo_ray.warm_start import Example, cached_model, chat_prompt_ids, response_ids, supervised_fit
+from gdpo_ray.warm_start import Example, cached_model, chat_prompt_ids, fit_on_prompts, response_ids
 
 #: the recipe (the cache key); ``rows``: the task's rows the teacher answers (seed ``seed``)
 RECIPE = dict(hidden_size=128, layers=2, vocab_size=1024, rows=1024, clean_steps=480, steps=120,
@@ -139,17 +139,6 @@ def build_untrained(path: Path, recipe: dict) -> list[dict[str, Any]]:
 
 
 def _warm_start(path: Path, recipe: dict) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    rows = build_untrained(path, recipe)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    prompts = [chat_prompt_ids(tokenizer, row["prompt"]) for row in rows]
-    # the system message (all but the last few tokens of a prompt) is the same in every prompt
-    shared = next(i for i, ids in enumerate(zip(*prompts)) if len(set(ids)) > 1)
-    rng = np.random.default_rng(recipe["seed"])
-    torch.manual_seed(recipe["seed"])
-    batches = _tool_batches(tokenizer, rows, [p[shared:] for p in prompts], recipe, rng)
-    supervised_fit(model, batches, recipe["lr"], tokenizer.pad_token_id, prefix=prompts[0][:shared])
-    model.save_pretrained(path)
+    rows = build_untrained(path, recipe)  # the system message is the prompts' shared prefix
+    fit_on_prompts(path, recipe, lambda tokenizer: [chat_prompt_ids(tokenizer, row["prompt"]) for row in rows],
+                   lambda tokenizer, prompts, rng: _tool_batches(tokenizer, rows, prompts, recipe, rng))
