@@ -21,6 +21,7 @@ from gdpo_ray.environments.bfcl_multi_turn import BfclMultiTurn, added_functions
 from gdpo_ray.eval import bfcl_multi_turn as mt  # noqa: E402
 from gdpo_ray.eval.suite import Completion, EvalItem  # noqa: E402
 from gdpo_ray.model_files import resolve_model_path  # noqa: E402
+from gdpo_ray.warm_start_agent import CHAT_TEMPLATE as TOOLS_TEMPLATE  # noqa: E402
 from tests.unit.scripted_engine import ScriptedEngine  # noqa: E402
 
 ENV = "gdpo_ray.environments.bfcl_multi_turn:BfclMultiTurn"
@@ -148,6 +149,8 @@ def test_eval_generation_through_a_rollout_actor_reads_the_conversation_back(sui
                          engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": script_of(entry, entry["ground_truth"])},
                          environment=suite.environment, max_turns=suite.max_turns, max_prompt_tokens=100_000)
+    # the tiny model's ChatML template ignores tools: one that lists them, so the check below sees them
+    actor.tokenizer.chat_template = TOOLS_TEMPLATE
     try:
         (text, tokens, reason, messages), = actor.complete([item.prompt], 1, {"max_tokens": 200_000},
                                                            rows=[suite.environment_row(item)])[0]
@@ -156,8 +159,9 @@ def test_eval_generation_through_a_rollout_actor_reads_the_conversation_back(sui
         actor.shutdown()
     assert reason == "stop" and tokens > 0 and "<tool_call>" in text
     assert suite.score(item, [Completion(text, tokens, reason, messages)]) == [{"accuracy": 1.0, "reason": ""}]
-    tools = actor.tokenizer.apply_chat_template(item.prompt, add_generation_prompt=True, tokenize=False,
-                                                tools=[schema_of(d) for d in item.reference.tools])
+    schemas = [schema_of(d) for d in item.reference.tools]
+    tools = actor.tokenizer.apply_chat_template(item.prompt, add_generation_prompt=True, tokenize=False, tools=schemas)
+    assert schemas and all(s["function"]["name"] in tools for s in schemas)  # the rollout's tools, listed
     assert contexts[0] == actor.tokenizer(tools, add_special_tokens=False)["input_ids"]
 
 
