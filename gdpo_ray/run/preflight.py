@@ -36,6 +36,8 @@ SAMPLE_ROWS = 4
 
 _PASSED: set[str] = set()
 logger = logging.getLogger(__name__)
+#: the tool name that shows whether a chat template lists the tools it is given
+TOOL_PROBE = "gdpo_probe_tool"
 
 
 @dataclasses.dataclass
@@ -187,6 +189,16 @@ def check_tool_template(c: Any) -> None:
         raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot write "
                          f"a tool turn ({type(err).__name__}: {err}); multi-turn rollouts need a template "
                          "with a tool role that keeps the conversation's prefix") from err
+    probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "a probe",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    listed = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                           add_generation_prompt=True, tokenize=False)
+    if TOOL_PROBE not in listed:
+        logger.warning(f"data.tool_environment: the chat template of {c.model_path!r} does not list the "
+                       "tools it is given (tools=): the model sees no tool names or schemas, only what "
+                       "the prompts say. If the environment has tools, give the model directory a template "
+                       "that lists them (tokenizer.chat_template = ...; tokenizer.save_pretrained(dir)) "
+                       "or describe them in the prompts")
 
 
 def context_length(spec: Any) -> int | None:

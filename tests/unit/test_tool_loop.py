@@ -265,6 +265,29 @@ def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refuse
     check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML: fine
 
 
+def test_a_template_that_does_not_list_the_tools_is_warned_about(tiny_model_dir, tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from gdpo_ray.run.preflight import check_tool_template
+    from gdpo_ray.warm_start_agent import CHAT_TEMPLATE
+
+    with caplog.at_level("WARNING", logger="gdpo_ray.run.preflight"):
+        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML alone
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "does not list the tools it is given (tools=)" in warning and tiny_model_dir in warning
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.chat_template = CHAT_TEMPLATE  # lists the tools in a system turn
+    tok.save_pretrained(tmp_path)
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gdpo_ray.run.preflight"):
+        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path)))
+    assert caplog.records == []
+
+
 def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
     import numpy as np
 
