@@ -191,8 +191,13 @@ def check_tool_template(c: Any) -> None:
                          "with a tool role that keeps the conversation's prefix") from err
     probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "a probe",
                                               "parameters": {"type": "object", "properties": {}}}}
-    listed = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
-                                           add_generation_prompt=True, tokenize=False)
+    try:
+        listed = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                               add_generation_prompt=True, tokenize=False)
+    except Exception as err:  # noqa: BLE001 - every rollout's prompt is rendered with tools= like this
+        raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot render a "
+                         f"prompt with tools ({type(err).__name__}: {err}); rollouts give it the "
+                         "environment's tools (tools=)") from err
     if TOOL_PROBE not in listed:
         logger.warning(f"data.tool_environment: the chat template of {c.model_path!r} does not list the "
                        "tools it is given (tools=): the model sees no tool names or schemas, only what "

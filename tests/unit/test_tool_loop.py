@@ -286,6 +286,10 @@ def test_a_template_that_does_not_list_the_tools_is_warned_about(tiny_model_dir,
     with caplog.at_level("WARNING", logger="gdpo_ray.run.preflight"):
         check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path)))
     assert caplog.records == []
+    tok.chat_template = "{% if tools %}{{ raise_exception('no tools here') }}{% endif %}" + CHAT_TEMPLATE
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot render a prompt with tools \(TemplateError: no tools here\)"):
+        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path)))
 
 
 def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
