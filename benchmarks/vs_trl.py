@@ -60,7 +60,7 @@ JOBS = {"demo": ("demo", (), ("format", "correct", "length"), 40),
         # (one generate call per step, as TRL makes: two calls of 8 took 17 s, one of 16 11 s)
         "smollm2": ("smollm2_math", ("training.prompts_per_step=4", "training.group_size=4",
                                      "generation.max_tokens=96", "generation.prompts_per_call=4",
-                                     "training.max_staleness=1"), ("correct", "length"), 8)}
+                                     "training.max_staleness=1", "training.threads_alone=2"), ("correct", "length"), 8)}
 PRESET, OVERRIDES, REWARDS, _ = JOBS["demo"]
 STEADY_FROM = 4  # steady state: from the end of step 3 on
 

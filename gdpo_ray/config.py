@@ -83,6 +83,7 @@ FIELDS: dict[str, Field] = {
     "keep_checkpoints": Field("training", None, "keep the newest N automatic step checkpoints, deleting older ones (None: all; the final checkpoint is always kept)", "int?", at_least=1),
     "log_completions": Field("training", 0, "samples per step written to completions.jsonl in the run directory (prompt, completion, every reward, the advantage, the finish reason), and as a table to TensorBoard, wandb and MLflow where run.loggers has them (0: none)", at_least=0),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
+    "threads_alone": Field("training", None, "torch threads a learner takes while no rollout is in flight beside its update (the synchronous mode, or the staleness bound reached): the rollout actors' cores are idle then; for learners and rollout actors that share one machine's CPUs, e.g. 2 on 2 cores (None: training.num_threads, nothing lent)", "int?", at_least=1),
     # llm: the policy
     "model_path": Field("llm", None, "a HF model directory, or demo | demo-tools | demo-count | demo-agent | tiny | smollm2 (built locally)", "str?"),
     "chat_template": Field("llm", True, "apply the tokenizer's chat template to string prompts"),

@@ -28,6 +28,7 @@ from gdpo_ray.config import check_value, default, merge_resources
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from gdpo_ray.weights.digest import VARIANTS
 from learners.deepspeed_env import deepspeed_for
+from learners.thread_dial import ThreadDial
 from learners.weight_sender import WeightSender
 
 
@@ -52,12 +53,13 @@ class LearnerConfig:
     loss: PolicyLossConfig = PolicyLossConfig()
     seed: int = 0
     num_threads: int = default("num_threads")
+    threads_alone: int | None = default("threads_alone")  # lent while no rollout runs (set_threads)
     lora: Any = None  # llm.lora's PEFT settings (gdpo_ray.lora.lora_settings), or None: full weights
     digest_variants: tuple = VARIANTS  # the engines' possible lower precisions (digest.engine_variants)
 
     def __post_init__(self) -> None:
         for name in ("zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",
-                     "temperature", "num_threads"):
+                     "temperature", "num_threads", "threads_alone"):
             check_value(name, getattr(self, name), f"LearnerConfig.{name}")
         check_value("num_epochs", self.epochs, "LearnerConfig.epochs")
         if self.precision not in ("fp32", "bf16"):
@@ -151,6 +153,7 @@ class DeepSpeedLearner:
         self.config, self.rank, self.world_size = config, rank, world_size
         self.model_path = local_dir(config.model_path, config.model_files)
         self.step = 0
+        self._ticket = 0  # the update running (or last run): LearnerGroup's count
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
@@ -185,6 +188,10 @@ class DeepSpeedLearner:
 
             model = get_peft_model(model, peft_config(cfg.lora))
         model.train()  # for gradient checkpointing and lora_dropout; old and reference logprobs in eval mode
+        self.dial = ThreadDial(cfg.num_threads)  # the cores lent while no rollout runs (set_threads)
+        if (cfg.threads_alone or cfg.num_threads) != cfg.num_threads:  # then also within an update
+            self.dial.attach(model)
+        self._lent = (-1, cfg.num_threads)  # (the update it is for, torch threads) of the last set_threads
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_config = {
@@ -271,13 +278,29 @@ class DeepSpeedLearner:
         torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op.upper()))
         return t.tolist()
 
-    def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
+    def set_threads(self, threads: int, ticket: int) -> None:
+        """torch threads for update ``ticket`` from its next layer on (sent beside a running
+        update, in the actor's ``dial`` concurrency group; one for another update is ignored)."""
+        self._lent = (ticket, threads)
+        if ticket == self._ticket:
+            self.dial.set(threads)
+
+    def update(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None,
+               ticket: int = 0) -> dict[str, float]:
         """One policy update over this rank's share: whole groups (GroupRefs, read zero-copy
-        here) and the advantages of their rows, in order."""
+        here) and the advantages of their rows, in order. ``threads``: torch threads to start
+        with (default ``num_threads``); ``set_threads(n, ticket)`` turns them while it runs."""
         from gdpo_ray.groups import read_rows
 
         cfg = self.config
         start = time.perf_counter()
+        self.dial.set(threads or cfg.num_threads)
+        self._ticket = ticket  # then the lent count, if set_threads came first (either order holds)
+        lent_for, lent = self._lent
+        if lent_for == ticket:
+            self.dial.set(lent)
+        self.dial.apply()
+        turns = self.dial.turns
         rows = _rows(read_rows(groups), np.asarray(advantages))
         if not rows:
             raise ValueError(f"learner {self.rank} received no rollouts: give every learner a group")
@@ -291,8 +314,12 @@ class DeepSpeedLearner:
                 history.append(self._mini_batch([rows[i] for i in mb],
                                                 None if old is None else [old[i] for i in mb]))
         self.step += 1
+        lent_end = self.dial.applied
+        self.dial.set(cfg.num_threads)  # the lent cores back: idle OpenMP threads spin on them
+        self.dial.apply()
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
-        out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"],
+        out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(lent_end),
+                   thread_turns=float(self.dial.turns - turns - (lent_end != self.dial.applied)),
                    lr=float(self.engine.optimizer.param_groups[0]["lr"]),
                    time_s=time.perf_counter() - start,
                    compute_s=time.perf_counter() - compute_start)  # forward, backward, step
@@ -504,7 +531,8 @@ class LearnerGroup:
                 f"{PLACEMENT_TIMEOUT_S:g} s: the cluster's free resources are "
                 f"{ray.available_resources()}; ask for less (learners.num_learners, "
                 f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
-        cls = ray.remote(DeepSpeedLearner)
+        cls = ray.remote(concurrency_groups={"dial": 1})(DeepSpeedLearner)  # set_threads beside an update
+        self._updates = 0  # the tickets of the updates: set_threads names the one it is for
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
                             "cuda" if num_gpus_per_learner else "cpu"}}
         self.learners = [
@@ -521,15 +549,23 @@ class LearnerGroup:
         returns rank 0's metrics (global values)."""
         return self._ray.get(self.update_async(groups, advantages))[0]
 
-    def update_async(self, groups: Sequence[Any], advantages: np.ndarray) -> list[Any]:
-        """``update`` without waiting: the ObjectRefs of every learner's metrics (rank 0 first)."""
+    def update_async(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None) -> list[Any]:
+        """``update`` without waiting: the ObjectRefs of every learner's metrics (rank 0 first).
+        ``threads``: each learner's torch threads to start with (default ``num_threads``)."""
+        self._updates += 1
         sizes = [g.stop - g.start for g in groups]
         starts = np.concatenate(([0], np.cumsum(sizes)))
         calls = []
         for learner, share in zip(self.learners, split_groups(sizes, len(self.learners))):
             rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
-            calls.append(learner.update.remote([groups[g] for g in share], rows))
+            calls.append(learner.update.remote([groups[g] for g in share], rows, threads, self._updates))
         return calls
+
+    def set_threads(self, threads: int) -> None:
+        """The running update's torch threads from each learner's next layer on (the cores the
+        rollout actors leave idle; ``training.threads_alone``). Does not wait."""
+        for learner in self.learners:
+            learner.set_threads.options(concurrency_group="dial").remote(threads, self._updates)
 
     # -- weights out (the transports of gdpo_ray.run.transports drive these) --------------
 

@@ -140,7 +140,8 @@ class GDPOConfig(AlgorithmConfig):
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
             loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
-            lora=lora_settings(self.lora), digest_variants=engine_variants(self.engine, self.engine_kwargs))
+            threads_alone=self.threads_alone, lora=lora_settings(self.lora),
+            digest_variants=engine_variants(self.engine, self.engine_kwargs))
 
     @property
     def rollout_actor_kwargs(self) -> dict:
@@ -363,9 +364,14 @@ class GDPO(Algorithm):
         if self.config.colocate:  # the engines give the shared devices to the learners
             self.rollouts.sleep()
         before = self.rollouts.stats["groups"]
-        refs = self.learners.update_async(groups, advantages)
+        alone = self.config.threads_alone or self.config.num_threads
+        lent = alone != self.config.num_threads and self.rollouts.in_flight == 0
+        refs = self.learners.update_async(groups, advantages, threads=alone if lent else None)
         while pending := ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
             self.rollouts.pump(timeout=0.05, until=pending)  # wakes as a learner finishes
+            if not lent and alone != self.config.num_threads and self.rollouts.in_flight == 0:
+                self.learners.set_threads(alone)  # the rollouts' cores are idle now: lend them
+                lent = True
         self._groups_during_update = self.rollouts.stats["groups"] - before
         metrics = ray.get(refs)[0]
         if self.config.colocate:

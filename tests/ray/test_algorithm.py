@@ -195,8 +195,9 @@ def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
 
 
 def test_learns_the_demo_task_synchronously(ray_cluster):
-    """max_staleness = 0, fixed seeds: every reward's mean over the last steps beats the first."""
-    algo = demo_config("training.prompts_per_step=16", "training.group_size=8",
+    """max_staleness = 0, fixed seeds: every reward's mean over the last steps beats the first;
+    the learner takes the rollout actor's idle core (threads_alone) for every whole update."""
+    algo = demo_config("training.prompts_per_step=16", "training.group_size=8", "training.threads_alone=2",
                        "generation.max_tokens=40", "training.max_staleness=0").build_algo()
     pumps, pump = [], algo.rollouts.pump
     algo.rollouts.pump = lambda *a, **k: pumps.append("until" in k) or pump(*a, **k)  # during updates
@@ -205,6 +206,7 @@ def test_learns_the_demo_task_synchronously(ray_cluster):
     finally:
         algo.stop()
     assert all(r["staleness/max"] == 0 for r in rows)
+    assert [(r["learner/threads_end"], r["learner/thread_turns"]) for r in rows] == [(2, 0)] * len(rows)
     # nothing is in flight while the learner updates: the driver sleeps until it finishes (or
     # 0.05 s pass), it does not spin beside it (a spin took a fifth of a core from the learner)
     assert 0 < sum(pumps) <= sum(r["timing/update_s"] for r in rows) / 0.05 + 2 * len(rows), sum(pumps)

@@ -390,3 +390,27 @@ def test_uneven_shares_with_epochs_and_kl_under_zero3(ray_cluster, tiny_model_di
         learners.shutdown()
     assert m["kl"] > 0 and np.isfinite(m["loss"]) and m["tokens"] > 0  # the policy moved off the reference
     assert len(set(digests)) == 1
+
+
+def test_threads_lent_during_an_update_leave_it_unchanged(ray_cluster, tiny_model_dir, fixed_batch):
+    """training.threads_alone: an update that starts on 2 threads, and one turned to 2 while it
+    runs (set_threads, in the learner's own concurrency group), end on 2 and compute the same
+    update as one thread (to float rounding); the next update starts on num_threads again."""
+    weights, ends = [], []
+    for lend in (None, "start", "during"):
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, threads_alone=2), num_learners=1)
+        try:
+            refs = group.update_async(fixed_batch, ADV, threads=2 if lend == "start" else None)
+            if lend == "during":
+                group.set_threads(2)
+            m = ray_cluster.get(refs)[0]
+            weights.append(group.get_weights())
+            ends.append(m["threads_end"])
+            later = ray_cluster.get(group.update_async(fixed_batch, ADV))[0]  # the next update starts on 1 again
+            assert later["threads_end"] == 1
+        finally:
+            group.shutdown()
+    assert ends == [1, 2, 2]
+    for other in weights[1:]:
+        for name in weights[0]:
+            np.testing.assert_allclose(other[name], weights[0][name], rtol=0, atol=1e-6, err_msg=name)
