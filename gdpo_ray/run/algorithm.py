@@ -314,6 +314,7 @@ class GDPO(Algorithm):
             learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
         with step_metrics.timed(timers, "push_weights"):
             self._push_weights(self.policy_version + 1)
+            self.rollouts.pump()  # the calls the new version admits start now, beside the metrics
         with step_metrics.timed(timers, "metrics"):
             self.prompts.mark_trained([g.group_id for g in groups])
             self.counters["trained_groups"] += len(groups)
