@@ -315,7 +315,7 @@ class DeepSpeedLearner:
                                                 None if old is None else [old[i] for i in mb]))
         self.step += 1
         lent_end = self.dial.applied
-        self.dial.set(cfg.num_threads)  # the lent cores back: idle OpenMP threads spin on them
+        self.dial.set(cfg.num_threads)  # the lent cores back before generation resumes beside it
         self.dial.apply()
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(lent_end),
