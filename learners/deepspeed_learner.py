@@ -154,6 +154,7 @@ class DeepSpeedLearner:
         self.model_path = local_dir(config.model_path, config.model_files)
         self.step = 0
         self._ticket = 0  # the update running (or last run): LearnerGroup's count
+        self._lent = (-1, config.num_threads)  # (the update it is for, torch threads) of the last set_threads
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
@@ -191,7 +192,6 @@ class DeepSpeedLearner:
         self.dial = ThreadDial(cfg.num_threads)  # the cores lent while no rollout runs (set_threads)
         if (cfg.threads_alone or cfg.num_threads) != cfg.num_threads:  # then also within an update
             self.dial.attach(model)
-        self._lent = (-1, cfg.num_threads)  # (the update it is for, torch threads) of the last set_threads
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_config = {
@@ -314,12 +314,12 @@ class DeepSpeedLearner:
                 history.append(self._mini_batch([rows[i] for i in mb],
                                                 None if old is None else [old[i] for i in mb]))
         self.step += 1
-        lent_end = self.dial.applied
+        threads_end, turns = self.dial.applied, self.dial.turns - turns
         self.dial.set(cfg.num_threads)  # the lent cores back before generation resumes beside it
         self.dial.apply()
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
-        out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(lent_end),
-                   thread_turns=float(self.dial.turns - turns - (lent_end != self.dial.applied)),
+        out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(threads_end),
+                   thread_turns=float(turns),
                    lr=float(self.engine.optimizer.param_groups[0]["lr"]),
                    time_s=time.perf_counter() - start,
                    compute_s=time.perf_counter() - compute_start)  # forward, backward, step
