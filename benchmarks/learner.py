@@ -91,7 +91,8 @@ def main() -> None:
     from gdpo_ray.groups import GroupRef
     from gdpo_ray.batch import GroupData, build_groups, group_bounds
     from gdpo_ray.tiny_model import build_tiny_model
-    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+    from learners.deepspeed_learner import LearnerConfig
+    from learners.learner_group import LearnerGroup
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     rng = np.random.default_rng(0)

@@ -95,7 +95,8 @@ def measure_cpu(args, model: str) -> dict:
     import ray
 
     from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport
-    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+    from learners.deepspeed_learner import LearnerConfig
+    from learners.learner_group import LearnerGroup
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
@@ -151,7 +152,8 @@ def measure_nccl(args, model: str) -> dict:
 
     from gdpo_ray.weights.channels import MULTI_RANK_GPU_ENV
     from gdpo_ray.run.transports import BroadcastTransport
-    from learners.deepspeed_learner import LearnerConfig, LearnerGroup
+    from learners.deepspeed_learner import LearnerConfig
+    from learners.learner_group import LearnerGroup
 
     share = nccl_share()
     if isinstance(share, str):

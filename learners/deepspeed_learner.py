@@ -2,7 +2,7 @@
 
 Each ``DeepSpeedLearner`` is one rank of a torch.distributed group (gloo on CPU, NCCL on GPU)
 running a DeepSpeed engine (ZeRO stage 0-3, fp32 or bf16) with a client torch AdamW. An update
-receives whole groups (never split: ``split_groups``) with their advantages, already computed on
+receives whole groups (never split: ``learners.learner_group.split_groups``) with their advantages, already computed on
 the driver over the whole batch, and for each epoch and mini-batch:
   1. packs rows into micro-batches under a token budget (longest first), the same number of
      micro-batches on every rank (empty ones where a rank has fewer) so that ZeRO's collectives
@@ -11,7 +11,7 @@ the driver over the whole batch, and for each epoch and mini-batch:
      and the policy loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and
      rollout counts, so that the accumulated gradient is exactly the mini-batch's;
   3. takes one optimizer step (gradient clipping by DeepSpeed).
-``LearnerGroup`` places the learners with a placement group and fans calls out to them.
+``learners.learner_group.LearnerGroup`` places the learners and fans calls out to them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdpo_ray.config import check_value, default, merge_resources
+from gdpo_ray.config import check_value, default
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from gdpo_ray.weights.digest import VARIANTS
 from learners.deepspeed_env import deepspeed_for
@@ -128,20 +128,6 @@ def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
         else:
             batches.append([i])
     return batches
-
-
-def split_groups(tokens: Sequence[int], parts: int) -> list[list[int]]:
-    """Group indices per learner: whole groups, contiguous, balanced by ``tokens`` per group."""
-    if len(tokens) < parts:
-        raise ValueError(f"{len(tokens)} groups cannot feed {parts} learners: every learner "
-                         "needs a group (raise the groups per step or lower num_learners)")
-    cum = np.cumsum(tokens, dtype=np.float64)
-    mid = cum - np.asarray(tokens) / 2
-    share = np.minimum((mid / (cum[-1] / parts)).astype(int), parts - 1)
-    out = [np.flatnonzero(share == k).tolist() for k in range(parts)]
-    if any(not o for o in out):  # a very uneven batch: equal counts instead
-        out = [a.tolist() for a in np.array_split(np.arange(len(tokens)), parts)]
-    return out
 
 
 class DeepSpeedLearner:
@@ -495,125 +481,3 @@ class DeepSpeedLearner:
         if merged:
             model.merge_and_unload().to(dtype).save_pretrained(merged)
             tokenizer.save_pretrained(merged)
-
-
-#: how long the learners' placement group may wait for resources (an autoscaler adding nodes)
-PLACEMENT_TIMEOUT_S = 900.0
-
-
-class LearnerGroup:
-    """N learners in a placement group (gang-scheduled), one process group among them."""
-
-    def __init__(self, config: LearnerConfig, num_learners: int = 1, num_cpus_per_learner: float = 1,
-                 num_gpus_per_learner: float = 0, bundle_extra: dict | None = None) -> None:
-        """``bundle_extra``: resources added to every learner's bundle for a rollout actor placed
-        beside it (the colocated layout: ``RolloutGroup(placement_group=group.pg)``)."""
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        self._ray = ray
-        bundle = merge_resources({"CPU": num_cpus_per_learner, "GPU": num_gpus_per_learner},
-                                 bundle_extra or {})
-        # inside a Ray Tune trial the learners take bundles of the trial's own placement group
-        # (GDPO.default_resource_request reserved them); a second group would wait forever
-        current = ray.util.get_current_placement_group()
-        self.pg, self._own_pg = current, current is None
-        if self._own_pg:
-            self.pg = placement_group([bundle] * num_learners, strategy="PACK")
-        try:
-            ray.get(self.pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            if self._own_pg:
-                ray.util.remove_placement_group(self.pg)
-            raise RuntimeError(
-                f"the {num_learners} learner(s) (each {bundle}) were not placed within "
-                f"{PLACEMENT_TIMEOUT_S:g} s: the cluster's free resources are "
-                f"{ray.available_resources()}; ask for less (learners.num_learners, "
-                f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
-        cls = ray.remote(concurrency_groups={"dial": 1})(DeepSpeedLearner)  # set_threads beside an update
-        self._updates = 0  # the tickets of the updates: set_threads names the one it is for
-        env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
-                            "cuda" if num_gpus_per_learner else "cpu"}}
-        self.learners = [
-            cls.options(num_cpus=num_cpus_per_learner, num_gpus=num_gpus_per_learner, runtime_env=env,
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(
-                            placement_group=self.pg, placement_group_bundle_index=i if self._own_pg else -1,
-                        )).remote(config, i, num_learners)
-            for i in range(num_learners)]
-        addr, port = ray.get(self.learners[0].address.remote())
-        ray.get([learner.setup.remote(addr, port) for learner in self.learners])
-
-    def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
-        """Whole groups (GroupRefs) and the advantages of their rows, split across learners;
-        returns rank 0's metrics (global values)."""
-        return self._ray.get(self.update_async(groups, advantages))[0]
-
-    def update_async(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None) -> list[Any]:
-        """``update`` without waiting: the ObjectRefs of every learner's metrics (rank 0 first).
-        ``threads``: each learner's torch threads to start with (default ``num_threads``)."""
-        self._updates += 1
-        sizes = [g.stop - g.start for g in groups]
-        starts = np.concatenate(([0], np.cumsum(sizes)))
-        calls = []
-        for learner, share in zip(self.learners, split_groups(sizes, len(self.learners))):
-            rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
-            calls.append(learner.update.remote([groups[g] for g in share], rows, threads, self._updates))
-        return calls
-
-    def set_threads(self, threads: int) -> None:
-        """The running update's torch threads from each learner's next layer on (the cores the
-        rollout actors leave idle; ``training.threads_alone``). Does not wait."""
-        for learner in self.learners:
-            learner.set_threads.options(concurrency_group="dial").remote(threads, self._updates)
-
-    # -- weights out (the transports of gdpo_ray.run.transports drive these) --------------
-
-    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any]:
-        """The weights (under LoRA: the adapter) as buckets in the object store: (their
-        ObjectRefs, what was sent: ``gdpo_ray.weights.digest.Sent``), from rank 0 (the others
-        take part in the ZeRO-3 gathers)."""
-        return self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
-
-    def broadcast_address(self) -> tuple[str, int]:
-        """Where learner rank 0 hosts a broadcast group: its node's address and a free port."""
-        return self._ray.get(self.learners[0].address.remote())
-
-    def open_broadcast_async(self, host: str, port: int, world_size: int) -> Any:
-        """Rank 0 opens a broadcast group as its root: the ObjectRef of the agreed backend."""
-        return self.learners[0].open_broadcast.remote(host, port, world_size)
-
-    def broadcast_weights_async(self, bucket_bytes: int) -> list[Any]:
-        """Every rank's part of one broadcast (rank 0 sends): ObjectRefs, rank 0's of what was
-        sent (``digest.Sent``)."""
-        return [learner.broadcast_weights.remote(bucket_bytes) for learner in self.learners]
-
-    def _on_all(self, call) -> list[Any]:
-        """``call(learner)`` (an ObjectRef) on every learner, results in rank order
-        (collectives need all ranks)."""
-        return self._ray.get([call(learner) for learner in self.learners])
-
-    def save_checkpoint(self, path: str) -> None:
-        """Model, optimizer, scheduler, RNG and step of every rank, under ``path``."""
-        self._on_all(lambda learner: learner.save_checkpoint.remote(path))
-
-    def load_checkpoint(self, path: str) -> int:
-        """``save_checkpoint``'s state back; returns the learner step."""
-        return self._on_all(lambda learner: learner.load_checkpoint.remote(path))[0]
-
-    def export_hf(self, path: str, merged: str | None = None) -> None:
-        """The policy as a Hugging Face model directory (rank 0 writes it); under LoRA a PEFT
-        adapter directory, and the merged model in ``merged`` (``DeepSpeedLearner.export_hf``)."""
-        self._on_all(lambda learner: learner.export_hf.remote(path, merged))
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """The full weights (rank 0's, gathered under ZeRO-3)."""
-        return self._on_all(lambda learner: learner.get_weights.remote())[0]
-
-    def shutdown(self) -> None:
-        from ray.util.placement_group import remove_placement_group
-
-        for learner in self.learners:
-            self._ray.kill(learner)
-        if self._own_pg:
-            remove_placement_group(self.pg)

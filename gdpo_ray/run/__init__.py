@@ -6,7 +6,7 @@
   transports, eval suites), before any actor starts;
 - ``presets``: YAML presets and ``section.key=value`` overrides onto a ``GDPOConfig``;
 - ``transports``: weights out, one class per ``training.weight_sync``, typed against
-  ``learners.deepspeed_learner.LearnerGroup`` and ``actors.rollout_group.RolloutGroup``;
+  ``learners.learner_group.LearnerGroup`` and ``actors.rollout_group.RolloutGroup``;
 - ``preflight``: the first-run checks (dataset, rewards on real rows, resources);
 - ``checkpoints``: atomic saves, resume, exporting a checkpoint's policy;
 - ``train``: a training run (Ray, the run directory, the loop, the final report);

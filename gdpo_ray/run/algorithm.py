@@ -237,7 +237,7 @@ class GDPO(Algorithm):
     def _start_learners(self) -> None:
         """The learners, and the weight transport (``training.weight_sync``) that sends from them."""
         from gdpo_ray.run.transports import make_transport
-        from learners.deepspeed_learner import LearnerGroup
+        from learners.learner_group import LearnerGroup
 
         c = self.config
         extra = c.rollout_resources if c.colocate else None
@@ -366,11 +366,12 @@ class GDPO(Algorithm):
             self.rollouts.sleep()
         before = self.rollouts.stats["groups"]
         alone = self.config.threads_alone or self.config.num_threads
-        lent = alone != self.config.num_threads and self.rollouts.in_flight == 0
-        refs = self.learners.update_async(groups, advantages, threads=alone if lent else None)
+        idle = self.rollouts.in_flight == 0  # the rollout actors' cores are free from the start
+        refs = self.learners.update_async(groups, advantages, threads=alone if idle else None)
+        lent = idle or alone == self.config.num_threads  # nothing (more) to lend
         while pending := ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
             self.rollouts.pump(timeout=0.05, until=pending)  # wakes as a learner finishes
-            if not lent and alone != self.config.num_threads and self.rollouts.in_flight == 0:
+            if not lent and self.rollouts.in_flight == 0:
                 self.learners.set_threads(alone)  # the rollouts' cores are idle now: lend them
                 lent = True
         self._groups_during_update = self.rollouts.stats["groups"] - before

@@ -7,7 +7,7 @@ their minimum count, the learners' bundles, the rollout actors inside them when 
 compares it with the cluster's total resources: short of them, with no autoscaler to add nodes,
 the run is refused at once, naming what it asks, what the cluster has and the fix. With an
 autoscaler, a warning is returned and the learners' placement waits at most
-``learners.deepspeed_learner.PLACEMENT_TIMEOUT_S``.
+``learners.learner_group.PLACEMENT_TIMEOUT_S``.
 """
 
 from __future__ import annotations

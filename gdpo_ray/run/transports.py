@@ -5,7 +5,7 @@ actors. One class per transport, chosen once from ``training.weight_sync`` (``TR
     send(version, receivers) -> Pushed    # connects the receivers if they changed, sends
     close()                               # forgets the connection (rebuilt at the next send)
 
-Every transport sends from a ``learners.deepspeed_learner.LearnerGroup`` to the actors of an
+Every transport sends from a ``learners.learner_group.LearnerGroup`` to the actors of an
 ``actors.rollout_group.RolloutGroup`` (``receivers()``: handles of ``RolloutActor`` or
 ``StreamingRolloutActor``, whose ``set_weights`` / ``join_broadcast`` / ``receive_weights`` are
 the receiving side).
@@ -36,7 +36,7 @@ from ray.actor import ActorHandle
 
 from actors.rollout_group import RolloutGroup
 from gdpo_ray.weights.digest import Sent
-from learners.deepspeed_learner import LearnerGroup
+from learners.learner_group import LearnerGroup
 
 logger = logging.getLogger(__name__)
 

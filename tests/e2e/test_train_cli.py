@@ -79,7 +79,7 @@ def test_a_learner_death_and_a_full_disk_under_gdpo_ray_train(ray_cluster, tmp_p
 
     from gdpo_ray.run.algorithm import GDPO
     from gdpo_ray.run.checkpoints import checkpoint_version, verify_checkpoint
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
 
     monkeypatch.chdir(tmp_path)
     common = [f"run.output_dir={tmp_path}", "training.prompts_per_step=4", "training.group_size=4",

@@ -50,7 +50,7 @@ def learner_config(model_dir, **kw):
 
 
 def test_deepspeed_learner_with_nccl_lowers_the_loss(ray_cluster, tiny_model_dir, fixed_batch):
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
 
     learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2), num_learners=1,
                             num_gpus_per_learner=1)
@@ -107,7 +107,7 @@ def one_rollout_actor(model_dir, num_gpus, **actor_kwargs):
 
 
 def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir, fixed_batch):
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
 
     shares = gpu_shares()
     learners = LearnerGroup(learner_config(tiny_model_dir, zero_stage=2, epochs=1), num_learners=1,
@@ -136,7 +136,7 @@ def test_nccl_broadcast_reaches_an_hf_actor_on_cuda(ray_cluster, tiny_model_dir,
 def test_vllm_actor_on_cuda_takes_the_broadcast_through_vllm_weight_transfer(ray_cluster, tiny_model_dir,
                                                                               fixed_batch):
     pytest.importorskip("vllm")
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
 
     shares = gpu_shares()
     # ZeRO-3: the announced shapes come from ds_shape, the tensors from one gather at a time
@@ -185,7 +185,7 @@ def test_a_vllm_broadcast_lands_in_flight_on_a_streaming_actor_on_cuda(ray_clust
 def lora_pushes(ray_cluster, model_dir, batch, lora: dict, bucket_bytes: int, **actor_kwargs):
     """Two NCCL-broadcast pushes of a LoRA learner's adapter (DeepSpeed on CUDA, ZeRO-2) to one
     rollout actor on CUDA: (the group's backend, pushes attested, the last ``Pushed``)."""
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
 
     shares = gpu_shares()
     learners = LearnerGroup(learner_config(model_dir, zero_stage=2, epochs=1, lr=0.05, lora=lora),

@@ -7,7 +7,8 @@ from gdpo_ray.groups import GroupRef
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport, push_weights
-from learners.deepspeed_learner import LearnerConfig, LearnerGroup, plan_micro_batches, split_groups
+from learners.deepspeed_learner import LearnerConfig, plan_micro_batches
+from learners.learner_group import LearnerGroup, split_groups
 from tests.digests import actor_digests, learner_digests, optimizer_digests
 from tests.engines import actor_greedy, greedy_with
 

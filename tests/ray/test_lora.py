@@ -8,7 +8,7 @@ import pytest
 
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport, push_weights
-from learners.deepspeed_learner import LearnerGroup
+from learners.learner_group import LearnerGroup
 from tests.ray.test_learner import ADV, _learner_logprobs, config, fixed_batch  # noqa: F401 - a fixture
 
 LORA = lora_settings({"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})

@@ -507,7 +507,7 @@ def broadcast_into_a_streaming_actor(ray, model_dir, fixed_batch, learner_gpus: 
 
     from actors.prompts import Prompt
     from gdpo_ray.run.transports import BroadcastTransport
-    from learners.deepspeed_learner import LearnerGroup
+    from learners.learner_group import LearnerGroup
     from tests.ray.test_learner import ADV, config
 
     learners = LearnerGroup(config(model_dir, zero_stage=3, epochs=1, lr=0.05), num_learners=1,
