@@ -1,8 +1,8 @@
 """The reward scoring pool a rollout actor uses: worker processes, timeouts, kills, retries, NaN.
 
-Rewards never run in the trainer or rollout process. Worker processes (forked from a server that
-has imported the reward modules, so a new one starts in milliseconds; each the leader of its own
-session, so that its whole process tree can be killed) score tasks of (rows, rewards), one
+Rewards never run in the trainer or rollout process. Worker processes (the first spawned; any
+other forked from a server that has imported the reward modules, so a new one starts in
+milliseconds; each the leader of its own session, so that its whole process tree can be killed) score tasks of (rows, rewards), one
 reward call at a time, calling each function as TRL does (``gdpo_ray.rewards.call_reward``).
 
 Every (row, reward) that cannot be scored is NaN with its error text, of one of three classes
@@ -27,6 +27,7 @@ timeout per worker.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -34,6 +35,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -118,7 +120,7 @@ def _proc_stat(pid: int) -> tuple[str, float] | None:
         return None
 
 
-def _context(specs: Sequence[RewardSpec]):
+def _server(specs: Sequence[RewardSpec]):
     """A forkserver that has imported the reward modules (spawn where there is none)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
@@ -134,6 +136,25 @@ def _context(specs: Sequence[RewardSpec]):
     return ctx
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_script_hidden():
+    """While a worker starts: multiprocessing re-runs the parent's ``__main__`` script in each
+    child (as ``__mp_main__``, for functions pickled by reference from it). A Ray actor's is Ray's
+    ``default_worker.py``, which imports Ray: ~40 MiB and 0.3 s per worker. A worker's function
+    lives in this module and its rewards travel by value (cloudpickle), so no child needs it."""
+    main = sys.modules["__main__"]
+    with _MAIN_LOCK:
+        path = main.__dict__.pop("__file__", None)
+        try:
+            yield
+        finally:
+            if path is not None:
+                main.__file__ = path
+
+
 class _Worker:
     def __init__(self, ctx, payload: bytes, cwd: str) -> None:
         try:  # starting a process needs a current directory: Ray may have replaced the job's
@@ -142,7 +163,8 @@ class _Worker:
             os.chdir(cwd if os.path.isdir(cwd) else "/")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, payload), daemon=True)
-        self.process.start()
+        with _main_script_hidden():
+            self.process.start()
         child.close()
         self.ready = False
         self.task: _Task | None = None  # the task whose first reward is being scored
@@ -213,10 +235,22 @@ class RewardPool:
         self._row_by_row = {j for j, fn in enumerate(fns) if hasattr(fn, "min_timeout_s")}
         self._cwd = os.getcwd()
         self._payload = cloudpickle.dumps((self.specs, list(sys.path), self._cwd))
-        self._ctx = _context(self.specs)
-        self._workers = [_Worker(self._ctx, self._payload, self._cwd) for _ in range(num_workers)]
+        self._ctx = None  # the fork server, started when a second worker is first needed
+        self._workers = [self._new_worker() for _ in range(num_workers)]
         self._startup_failures = 0
         self.parked = 0  # calls parked so far (waiting while others were scored)
+
+    def _new_worker(self) -> _Worker:
+        """A worker process: the pool's first is spawned; the others (more workers, stand-ins for
+        parked calls, replacements of killed ones) fork from a server that has imported the
+        reward modules, started at the first such need (one spawn's time once, then
+        milliseconds each). A pool of one worker that is never killed has no server: one
+        process of the reward modules' imports (~50 MiB) fewer."""
+        if self._ctx is None:
+            self._ctx = mp.get_context("spawn")  # the first
+        elif self._ctx.get_start_method() == "spawn":
+            self._ctx = _server(self.specs)
+        return _Worker(self._ctx, self._payload, self._cwd)
 
     @property
     def names(self) -> list[str]:
@@ -319,7 +353,7 @@ class RewardPool:
         working = sum(1 for w in self._workers if not w.parked)
         want = min(len(pending), self.num_workers - working,
                    self.num_workers + MAX_PARKED - len(self._workers))
-        self._workers += [_Worker(self._ctx, self._payload, self._cwd) for _ in range(max(0, want))]
+        self._workers += [self._new_worker() for _ in range(max(0, want))]
 
     def _shrink(self) -> None:
         """Back to ``num_workers`` after a call of ``score`` (idle extra workers stop)."""
@@ -362,7 +396,7 @@ class RewardPool:
                 raise RuntimeError(f"reward workers keep dying at start (exit code {code}); "
                                    "their traceback is on stderr")
             if len(self._workers) < self.num_workers:
-                self._workers.append(_Worker(self._ctx, self._payload, self._cwd))
+                self._workers.append(self._new_worker())
             return
         task = worker.task
         if task is not None:

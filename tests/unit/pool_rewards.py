@@ -67,3 +67,8 @@ def call_sizes(prompts, completions, folder, **columns):
 
     (Path(folder) / f"{len(completions)}-{uuid.uuid4().hex[:8]}").touch()
     return [1.0 for _ in completions]
+
+
+def parent_main_ran(prompts, completions, **columns):
+    """1.0 where this worker ran its parent's ``__main__`` script (as multiprocessing's ``__mp_main__``)."""
+    return [float(sys.modules["__main__"].__name__ == "__mp_main__") for _ in completions]

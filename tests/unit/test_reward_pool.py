@@ -1,5 +1,6 @@
 """The scoring pool: a reward that hangs, raises or kills its worker costs only its own rows."""
 
+import json
 import math
 import os
 import subprocess
@@ -159,3 +160,35 @@ def test_plain_rewards_get_a_call_per_worker_sandboxed_ones_a_row_per_call(tmp_p
         assert pool._row_by_row == {0}  # the sandboxed reward: one program per call
     finally:
         pool.close()
+
+
+POOL_IN_A_SCRIPT = """
+import json, sys
+import psutil
+sys.path.insert(0, {root!r})
+from actors.reward import RewardPool
+
+def servers():
+    return sum("multiprocessing.forkserver" in " ".join(c.cmdline()) for c in psutil.Process().children())
+
+if __name__ == "__main__":  # run as a script, as Ray runs its workers' default_worker.py
+    mod = "tests.unit.pool_rewards"
+    rewards = [{{"name": n, "fn": f"{{mod}}:{{n}}", "timeout_s": 5}} for n in ("parent_main_ran", "die_on_5")]
+    with RewardPool(rewards, num_workers=1) as pool:
+        seen = [pool.score([""], ["1"]).values.tolist(), servers()]
+        seen += [pool.score([""], ["5"]).values.tolist(), pool.score([""], ["1"]).values.tolist(), servers()]
+    print(json.dumps(seen))
+"""
+
+
+def test_workers_start_without_the_parents_script_and_one_worker_needs_no_server(tmp_path):
+    # a pool of one worker spawns it (no fork server: one process fewer); a replacement forks
+    # from a server started then; no worker re-runs the parent's __main__ script
+    script = tmp_path / "driver.py"
+    script.write_text(POOL_IN_A_SCRIPT.format(root=os.getcwd()))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, servers_first, killed, after, servers_after = json.loads(out.stdout.splitlines()[-1])
+    assert first == [[0.0, 1.0]] and servers_first == 0
+    assert killed[0][0] == 0.0 and math.isnan(killed[0][1])  # "5" kills its worker, 3 times
+    assert after == [[0.0, 1.0]] and servers_after == 1
