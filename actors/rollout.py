@@ -74,8 +74,10 @@ class RolloutActor:
         import torch
 
         from actors.reward import RewardPool
+        from gdpo_ray.batch import arrow_without_pandas
         from gdpo_ray.model_files import local_dir
 
+        arrow_without_pandas()
         torch.set_num_threads(num_threads)
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2; got {group_size}")

@@ -46,7 +46,9 @@ Schema metadata: ``gdpo.reward_names`` (JSON list of the K names, in column orde
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
 import json
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -56,6 +58,67 @@ import pyarrow.compute as pc
 REWARD_NAMES_KEY = b"gdpo.reward_names"
 SAMPLING_KEY = b"gdpo.sampling"
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def arrow_without_pandas() -> None:
+    """For a process that has no use for pandas (the actors): pyarrow imports pandas, where it is
+    installed, the first time it builds an array from Python or NumPy values, only to ask whether
+    they are pandas objects: 0.27 s of start-up and ~40 MiB. Asked here with pandas hidden,
+    pyarrow takes it as absent for such questions; an explicit conversion (``to_pandas``) still
+    imports it. A no-op where pandas is imported already. (Arrays of an inferred type and
+    ``to_numpy`` import it anyway, from pyarrow's C++ layer: the actors' paths give types and
+    read with ``as_numpy``.)"""
+    if "pandas" in sys.modules:
+        return
+    hidden = _Hidden("pandas")
+    sys.meta_path.insert(0, hidden)  # an import of it raises ImportError, as if not installed
+    try:
+        pa.array([0], pa.int8())
+    finally:
+        sys.meta_path.remove(hidden)
+
+
+def as_numpy(array: pa.Array) -> np.ndarray:
+    """``array.to_numpy()``, read-only, without pyarrow's conversion layer (which imports pandas:
+    ``arrow_without_pandas``): for a numeric or boolean array without nulls, a view of its buffer
+    (zero-copy; booleans unpacked from their bits); anything else through ``to_numpy``."""
+    kind, n = array.type, len(array)
+    if array.null_count or not (pa.types.is_integer(kind) or pa.types.is_floating(kind)
+                                or pa.types.is_boolean(kind)):
+        return array.to_numpy(zero_copy_only=False)
+    data = array.buffers()[1]
+    if pa.types.is_boolean(kind):
+        if n == 0:
+            return np.zeros(0, bool)
+        bits = np.unpackbits(np.frombuffer(data, np.uint8), bitorder="little")
+        return bits[array.offset:array.offset + n].astype(bool)
+    dtype = np.dtype(kind.to_pandas_dtype())  # NumPy's dtype of an Arrow number (no pandas)
+    if n == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(data, dtype, n, array.offset * dtype.itemsize)
+
+
+def _plain_type(values: Sequence[Any]) -> pa.DataType | None:
+    """The Arrow type pyarrow would infer for values all of one plain Python type (str, int,
+    float, bool), given so that it does not infer it (its inference imports pandas:
+    ``arrow_without_pandas``); None (inferred) for anything else."""
+    kinds = {type(v) for v in values}
+    return _PLAIN.get(kinds.pop()) if len(kinds) == 1 else None
+
+
+_PLAIN = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    """An import finder for which the package ``name`` is not installed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] == self.name:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
 
 _CORE = [
     ("prompt_id", pa.string()),
@@ -171,7 +234,8 @@ def build_groups(groups: Sequence[GroupData], reward_names: Sequence[str],
                      for name, _ in TURN_COLUMNS[1:])]
     task_fields = []
     for name in task_names:
-        col = pa.array([g.task_columns[name] for g, n in zip(groups, sizes) for _ in range(n)])
+        values = [g.task_columns[name] for g, n in zip(groups, sizes) for _ in range(n)]
+        col = pa.array(values, _plain_type(values))
         arrays.append(col)
         task_fields.append(pa.field(name, col.type))
     batch = pa.RecordBatch.from_arrays(arrays, schema=group_schema(reward_names, sampling, task_fields, multi_turn))
@@ -220,7 +284,7 @@ def token_versions(column: pa.Array) -> np.ndarray:
     """A ``response_versions`` column (or a slice of one) expanded: per token, rows in order,
     the policy version that sampled it."""
     version, tokens = column.flatten().flatten()
-    return np.repeat(version.to_numpy(), tokens.to_numpy())
+    return np.repeat(as_numpy(version), as_numpy(tokens))
 
 
 def build_group(*, reward_names: Sequence[str], sampling: Mapping[str, Any] | None = None,
@@ -242,7 +306,7 @@ def group_bounds(batch: pa.RecordBatch) -> list[tuple[str, int, int]]:
     n = len(ids)
     if n == 0:
         return []
-    change = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    change = as_numpy(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)))
     starts = np.concatenate(([0], np.flatnonzero(change) + 1))
     ends = np.append(starts[1:], n)
     names = pc.take(ids, pa.array(starts)).to_pylist()
@@ -268,38 +332,38 @@ def check_groups(batch: pa.RecordBatch) -> None:
         raise ValueError(f"a group needs >= 2 rollouts; group {bounds[int(sizes.argmin())][0]!r} "
                          f"has {sizes.min()}")
     first_row = np.repeat(starts, sizes)
-    idx = batch.column("sample_index").to_numpy()
+    idx = as_numpy(batch.column("sample_index"))
     if not np.array_equal(idx, np.arange(batch.num_rows) - first_row):
         raise ValueError("sample_index must count 0..G-1 within each group")
     for col in ("prompt_id", "policy_version"):
         values = batch.column(col)
         if not pc.all(pc.equal(values, pc.take(values, pa.array(first_row)))).as_py():
             raise ValueError(f"all rows of a group share one {col}")
-    lengths = batch.column("response_length").to_numpy()
+    lengths = as_numpy(batch.column("response_length"))
     ragged = [batch.column(c) for c in ("response_token_ids", "response_logprobs")]
-    if not all(np.array_equal(np.diff(c.offsets.to_numpy()), lengths) for c in ragged):
+    if not all(np.array_equal(np.diff(as_numpy(c.offsets)), lengths) for c in ragged):
         raise ValueError("response_token_ids, response_logprobs and response_length disagree")
     runs = batch.column("response_versions")
-    counts = np.diff(runs.offsets.to_numpy())
-    version, tokens = (a.to_numpy() for a in runs.flatten().flatten())
+    counts = np.diff(as_numpy(runs.offsets))
+    version, tokens = (as_numpy(a) for a in runs.flatten().flatten())
     if np.any(tokens < 1) or not np.array_equal(
             np.bincount(np.repeat(np.arange(len(counts)), counts), tokens, len(counts)), lengths):
         raise ValueError("response_versions and response_length disagree (its runs must count >= 1 "
                          "token each and cover the response)")
-    if np.any(version < np.repeat(batch.column("policy_version").to_numpy(), counts)):
+    if np.any(version < np.repeat(as_numpy(batch.column("policy_version")), counts)):
         raise ValueError("a token's response_versions is older than its group's policy_version "
                          "(which must be the oldest)")
-    if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS))).as_py():
+    if not pc.all(pc.is_in(batch.column("finish_reason"), pa.array(FINISH_REASONS, pa.string()))).as_py():
         bad = set(batch.column("finish_reason").to_pylist()) - set(FINISH_REASONS)
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}; got {sorted(bad)}")
     if "response_mask" in schema.names:
         mask = batch.column("response_mask")
-        if not np.array_equal(np.diff(mask.offsets.to_numpy()), lengths):
+        if not np.array_equal(np.diff(as_numpy(mask.offsets)), lengths):
             raise ValueError("response_mask and response_length disagree")
-        if not np.isin(mask.flatten().to_numpy(), (0, 1)).all():
+        if not np.isin(as_numpy(mask.flatten()), (0, 1)).all():
             raise ValueError("response_mask holds only 0 (tool or template token) and 1 (sampled)")
     errors = batch.column("reward_errors")
-    if not np.all(np.diff(errors.offsets.to_numpy()) == len(names)):
+    if not np.all(np.diff(as_numpy(errors.offsets)) == len(names)):
         raise ValueError(f"reward_errors must hold {len(names)} strings per rollout")
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gdpo_ray.batch import TURN_COLUMNS, group_bounds
+from gdpo_ray.batch import TURN_COLUMNS, as_numpy, group_bounds
 
 #: a multi-turn rollout's counts, in ``GroupRef.turns``' column order
 TURN_COUNTS = tuple(name for name, _ in TURN_COLUMNS[1:])
@@ -44,13 +44,13 @@ class GroupRef:
 
 def describe_groups(batch: pa.RecordBatch, ref: Any = None) -> list[GroupRef]:
     """A ``GroupRef`` with its metadata for every group of ``batch`` (rows in order)."""
-    rewards = batch.column("rewards").flatten().to_numpy(zero_copy_only=False)
+    rewards = as_numpy(batch.column("rewards").flatten())
     rewards = rewards.astype(np.float32).reshape(batch.num_rows, -1)
     errors = batch.column("reward_errors").to_pylist()
-    lengths = batch.column("response_length").to_numpy().astype(np.int32)
+    lengths = as_numpy(batch.column("response_length")).astype(np.int32)
     reasons = batch.column("finish_reason").to_pylist()
-    versions = batch.column("policy_version").to_numpy()
-    turns = np.stack([batch.column(c).to_numpy() for c in TURN_COUNTS], 1) \
+    versions = as_numpy(batch.column("policy_version"))
+    turns = np.stack([as_numpy(batch.column(c)) for c in TURN_COUNTS], 1) \
         if "response_mask" in batch.schema.names else None
     return [GroupRef(ref, a, b, gid, int(versions[a:b].min()), rewards[a:b].copy(),
                      tuple(tuple(e) for e in errors[a:b]), lengths[a:b].copy(), tuple(reasons[a:b]),

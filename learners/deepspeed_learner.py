@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from gdpo_ray.batch import as_numpy
 from gdpo_ray.config import check_value, default
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from gdpo_ray.weights.digest import VARIANTS
@@ -100,8 +101,8 @@ class _Row:
 def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
     """Per-rollout views (no copies) of the prompt, response and rollout logprobs."""
     def split(column: Any, dtype: type) -> list[np.ndarray]:
-        values = column.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-        offsets = column.offsets.to_numpy()
+        values = as_numpy(column.flatten()).astype(dtype, copy=False)
+        offsets = as_numpy(column.offsets)
         return np.split(values, offsets[1:-1] - offsets[0])
 
     rows = []
@@ -134,8 +135,10 @@ class DeepSpeedLearner:
     """One rank. ``setup`` joins the process group and builds the engine."""
 
     def __init__(self, config: LearnerConfig, rank: int, world_size: int) -> None:
+        from gdpo_ray.batch import arrow_without_pandas
         from gdpo_ray.model_files import local_dir
 
+        arrow_without_pandas()
         self.config, self.rank, self.world_size = config, rank, world_size
         self.model_path = local_dir(config.model_path, config.model_files)
         self.step = 0

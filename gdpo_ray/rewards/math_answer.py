@@ -82,12 +82,14 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
                      after_tag: str | None = None):
     """1 if the final answer equals the ground truth (equivalent forms count), else 0; no
     final answer is 0. ``answer_tag``/``after_tag``: see ``final_answer`` (R1-distill models:
-    ``after_tag="</think>"``). ``timeout_s`` bounds math-verify's parsing and comparison."""
-    from math_verify import parse, verify
-
+    ``after_tag="</think>"``). ``timeout_s`` bounds math-verify's parsing and comparison.
+    math-verify (and its LaTeX parser) is imported at the first call, not here: a process that
+    only resolves the rewards to check them (the rollout actor) does without it."""
     truths: dict[str, list] = {}  # parsed ground truths: a group's G rows share one, prompts recur
 
     def parsed_truth(truth: str) -> list:
+        from math_verify import parse
+
         if truth not in truths:
             if len(truths) >= TRUTHS_KEPT:
                 truths.clear()
@@ -95,6 +97,8 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
         return truths[truth]
 
     def math_correctness(prompts, completions, *, ground_truth, **_columns) -> list[float]:
+        from math_verify import parse, verify
+
         out = []
         for completion, truth in zip(completions, ground_truth):
             answer = final_answer(completion_text(completion), answer_tag, after_tag)

@@ -196,3 +196,59 @@ def test_ragged_columns_from_lists_arrays_and_empty_rows():
     lps = _ragged([[-0.5], np.array([], np.float32), np.array([-1.25, 0.0])], np.float32, large=False)
     assert lps.type == pa.list_(pa.float32()) and lps.to_pylist() == [[-0.5], [], [-1.25, 0.0]]
     assert _ragged([], np.int32, large=True).to_pylist() == []
+
+
+@pytest.mark.parametrize("values, kind", [
+    ([3, -1, 7, 0, 2**40], pa.int64()), ([3, 1, 7, 0, 9], pa.int32()), ([1, 0, 1, 1, 0], pa.int8()),
+    ([0.5, float("nan"), -2.25, 1e30, 0.0], pa.float32()), ([0.1, 2.0, -0.0, 3.5, 7.0], pa.float64()),
+    ([True, False, True, True, False, False, True, False, True, True], pa.bool_())])
+def test_as_numpy_is_to_numpy_on_every_slice(values, kind):
+    from gdpo_ray.batch import as_numpy
+
+    array = pa.array(values, kind)
+    for start in range(len(values) + 1):
+        for stop in range(start, len(values) + 1):
+            part = array.slice(start, stop - start)
+            got, want = as_numpy(part), part.to_numpy(zero_copy_only=False)
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+    with_null = pa.array([values[0], None], kind)  # nulls: to_numpy's own conversion
+    np.testing.assert_array_equal(as_numpy(with_null), with_null.to_numpy(zero_copy_only=False))
+
+
+def test_plain_task_values_get_the_type_pyarrow_would_infer():
+    from gdpo_ray.batch import _plain_type
+
+    for values in (["a", "b"], [1, 2**40], [0.5, 1.0], [True, False], ["a", None], [1, 2.5],
+                   [[1, 2], [3]], [{"k": 1}], [None, None]):
+        assert pa.array(values, _plain_type(values)).equals(pa.array(values))
+    assert _plain_type(["a", None]) is None and _plain_type([1, 2.5]) is None
+
+
+ACTOR_PATH = """
+import sys
+import numpy as np
+from gdpo_ray.batch import GroupData, arrow_without_pandas, build_groups, check_groups
+from gdpo_ray.groups import describe_groups
+from learners.deepspeed_learner import _rows
+
+arrow_without_pandas()
+groups = [GroupData(prompt_id=p, group_id=p, prompt_token_ids=[1, 2], response_token_ids=[[3], [4, 5]],
+                    response_logprobs=[[-0.5], [-1.0, -2.0]], finish_reasons=["stop", "length"],
+                    policy_version=0, rewards=np.zeros((2, 1)), reward_errors=[[""]] * 2,
+                    task_columns={"ground_truth": "42", "n": 7}) for p in "ab"]
+batch = build_groups(groups, ["r"])
+check_groups(batch)
+describe_groups(batch)
+_rows([batch], np.zeros(4))
+print("pandas" in sys.modules, type(batch.to_pandas()).__name__)
+"""
+
+
+def test_the_actors_paths_do_not_import_pandas_and_to_pandas_still_works():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", ACTOR_PATH], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "DataFrame"]
