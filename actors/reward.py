@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import math
 import multiprocessing as mp
@@ -81,6 +82,8 @@ def _worker_main(conn: Connection, payload: bytes) -> None:
     sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
     os.chdir(cwd)
     try:
+        for module in _modules(specs):
+            importlib.import_module(module)
         fns = [None if spec.from_environment else spec.resolve() for spec in specs]
     except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
         conn.send(("failed", f"{type(err).__name__}: {err}"))
@@ -120,10 +123,9 @@ def _proc_stat(pid: int) -> tuple[str, float] | None:
         return None
 
 
-def _server(specs: Sequence[RewardSpec]):
-    """A forkserver that has imported the reward modules (spawn where there is none)."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
+def _modules(specs: Sequence[RewardSpec]) -> list[str]:
+    """The modules a worker scores with: imported before it says it is ready (or by the server
+    it forks from), not at the first call."""
     modules = ["actors.reward", "gdpo_ray.rewards"]
     for spec in specs:
         fn = spec.fn if spec.fn is not None else spec.name
@@ -131,8 +133,15 @@ def _server(specs: Sequence[RewardSpec]):
             modules.append(fn.removeprefix("verl:").split(":")[0])
         elif fn == "math_correctness":
             modules.append("math_verify")
+    return list(dict.fromkeys(modules))
+
+
+def _server(specs: Sequence[RewardSpec]):
+    """A forkserver that has imported the reward modules (spawn where there is none)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(dict.fromkeys(modules)))  # only before the server starts
+    ctx.set_forkserver_preload(_modules(specs))  # only before the server starts
     return ctx
 
 
