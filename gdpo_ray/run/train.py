@@ -449,10 +449,14 @@ def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None
     elif address:
         ray.init(address=address, logging_level=logging.WARNING,
                  runtime_env={"env_vars": WORKER_ENV, "py_modules": py_modules})
-    else:
+    else:  # the workers load the actor classes from this checkout's modules, which the driver
+        # then does not export: Ray's export hashes a class's disassembly (0.3-0.4 s per actor class)
+        from ray.job_config import JobConfig
+
         path = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=num_cpus, include_dashboard=False,
                  logging_level=logging.WARNING, _system_config=LOCAL_RAY_CONFIG,
+                 job_config=JobConfig(code_search_path=[root, os.getcwd()]),
                  runtime_env={"env_vars": WORKER_ENV | {"PYTHONPATH": path}})
 
 
