@@ -2,8 +2,9 @@
 
 Rewards never run in the trainer or rollout process. Worker processes (the first spawned; any
 other forked from a server that has imported the reward modules, so a new one starts in
-milliseconds; each the leader of its own session, so that its whole process tree can be killed) score tasks of (rows, rewards), one
-reward call at a time, calling each function as TRL does (``gdpo_ray.rewards.call_reward``).
+milliseconds; each the leader of its own session, so that its whole process tree can be killed)
+score tasks of (rows, rewards), one reward call at a time, calling each function as TRL does
+(``gdpo_ray.rewards.call_reward``).
 
 Every (row, reward) that cannot be scored is NaN with its error text, of one of three classes
 (the text starts with it; ``failure_kind`` reads it back):
@@ -153,7 +154,8 @@ def _main_script_hidden():
     """While a worker starts: multiprocessing re-runs the parent's ``__main__`` script in each
     child (as ``__mp_main__``, for functions pickled by reference from it). A Ray actor's is Ray's
     ``default_worker.py``, which imports Ray: ~40 MiB and 0.3 s per worker. A worker's function
-    lives in this module and its rewards travel by value (cloudpickle), so no child needs it."""
+    lives in this module, and a reward defined in the script travels by value (cloudpickle), so
+    no child needs the script."""
     main = sys.modules["__main__"]
     with _MAIN_LOCK:
         path = main.__dict__.pop("__file__", None)
