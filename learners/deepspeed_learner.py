@@ -2,8 +2,9 @@
 
 Each ``DeepSpeedLearner`` is one rank of a torch.distributed group (gloo on CPU, NCCL on GPU)
 running a DeepSpeed engine (ZeRO stage 0-3, fp32 or bf16) with a client torch AdamW. An update
-receives whole groups (never split: ``learners.learner_group.split_groups``) with their advantages, already computed on
-the driver over the whole batch, and for each epoch and mini-batch:
+receives whole groups (never split: ``learners.learner_group.split_groups``) with their
+advantages, already computed on the driver over the whole batch, and for each epoch and
+mini-batch:
   1. packs rows into micro-batches under a token budget (longest first), the same number of
      micro-batches on every rank (empty ones where a rank has fewer) so that ZeRO's collectives
      line up;

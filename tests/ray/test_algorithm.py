@@ -83,7 +83,6 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster, monk
         # policy one version older sampled while the step before it was being learned (whether
         # they finish during that update or just after it is a race: groups_during_update)
         assert [r["staleness/max"] for r in results[1:]] == [1.0, 1.0]
-        assert all(r["rollout/groups_during_update"] >= 0 for r in results)
         assert_every_prompt_accounted_for(algo, trained=12)
     finally:
         algo.stop()
