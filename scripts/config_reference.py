@@ -33,7 +33,7 @@ Every setting of a run, generated from the field table in `gdpo_ray/config.py` (
 section (`training: {group_size: 16}`), as an override on the command line
 (`gdpo-ray train demo training.group_size=16`), or through the builder section of
 `GDPOConfig` (`.training(group_size=16)`). Every value is checked by its kind and bounds when
-the config is built, before Ray starts; an error names the field, the value, the rule and an
+the config is built, before any actor starts; an error names the field, the value, the rule and an
 example. How presets and overrides combine, and the `run` section of the command line: see
 [Training](training.md#configs-presets-and-overrides).
 

@@ -34,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _ray_in_the_foreground(monkeypatch):
+    """`gdpo-ray train` run in a test's process starts no Ray in the background: its Ray is the
+    session's (``ray_cluster``), or none (tests of what fails first). A run as a user runs it
+    (a subprocess of the command) starts its own as the command does."""
+    from gdpo_ray.run.train import TrainingRun
+
+    monkeypatch.setattr(TrainingRun, "_begin_ray", staticmethod(lambda run: None))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Qwen2 model and its locally trained tokenizer, saved as a HF directory."""
@@ -47,7 +57,7 @@ def ray_cluster():
     """One local Ray cluster for every test that needs one."""
     import ray
 
-    from gdpo_ray.run.train import LOCAL_RAY_CONFIG
+    from gdpo_ray.run.cluster import LOCAL_RAY_CONFIG
 
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _system_config=LOCAL_RAY_CONFIG,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}})

@@ -4,7 +4,7 @@ and what a resumed run may change.
 ``save_atomically`` (``GDPO.save_to_path``) writes a checkpoint aside, then ``MANIFEST`` (every
 file's size and sha256), then ``COMPLETE_MARKER``, then renames it into place; only a directory
 holding the marker is a checkpoint (``check_checkpoint``), and ``verify_checkpoint`` (run by
-``gdpo-ray train --resume`` before Ray starts) refuses one whose files differ from its manifest.
+``gdpo-ray train --resume`` before any actor starts) refuses one whose files differ from its manifest.
 ``latest_checkpoint`` finds the one a run resumes from; ``resume_changes`` compares a new run's
 config with the checkpoint's, before anything starts. ``WriteFailed``: a run's file (a
 checkpoint, its metrics, ...) could not be written.

@@ -52,7 +52,8 @@ def _distinct_groups(args: argparse.Namespace) -> int:
 def _load_run(args: argparse.Namespace, command: str):
     from gdpo_ray.run.train import TrainingRun
 
-    return TrainingRun.from_args(args.config, args.overrides, resume=getattr(args, "resume", None))
+    return TrainingRun.from_args(args.config, args.overrides, resume=getattr(args, "resume", None),
+                                 ray_in_background=command == "train")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -61,7 +62,7 @@ def _train(args: argparse.Namespace) -> int:
     from gdpo_ray.reward_watch import RewardFailure
     from gdpo_ray.run.checkpoints import WriteFailed
 
-    try:  # a bad config, model, dataset or reward fails here, before Ray or any actor starts
+    try:  # a bad config, model, dataset or reward fails here, before any actor starts
         run = _load_run(args, "train")
         return run.run()  # SIGINT / SIGTERM: handled in the run (130 / 143)
     except ValueError as err:

@@ -176,7 +176,7 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
         check_pass_k(suite, args.pass_k, args.samples if args.policy is not None else None)  # before Ray
         if args.policy is not None:
             policy = resolve_policy(args.policy, args.base)  # a bad path fails before Ray starts
-            from gdpo_ray.run.train import start_ray
+            from gdpo_ray.run.cluster import start_ray
 
             start_ray(None, args.num_cpus or os.cpu_count() or 1, [])
         else:

@@ -1,4 +1,4 @@
-"""The start-up checks: what a run needs, verified in seconds, before Ray or any actor starts.
+"""The start-up checks: what a run needs, verified in seconds, before any actor starts.
 
 ``preflight(config)`` (``gdpo-ray check`` runs it alone; ``gdpo-ray train`` and ``GDPO.setup``
 run it first) checks, each failure a ``ValueError`` naming the setting, file or line and the fix:

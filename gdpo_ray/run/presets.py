@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.config import SECTIONS, section_fields, unknown_key
-from gdpo_ray.run.rllib_base import AlgorithmConfig
 
 
 def _presets():
@@ -124,6 +123,8 @@ def config_sections(config: Any) -> list[str]:
 
 def section_settings(config: Any, section: str) -> list[str]:
     """The keyword arguments of ``config.<section>()``: GDPO's fields and RLlib's own."""
+    from gdpo_ray.run.rllib_base import AlgorithmConfig
+
     names = set(section_fields(section))
     base = getattr(AlgorithmConfig, section, None)
     if base is not None:

@@ -2,16 +2,14 @@
 with a progress bar, metrics (JSONL + TensorBoard), checkpoints, the final policy as a Hugging
 Face directory and a PNG of the reward curves, all under one run directory.
 
-Ray: inside ``ray job submit`` (``RAY_ADDRESS`` set) or with ``run.address`` the run joins that
-cluster; otherwise it starts a local Ray with ``run.num_cpus`` logical CPUs and token
-authentication off (``RAY_AUTH_MODE=disabled``, the local-cluster setting).
+Ray (``gdpo_ray.run.cluster``): inside ``ray job submit`` (``RAY_ADDRESS`` set) or with
+``run.address`` the run joins that cluster; otherwise it starts a local Ray with ``run.num_cpus``
+logical CPUs, from the command line in the background while the run is checked.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 import signal
 import sys
 import threading
@@ -23,17 +21,6 @@ RUN_DEFAULTS = {"steps": 40, "output_dir": "runs", "num_cpus": 4, "address": Non
 RUN_KINDS = {"steps": int, "output_dir": str, "num_cpus": int, "address": (str, type(None)),
              "name": (str, type(None)), "checkpoint_at_end": bool, "export_policy": bool,
              "loggers": (list, str)}
-#: quiet workers: no per-actor progress bars of transformers / huggingface_hub
-WORKER_ENV = {"RAY_AUTH_MODE": "disabled", "TRANSFORMERS_VERBOSITY": "error",
-              "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
-              "DS_ACCELERATOR": "cpu", "PYTHONWARNINGS": "ignore"}
-
-
-#: a local cluster starts no idle workers ahead of time: every actor of a run asks for a runtime
-#: env of its own, so none could take one, and each costs a core-second and ~40 MB at start-up
-LOCAL_RAY_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
-
-
 def run_settings(sections: dict) -> dict:
     """The ``run`` section with its defaults, checked (names, kinds)."""
     from gdpo_ray.config import unknown_key
@@ -117,21 +104,42 @@ class TrainingRun:
         self.warnings: list[str] = []
         self.outputs = OutputDir(run["output_dir"], run["name"], Path(preset).stem, continuing)
         self.run_dir = self.outputs.local
+        self.ray = None  # a local Ray starting in the background (from_args), until run() uses it
 
     @classmethod
-    def from_args(cls, config: str | None, overrides: Sequence[str] = (), resume: str | None = None):
+    def from_args(cls, config: str | None, overrides: Sequence[str] = (), resume: str | None = None,
+                  ray_in_background: bool = False):
         """A run from the command line. ``resume``: a checkpoint, or a run directory (its latest
         complete checkpoint); the run goes on in that checkpoint's run directory, appending to
         its metrics, unless ``run.name`` names another directory (a new run from that state).
-        The checkpoint is verified here (every file against its manifest), before Ray starts."""
-        from gdpo_ray.run.algorithm import GDPOConfig
-        from gdpo_ray.run.checkpoints import resume_changes, verify_checkpoint
-        from gdpo_ray.run.presets import apply_sections, load_preset
+        The checkpoint is verified here (every file against its manifest), before any actor.
+        ``ray_in_background``: a local Ray starts as soon as the ``run`` section is read, while
+        the rest is checked (``gdpo_ray.run.cluster``); ``run()`` waits for it, or stops it when
+        the run fails before its actors (as does a failure here)."""
+        from gdpo_ray.run.presets import load_preset
 
         if config is not None and "=" in config:  # `gdpo-ray train training.lr=1e-4`
             config, overrides = None, [config, *overrides]
         sections = load_preset(config, overrides)
         run = run_settings(sections)
+        ray = cls._begin_ray(run) if ray_in_background else None
+        try:
+            self = cls._checked(config, overrides, resume, sections, run)
+        except BaseException:
+            if ray is not None:
+                ray.stop()
+            raise
+        self.ray = ray
+        return self
+
+    @classmethod
+    def _checked(cls, config, overrides, resume, sections: dict, run: dict):
+        """The run of these sections: RLlib's config of them, validated, and the checkpoint it
+        resumes from, verified."""
+        from gdpo_ray.run.algorithm import GDPOConfig
+        from gdpo_ray.run.checkpoints import resume_changes, verify_checkpoint
+        from gdpo_ray.run.presets import apply_sections
+
         gdpo = apply_sections(GDPOConfig(), sections)
         continuing = None
         if resume:  # relative to where the command runs, as the user typed it
@@ -145,6 +153,12 @@ class TrainingRun:
             self.changes = resume_changes(gdpo, resume)
         return self
 
+    @staticmethod
+    def _begin_ray(run: dict):
+        from gdpo_ray.run.cluster import begin
+
+        return begin(run)
+
     def check(self, out=print):
         """The start-up checks (``gdpo_ray.run.preflight``): model, dataset, rewards on sample rows."""
         from gdpo_ray.run.preflight import preflight
@@ -157,6 +171,14 @@ class TrainingRun:
         return report
 
     def _start_ray(self) -> None:
+        """Ray up for the actors: the one started in the background, once it is up, else
+        ``start_ray``'s (the cluster at ``run.address``, the job's, or a local one)."""
+        from gdpo_ray.run.cluster import start_ray, user_modules
+
+        ray, self.ray = self.ray, None  # from here on the run's, as if started here
+        if ray is not None:
+            ray.wait()
+            return
         address = self.run_settings["address"]
         start_ray(address, self.run_settings["num_cpus"], user_modules(self.config) if address else [])
 
@@ -215,7 +237,7 @@ class TrainingRun:
         stop = StopSignals()
         stop.install()
         try:
-            self.check()  # before the run directory, Ray or any actor
+            self.check()  # before the run directory or any actor
             if in_temporary_working_dir(self.run_dir):
                 print(f"gdpo-ray: warning: outputs go to {self.run_dir}, inside Ray's temporary copy "
                       f"of the job's working dir, which Ray deletes; set run.output_dir to a shared "
@@ -235,6 +257,8 @@ class TrainingRun:
             return 128 + err.signum
         finally:
             stop.restore()
+            if self.ray is not None:  # failed before its actors: the Ray it was starting goes too
+                self.ray.stop()
 
     def _train(self, stop: StopSignals) -> int:
         from gdpo_ray.run.checkpoints import WriteFailed
@@ -431,57 +455,6 @@ def resume_target(given: Path, run: dict, checkpoint_dir: str | None) -> tuple[s
                          f"run.name=<new name> to start a new run from this checkpoint, or resume "
                          f"the run's latest with --resume {run_dir}")
     return checkpoint, run_dir
-
-
-def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None:
-    """Ray for a run (a no-op when it is up already): the job's cluster inside `ray job
-    submit`, the cluster at ``address`` (``py_modules``, the user's reward modules, go along),
-    else a local cluster of ``num_cpus`` CPUs whose workers import from this checkout and from
-    the current folder."""
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        return
-    root = str(Path(__file__).resolve().parents[1])
-    if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit`: the job's runtime env holds
-        ray.init(logging_level=logging.WARNING)  # (working_dir: the user's code)
-    elif address:
-        ray.init(address=address, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": WORKER_ENV, "py_modules": py_modules})
-    else:  # the workers load the actor classes from this checkout's modules, which the driver
-        # then does not export: Ray's export hashes a class's disassembly (0.3-0.4 s per actor class)
-        from ray.job_config import JobConfig
-
-        path = os.pathsep.join(p for p in (root, os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-        ray.init(num_cpus=num_cpus, include_dashboard=False,
-                 logging_level=logging.WARNING, _system_config=LOCAL_RAY_CONFIG,
-                 job_config=JobConfig(code_search_path=[root, os.getcwd()]),
-                 runtime_env={"env_vars": WORKER_ENV | {"PYTHONPATH": path}})
-
-
-def user_modules(config: Any) -> list[str]:
-    """The files or packages of the rewards' own modules that live outside installed packages
-    (``my_rewards:fn`` beside the config): shipped to a cluster's workers as ``py_modules``."""
-    import importlib.util
-    import site
-    import sysconfig
-
-    installed = [Path(p).resolve() for p in (*site.getsitepackages(), sysconfig.get_paths()["stdlib"])]
-    out: list[str] = []
-    for reward in config.rewards:
-        fn = reward.get("fn") or reward.get("name") if isinstance(reward, dict) else None
-        if not isinstance(fn, str) or ":" not in fn:
-            continue
-        top = fn.removeprefix("verl:").split(":")[0].split(".")[0]
-        spec = importlib.util.find_spec(top)
-        if spec is None or not spec.origin or top in ("gdpo_ray", "actors", "learners"):
-            continue
-        origin = Path(spec.origin).resolve()
-        where = origin.parent if origin.name == "__init__.py" else origin
-        if not any(where.is_relative_to(p) for p in installed) and str(where) not in out:
-            out.append(str(where))
-    return out
 
 
 def summary(rows: Sequence[dict], names: Sequence[str], window: int = 3) -> str:

@@ -169,17 +169,36 @@ def test_preset_errors(tmp_path):
         apply_sections(GDPOConfig(), {"env_runners": {"num_rollout_actors": 2}})
 
 
-def test_train_command_rejects_a_bad_config_before_ray(capsys, monkeypatch):
+def test_train_command_rejects_a_bad_config_before_any_actor_and_stops_its_ray(capsys, monkeypatch, tmp_path):
+    """`gdpo-ray train` starts its local Ray in the background once the run section is read; a
+    config or a start-up check that fails afterwards stops it (and no actor starts)."""
     from gdpo_ray.run.cli import main
     from gdpo_ray.run.train import TrainingRun
 
-    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+    class Starting:  # the Ray a run starts in the background, recorded
+        def __init__(self) -> None:
+            self.waited = self.stopped = False
 
-    assert main(["train", "training.group_size=1"]) == 2
-    err = capsys.readouterr().err
-    assert "group_size must be an integer >= 2" in err
-    assert main(["train", "demo", "run.stepz=3"]) == 2
+        def wait(self) -> None:
+            self.waited = True
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    begun: list = []
+    monkeypatch.setattr(TrainingRun, "_begin_ray", staticmethod(lambda run: begun.append(Starting()) or begun[-1]))
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was used"))
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["train", "training.group_size=1"]) == 2  # RLlib's config: checked while Ray starts
+    assert "group_size must be an integer >= 2" in capsys.readouterr().err
+    assert main(["train", "demo", "data.prompts=missing.jsonl"]) == 2  # the start-up check
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert [(s.waited, s.stopped) for s in begun] == [(False, True), (False, True)]
+    assert main(["train", "demo", "run.stepz=3"]) == 2  # the run section: read before Ray starts
     assert "'stepz' is not a setting of section 'run'; did you mean 'steps'?" in capsys.readouterr().err
+    assert len(begun) == 2
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resume_changes_name_what_differs_and_refuse_other_data(tmp_path):

@@ -195,7 +195,7 @@ def test_output_dirs_unique_names_storage_and_temporary_working_dirs(tmp_path):
 
 def test_the_users_reward_modules_are_shipped_to_a_cluster(folder):
     from gdpo_ray import GDPOConfig
-    from gdpo_ray.run.train import user_modules
+    from gdpo_ray.run.cluster import user_modules
 
     path, module = folder
     (path / "pkg").mkdir()

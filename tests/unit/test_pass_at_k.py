@@ -250,14 +250,14 @@ def test_bad_pass_k_on_a_completions_file_exits_2(tmp_path, capsys, flag, messag
 
 
 def test_a_k_over_samples_fails_before_ray_or_the_policy(monkeypatch, capsys):
-    from gdpo_ray.run import eval_runner, train
+    from gdpo_ray.run import cluster, eval_runner
     from gdpo_ray.run.cli import main
 
     def never(*args, **kwargs):
         raise AssertionError("reached before --pass-k was checked")
 
     monkeypatch.setattr(eval_runner, "resolve_policy", never)
-    monkeypatch.setattr(train, "start_ray", never)
+    monkeypatch.setattr(cluster, "start_ray", never)
     assert main(["eval", "demo", "--suite", "task:addition", "--samples", "4", "--pass-k", "1,16"]) == 2
     err = capsys.readouterr().err
     assert "--pass-k asks for pass@16 but --samples is 4" in err and "raise --samples to 16" in err
