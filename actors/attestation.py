@@ -8,7 +8,9 @@ reports arrive, without waiting for them: the rollout actors keep generating. A 
 attested once every actor it went to has reported matching digests (``attested``: the metric
 ``weights/attested``). A mismatch, a load that raised, or an actor that has not reported a
 version ``timeout_s`` after it was pushed stops the run (``WeightPushFailed``) with the actor,
-the version, the tensor and its bucket, and what to check. An engine that cannot read its
+the version, the tensor and its bucket, and what to check; a load that failed because the
+weights were lost with their sender (a learner that died before every actor fetched them) is
+``WeightsLost``, which the driver recovers from as from that learner's death. An engine that cannot read its
 weights back (``weight_digests`` raising NotImplementedError: vLLM over several workers) is
 warned about once and its pushes are not counted attested. An actor that died meanwhile owes no
 report (its replacement loads the version and reports it); a streaming actor that skipped a
@@ -38,6 +40,12 @@ WHAT_TO_CHECK = ("check that the engine's load_weights applies every tensor it i
 
 class WeightPushFailed(RuntimeError):
     """A rollout actor does not hold the weights it was sent: the run stops."""
+
+
+class WeightsLost(WeightPushFailed):
+    """A rollout actor could not fetch a push's weights: they were lost with the process that
+    held them, the learner that sent them having died (Ray's ``ObjectLostError``). Not the
+    actor's fault: the driver recovers as from that learner's death, which pushes again."""
 
 
 @dataclasses.dataclass
@@ -82,6 +90,12 @@ class PushLedger:
         self._check(label, push, version, report)
         self._settled(push)
 
+    def drop_due(self) -> None:
+        """Forgets the reports still due: a learner recovery pushes the restored weights to every
+        actor, and those reports are checked as any; the loads of earlier pushes are moot (some
+        of their weights may have gone with the learner that died)."""
+        self.due.clear()
+
     def poll(self) -> None:
         """Checks every report that has arrived; raises ``WeightPushFailed`` on a mismatch or on
         a report overdue by ``timeout_s``. Never waits."""
@@ -101,10 +115,11 @@ class PushLedger:
                     self._settled(due.push)
                     continue
                 except ray.exceptions.RayTaskError as err:
-                    raise WeightPushFailed(
-                        f"{due.label} failed to load weights version {due.version}: "
-                        f"{str(err.cause if hasattr(err, 'cause') else err).splitlines()[0][:400]}; "
-                        f"{WHAT_TO_CHECK}") from None
+                    cause = getattr(err, "cause", None) or err
+                    said = f"{due.label} failed to load weights version {due.version}: {str(cause).splitlines()[0][:400]}"
+                    if isinstance(cause, ray.exceptions.ObjectLostError):
+                        raise WeightsLost(f"{said}; the learner that sent them is gone") from None
+                    raise WeightPushFailed(f"{said}; {WHAT_TO_CHECK}") from None
                 self._check(due.label, due.push, due.version, report)
                 self._settled(due.push)
             elif now - due.since > self.timeout_s:

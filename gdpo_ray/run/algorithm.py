@@ -290,10 +290,13 @@ class GDPO(Algorithm):
         checkpoint (or the start), so every ``train()`` returns a trained step's metrics."""
         import ray
 
+        from actors.attestation import WeightsLost
+
         for _ in range(MAX_RECOVERIES_PER_STEP):
             try:
                 return self._step()
-            except ray.exceptions.RayActorError as err:  # from the update, push or checkpoint
+            # from the update, push or checkpoint; or a push's weights lost with its learner
+            except (ray.exceptions.RayActorError, WeightsLost) as err:
                 self._recover(err)
         raise RuntimeError(f"the learners died {MAX_RECOVERIES_PER_STEP} times in a row on step "
                            f"{self.policy_version + 1}; check the learners' logs (memory, the device)")
@@ -422,6 +425,7 @@ class GDPO(Algorithm):
         # events that happened stay counted (the restored state predates some of them)
         events = (self.counters["learner_recoveries"], dict(self.rollouts.stats),
                   self.buffer.dropped_stale)
+        self.rollouts.ledger.drop_due()  # the restored weights go out to every actor, checked
         try:
             self.learners.shutdown()
         except Exception:  # noqa: BLE001 - some of them are dead already

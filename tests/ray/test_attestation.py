@@ -111,6 +111,41 @@ def test_an_actor_that_never_reports_stops_the_run(ray_cluster):
     ray_cluster.cancel(ref, force=True)
 
 
+def test_weights_lost_with_their_learner_are_a_recovery_not_a_bad_load(ray_cluster):
+    """A push whose buckets died with the learner that put them (before an actor fetched them)
+    is ``WeightsLost``: the driver recovers from it as from the learner's death, and a recovery
+    forgets the reports of earlier pushes (its own push is checked as any)."""
+    from actors.attestation import PushLedger, WeightsLost
+    from gdpo_ray.weights.digest import Sent
+
+    @ray_cluster.remote
+    class Sender:  # a learner: the buckets it puts are owned by it, and die with it
+        def put(self) -> list:
+            return [ray_cluster.put(np.zeros(1 << 18))]  # 2 MiB: in the object store, as buckets are
+
+    @ray_cluster.remote
+    def load(buckets: list) -> dict:  # a rollout actor's load: fetches each bucket
+        ray_cluster.get(buckets[0])
+        return {"version": 3, "digests": None}
+
+    sender = Sender.remote()
+    buckets = ray_cluster.get(sender.put.remote())
+    ray_cluster.kill(sender)
+    with pytest.raises(ray_cluster.exceptions.RayActorError):  # dead before any actor fetched them
+        ray_cluster.get(sender.put.remote())
+    ledger = PushLedger()
+    ledger.expect(3, Sent())
+    ledger.awaiting("rollout actor 0", 3, load.remote(buckets))
+    ray_cluster.wait([ledger.due[0].ref])
+    with pytest.raises(WeightsLost, match=r"rollout actor 0 failed to load weights version 3: .*; the learner "
+                                          r"that sent them is gone"):
+        ledger.poll()
+    ledger.awaiting("rollout actor 0", 3, load.remote(buckets))
+    ledger.drop_due()  # a recovery
+    ledger.poll()
+    assert ledger.due == []
+
+
 def test_an_engine_holding_the_push_in_bfloat16_is_attested(ray_cluster):
     """The learners send float32; an engine computing in bfloat16 holds each tensor rounded, and
     matches the digests of the rounded tensors the sender took too."""
