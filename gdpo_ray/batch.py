@@ -46,14 +46,14 @@ Schema metadata: ``gdpo.reward_names`` (JSON list of the K names, in column orde
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
 import json
-import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from gdpo_ray.kept_out import kept_out
 
 REWARD_NAMES_KEY = b"gdpo.reward_names"
 SAMPLING_KEY = b"gdpo.sampling"
@@ -68,14 +68,8 @@ def arrow_without_pandas() -> None:
     imports it. A no-op where pandas is imported already. (Arrays of an inferred type and
     ``to_numpy`` import it anyway, from pyarrow's C++ layer: the actors' paths give types and
     read with ``as_numpy``.)"""
-    if "pandas" in sys.modules:
-        return
-    hidden = _Hidden("pandas")
-    sys.meta_path.insert(0, hidden)  # an import of it raises ImportError, as if not installed
-    try:
+    with kept_out("pandas"):
         pa.array([0], pa.int8())
-    finally:
-        sys.meta_path.remove(hidden)
 
 
 def as_numpy(array: pa.Array) -> np.ndarray:
@@ -108,17 +102,6 @@ def _plain_type(values: Sequence[Any]) -> pa.DataType | None:
 
 _PLAIN = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
 
-
-class _Hidden(importlib.abc.MetaPathFinder):
-    """An import finder for which the package ``name`` is not installed."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.partition(".")[0] == self.name:
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
 
 _CORE = [
     ("prompt_id", pa.string()),

@@ -10,6 +10,8 @@ import os
 import pathlib
 import sys
 
+from gdpo_ray.kept_out import kept_out
+
 #: DeepSpeed's Muon optimizer, which a learner never builds (``deepspeed_for``)
 MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
@@ -18,14 +20,8 @@ def import_deepspeed():
     """``import deepspeed``, without the MLflow import its autotuner makes when MLflow is installed
     (0.9 s and pandas in every learner, for autotuning runs, which a learner never makes); MLflow
     stays importable afterwards."""
-    hidden = "mlflow" not in sys.modules
-    if hidden:
-        sys.modules["mlflow"] = None  # an import of it raises ImportError, as if not installed
-    try:
+    with kept_out("mlflow"):
         import deepspeed
-    finally:
-        if hidden:
-            sys.modules.pop("mlflow", None)
     return deepspeed
 
 

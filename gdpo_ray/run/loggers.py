@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.run.checkpoints import WriteFailed
-from gdpo_ray.run.torchless import torch_kept_out
+from gdpo_ray.kept_out import kept_out
 
 LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow")
 DEFAULT_LOGGERS = ["tensorboard", "jsonl"]
@@ -159,7 +159,7 @@ class JsonlLog:
 
 class TensorBoardLog:
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
-        with torch_kept_out():  # tensorboardX takes torch tensors too; these are floats and text
+        with kept_out("torch"):  # tensorboardX takes torch tensors too; these are floats and text
             from tensorboardX.event_file_writer import EventsWriter
 
         folder = run_dir / "tensorboard"
