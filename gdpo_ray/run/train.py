@@ -21,6 +21,8 @@ RUN_DEFAULTS = {"steps": 40, "output_dir": "runs", "num_cpus": 4, "address": Non
 RUN_KINDS = {"steps": int, "output_dir": str, "num_cpus": int, "address": (str, type(None)),
              "name": (str, type(None)), "checkpoint_at_end": bool, "export_policy": bool,
              "loggers": (list, str)}
+
+
 def run_settings(sections: dict) -> dict:
     """The ``run`` section with its defaults, checked (names, kinds)."""
     from gdpo_ray.config import unknown_key

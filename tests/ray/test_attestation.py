@@ -115,6 +115,8 @@ def test_weights_lost_with_their_learner_are_a_recovery_not_a_bad_load(ray_clust
     """A push whose buckets died with the learner that put them (before an actor fetched them)
     is ``WeightsLost``: the driver recovers from it as from the learner's death, and a recovery
     forgets the reports of earlier pushes (its own push is checked as any)."""
+    import time
+
     from actors.attestation import PushLedger, WeightsLost
     from gdpo_ray.weights.digest import Sent
 
@@ -133,6 +135,14 @@ def test_weights_lost_with_their_learner_are_a_recovery_not_a_bad_load(ray_clust
     ray_cluster.kill(sender)
     with pytest.raises(ray_cluster.exceptions.RayActorError):  # dead before any actor fetched them
         ray_cluster.get(sender.put.remote())
+    deadline = time.monotonic() + 60  # and its bucket freed (a copy still in the store is served)
+    while True:
+        try:
+            ray_cluster.get(buckets[0], timeout=5)
+        except ray_cluster.exceptions.ObjectLostError:
+            break
+        assert time.monotonic() < deadline, "the dead sender's bucket is still served after 60 s"
+        time.sleep(0.2)
     ledger = PushLedger()
     ledger.expect(3, Sent())
     ledger.awaiting("rollout actor 0", 3, load.remote(buckets))
