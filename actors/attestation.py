@@ -10,8 +10,8 @@ attested once every actor it went to has reported matching digests (``attested``
 version ``timeout_s`` after it was pushed stops the run (``WeightPushFailed``) with the actor,
 the version, the tensor and its bucket, and what to check; a load that failed because the
 weights were lost with their sender (a learner that died before every actor fetched them) is
-``WeightsLost``, which the driver recovers from as from that learner's death. An engine that cannot read its
-weights back (``weight_digests`` raising NotImplementedError: vLLM over several workers) is
+``WeightsLost``, which the driver recovers from as from that learner's death. An engine that
+cannot read its weights back (``weight_digests`` raising NotImplementedError: vLLM over several workers) is
 warned about once and its pushes are not counted attested. An actor that died meanwhile owes no
 report (its replacement loads the version and reports it); a streaming actor that skipped a
 version because it held a newer one already is attested by the newer one's report.
@@ -116,7 +116,8 @@ class PushLedger:
                     continue
                 except ray.exceptions.RayTaskError as err:
                     cause = getattr(err, "cause", None) or err
-                    said = f"{due.label} failed to load weights version {due.version}: {str(cause).splitlines()[0][:400]}"
+                    said = (f"{due.label} failed to load weights version {due.version}: "
+                            f"{str(cause).splitlines()[0][:400]}")
                     if isinstance(cause, ray.exceptions.ObjectLostError):
                         raise WeightsLost(f"{said}; the learner that sent them is gone") from None
                     raise WeightPushFailed(f"{said}; {WHAT_TO_CHECK}") from None

@@ -39,9 +39,9 @@ def _ray_in_the_foreground(monkeypatch):
     """`gdpo-ray train` run in a test's process starts no Ray in the background: its Ray is the
     session's (``ray_cluster``), or none (tests of what fails first). A run as a user runs it
     (a subprocess of the command) starts its own as the command does."""
-    from gdpo_ray.run.train import TrainingRun
+    from gdpo_ray.run import cluster
 
-    monkeypatch.setattr(TrainingRun, "_begin_ray", staticmethod(lambda run: None))
+    monkeypatch.setattr(cluster, "begin", lambda run: None)
 
 
 @pytest.fixture(scope="session")

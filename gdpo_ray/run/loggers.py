@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from gdpo_ray.run.checkpoints import WriteFailed
 from gdpo_ray.kept_out import kept_out
+from gdpo_ray.run.checkpoints import WriteFailed
 
 LOGGERS = ("tensorboard", "jsonl", "wandb", "mlflow")
 DEFAULT_LOGGERS = ["tensorboard", "jsonl"]

@@ -118,13 +118,14 @@ class TrainingRun:
         ``ray_in_background``: a local Ray starts as soon as the ``run`` section is read, while
         the rest is checked (``gdpo_ray.run.cluster``); ``run()`` waits for it, or stops it when
         the run fails before its actors (as does a failure here)."""
+        from gdpo_ray.run import cluster
         from gdpo_ray.run.presets import load_preset
 
         if config is not None and "=" in config:  # `gdpo-ray train training.lr=1e-4`
             config, overrides = None, [config, *overrides]
         sections = load_preset(config, overrides)
         run = run_settings(sections)
-        ray = cls._begin_ray(run) if ray_in_background else None
+        ray = cluster.begin(run) if ray_in_background else None
         try:
             self = cls._checked(config, overrides, resume, sections, run)
         except BaseException:
@@ -154,12 +155,6 @@ class TrainingRun:
             self.warnings = verify_checkpoint(resume)
             self.changes = resume_changes(gdpo, resume)
         return self
-
-    @staticmethod
-    def _begin_ray(run: dict):
-        from gdpo_ray.run.cluster import begin
-
-        return begin(run)
 
     def check(self, out=print):
         """The start-up checks (``gdpo_ray.run.preflight``): model, dataset, rewards on sample rows."""

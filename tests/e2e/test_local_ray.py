@@ -39,10 +39,10 @@ def ray_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def train(folder: Path, ray_tmp: Path, rewards: list) -> subprocess.CompletedProcess:
+def train(folder: Path, ray_tmp: Path, rewards: list, group_size: int = 2) -> subprocess.CompletedProcess:
     config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 128}, "generation": {"max_tokens": 16},
               "data": {"prompts": "task:addition", "num_prompts": 8},
-              "training": {"group_size": 2, "prompts_per_step": 2, "rewards": rewards},
+              "training": {"group_size": group_size, "prompts_per_step": 2, "rewards": rewards},
               "run": {"steps": 1, "output_dir": "runs", "num_cpus": 2, "checkpoint_at_end": False,
                       "export_policy": False}}
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
@@ -71,17 +71,22 @@ def test_a_local_run_trains_with_the_users_modules_and_leaves_no_process(tmp_pat
     done = train(tmp_path, ray_tmp, [{"name": "short", "fn": "rewards:short"},
                                      {"name": "marked", "fn": "rewards:marked"}])
     assert done.returncode == 0, done.stderr[-3000:]
-    (row,) = [json.loads(line) for line in next((tmp_path / "runs").glob("*/metrics.jsonl")).read_text().splitlines()]
+    metrics = next((tmp_path / "runs").glob("*/metrics.jsonl"))
+    (row,) = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert row["rewards/marked/mean"] == 0.25 and row["rewards/marked/failure_rate"] == 0.0
     assert "Traceback" not in done.stderr and "SIGTERM" not in done.stderr, done.stderr[-3000:]
     assert left_over(ray_tmp) == []
 
 
-def test_a_run_that_fails_its_check_stops_the_ray_it_was_starting(tmp_path, ray_tmp):
-    done = train(tmp_path, ray_tmp, [{"name": "short", "fn": "rewards:short"},
-                                     {"name": "bad", "fn": "rewards:crashes"}])
+@pytest.mark.parametrize("failing, group_size, said", [
+    ("rewards:crashes", 2, "judge returned garbage"),  # the start-up check, in run()
+    ("rewards:short", 1, "group_size must be an integer >= 2"),  # the config, in from_args
+], ids=["check", "config"])
+def test_a_run_that_fails_its_check_stops_the_ray_it_was_starting(tmp_path, ray_tmp, failing, group_size, said):
+    done = train(tmp_path, ray_tmp, [{"name": "short", "fn": "rewards:short"}, {"name": "bad", "fn": failing}],
+                 group_size=group_size)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "judge returned garbage" in done.stderr, done.stderr[-3000:]
+    assert said in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "SIGTERM" not in done.stderr, done.stderr[-3000:]
     assert list(ray_tmp.glob("ray/session_*")), "no Ray was started while the run was checked"
     assert left_over(ray_tmp) == []

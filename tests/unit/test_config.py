@@ -171,7 +171,9 @@ def test_preset_errors(tmp_path):
 
 def test_train_command_rejects_a_bad_config_before_any_actor_and_stops_its_ray(capsys, monkeypatch, tmp_path):
     """`gdpo-ray train` starts its local Ray in the background once the run section is read; a
-    config or a start-up check that fails afterwards stops it (and no actor starts)."""
+    config or a start-up check that fails afterwards stops it (and no actor starts). The order of
+    the calls, recorded here; the real Ray's start and stop: tests/e2e/test_local_ray.py."""
+    from gdpo_ray.run import cluster
     from gdpo_ray.run.cli import main
     from gdpo_ray.run.train import TrainingRun
 
@@ -186,7 +188,7 @@ def test_train_command_rejects_a_bad_config_before_any_actor_and_stops_its_ray(c
             self.stopped = True
 
     begun: list = []
-    monkeypatch.setattr(TrainingRun, "_begin_ray", staticmethod(lambda run: begun.append(Starting()) or begun[-1]))
+    monkeypatch.setattr(cluster, "begin", lambda run: begun.append(Starting()) or begun[-1])
     monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was used"))
     monkeypatch.chdir(tmp_path)
 

@@ -67,6 +67,6 @@ def test_a_kept_out_package_and_its_modules_are_absent_until_the_block_ends(tmp_
             importlib.util.find_spec("keptpkg")
         assert importlib.import_module("keptpkg_other").VALUE == 3
     assert importlib.import_module("keptpkg.sub").VALUE == 2 and sys.modules["keptpkg"].VALUE == 1
-    assert sys.meta_path[0].__class__.__name__ != "_NotInstalled"
+    assert not any(type(finder).__name__ == "_NotInstalled" for finder in sys.meta_path)
     for name in ("keptpkg", "keptpkg.sub", "keptpkg_other"):
         sys.modules.pop(name, None)
