@@ -1,4 +1,5 @@
-"""The HF transformers engine (``generate``): the CPU default, also one GPU.
+"""The HF transformers engine: the CPU default, also one GPU; it decodes with its own loop
+(``actors.hf_decode``: a prompt prefilled once for its n samples, one random number per token).
 
 With ``llm.lora`` the model is wrapped in PEFT's LoRA layers, as the learners' is (the same
 targets, names and scaling), and the pushed adapter tensors go into them; each layer's adapter
@@ -14,16 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-import numpy as np
-
 from actors.engines import Sample, SamplingParams
 
 ADAPTER = "default"  # PEFT's name of the one adapter
 
 
 class HFEngine:
-    """transformers ``generate`` on CPU (or one GPU), an ``actors.engines.BatchEngine``; any
-    top-p/top-k (its logprobs are of the full distribution)."""
+    """A transformers model decoded by ``actors.hf_decode`` on CPU (or one GPU), an
+    ``actors.engines.BatchEngine``; any top-p/top-k (its logprobs are of the full distribution)."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
 
@@ -75,44 +74,33 @@ class HFEngine:
                  logprobs: bool = True) -> list[list[Sample]]:
         """(``logprobs`` is for the contract: this engine's are those of the untruncated
         distribution whatever the sampling, so it always records them.)"""
-        torch = self.torch
-        width = max(len(p) for p in prompt_token_ids)
-        ids = torch.full((len(prompt_token_ids), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompt_token_ids):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        self._calls += 1
-        torch.manual_seed(self._seed * 1_000_003 + self._calls)
-        extra = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer} if sampling.stop else {}
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), do_sample=True,
-                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None,
-                max_new_tokens=sampling.max_tokens, num_return_sequences=n,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=self.pad_id,
-                eos_token_id=self.eos_ids, **extra,
-            )
-        new = out.sequences[:, width:]  # [P * n, T]
-        logprobs = torch.stack([
-            torch.log_softmax(step.float() / sampling.temperature, dim=-1)
-            .gather(1, new[:, t:t + 1]).squeeze(1)
-            for t, step in enumerate(out.logits)
-        ], dim=1) if len(out.logits) else torch.zeros(new.shape)
-        return self._split(new.cpu().numpy(), logprobs.cpu().numpy(), n, sampling)
+        from actors.hf_decode import decode
 
-    def _split(self, new: np.ndarray, logprobs: np.ndarray, n: int, sampling: SamplingParams):
-        is_eos = np.isin(new, self.eos_ids)
+        self._calls += 1
+        self.generator.manual_seed(self._seed * 1_000_003 + self._calls)
+        rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature, top_k=sampling.top_k,
+                      top_p=sampling.top_p, max_tokens=sampling.max_tokens, eos_ids=self.eos_ids,
+                      pad_id=self.pad_id, generator=self.generator, stop_check=self._stop_check(sampling.stop))
         samples = []
-        for row in range(new.shape[0]):
-            stops = np.flatnonzero(is_eos[row])
-            end, reason = (int(stops[0]) + 1, "stop") if len(stops) else (new.shape[1], "length")
-            stop_end = _stop_string_end(self.tokenizer, new[row, :end].tolist(), sampling.stop)
-            if stop_end is not None:
-                end, reason = stop_end, "stop"
-            samples.append(Sample(new[row, :end].tolist(),
-                                  logprobs[row, :end].astype(np.float32).tolist(), reason))
-        return [samples[i * n:(i + 1) * n] for i in range(len(samples) // n)]
+        for tokens, lps, reason in rows:
+            end = _stop_string_end(self.tokenizer, tokens.tolist(), sampling.stop) if sampling.stop else None
+            if end is not None:
+                tokens, lps, reason = tokens[:end], lps[:end], "stop"
+            samples.append(Sample(tokens.tolist(), lps.tolist(), reason))
+        return [samples[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+    def _stop_check(self, stop: tuple[str, ...]):
+        """Whether a row's tokens so far hold a stop string: its last tokens' text is looked at
+        (four tokens per character of the longest, for byte-level pieces), then the whole."""
+        if not stop:
+            return None
+        window = 4 * max(len(s) for s in stop) + 4
+        decode = self.tokenizer.decode
+
+        def check(tokens: list[int]) -> bool:
+            return any(s in decode(tokens[-window:]) for s in stop) and any(s in decode(tokens) for s in stop)
+
+        return check
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """New weights by reference, never written in place: a tensor already on the right

@@ -1,0 +1,146 @@
+"""The hf engine's decoding loop (``decode``): n samples of each prompt from a causal LM.
+
+What it does that ``model.generate(num_return_sequences=n)`` does not:
+
+- each prompt is prefilled once, and its cache is shared by its n samples (generate prefills
+  every prompt n times);
+- one uniform number per row and step picks the token, by the inverse of the CDF (generate's
+  multinomial draws a number per vocabulary entry: on the demo's model, a fifth of its time);
+- rows that finished leave the batch once half of it has (generate decodes them to the end);
+- what is sampled is the policy's own distribution, logits / temperature with the call's top-k
+  and top-p, as transformers applies them (generate adds the model's ``generation_config``
+  defaults too: a repetition penalty, say, that the learners' logprobs know nothing of).
+
+On the demo's model it takes half of generate's time, with one torch thread or two
+(``benchmarks/vs_trl.py`` measures the whole step).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+#: a row's tokens so far -> whether it has produced a stop string (checked after each token)
+StopCheck = Callable[[list[int]], bool]
+
+
+def filtered(scores: Any, top_k: int, top_p: float) -> Any:
+    """``scores`` (logits / T, [B, V]) with the tokens outside top-k, then outside the nucleus
+    top-p, set to -inf: transformers' ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (the
+    tokens tied with the k-th are kept; the nucleus is the most likely tokens whose mass
+    reaches top_p, and never empty)."""
+    import torch
+
+    if top_k and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth, -torch.inf)
+    if top_p < 1.0:
+        ordered, order = scores.sort(dim=-1)  # ascending
+        outside = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        outside[:, -1] = False  # the most likely token stays
+        scores = scores.masked_fill(outside.scatter(1, order, outside), -torch.inf)
+    return scores
+
+
+def draw(probs: Any, generator: Any) -> Any:
+    """One token per row of ``probs`` ([B, V], rows need not sum to exactly 1): the first whose
+    cumulative mass exceeds a uniform number in [0, mass), in float64. A token of zero
+    probability is never drawn."""
+    import torch
+
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64, device=probs.device, generator=generator) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # < total, after rounding
+    return torch.searchsorted(cdf, u, right=True)[:, 0]
+
+
+def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature: float, top_k: int,
+           top_p: float, max_tokens: int, eos_ids: Sequence[int], pad_id: int, generator: Any,
+           stop_check: StopCheck | None = None) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """n samples of each prompt: (token ids, their logprobs under logits / temperature, the
+    finish reason) per sample, prompt-major (prompt i's samples are rows i*n .. i*n+n-1).
+    A sample ends with an EOS token (included; reason "stop"), when ``stop_check`` says so
+    (reason "stop"; the caller cuts it at the stop string), or after ``max_tokens`` ("length")."""
+    import torch
+
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):  # left-padded
+        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    rows_n = len(prompts) * n
+    # the attention mask of every step at once: the prompt's, then the new tokens'
+    attention = torch.ones((rows_n, width + max_tokens), dtype=torch.long)
+    attention[:, :width] = mask.repeat_interleave(n, 0)
+    tokens = np.full((rows_n, max_tokens), pad_id, np.int64)
+    logprobs = np.zeros((rows_n, max_tokens), np.float32)
+    ends = np.full(rows_n, max_tokens)
+    reasons = ["length"] * rows_n
+    eos = torch.as_tensor(list(eos_ids), device=device)
+    cache = _new_cache(model)
+    with torch.inference_mode():
+        logits = _last_logits(model, ids.to(device), mask.to(device), positions.to(device), cache)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)
+        where = np.arange(rows_n)  # batch row -> output row
+        live = np.ones(rows_n, bool)  # per batch row: still decoding
+        position = positions[:, -1:].repeat_interleave(n, 0).to(device)
+        for step in range(max_tokens):
+            scores = logits.float() / temperature
+            lp = torch.log_softmax(scores, dim=-1)
+            narrowed = filtered(scores, top_k, top_p) if top_k or top_p < 1.0 else None
+            token = draw(lp.exp() if narrowed is None else narrowed.softmax(dim=-1), generator)
+            chosen = lp.gather(1, token[:, None])[:, 0]
+            out = where[live]
+            tokens[out, step] = token.cpu().numpy()[live]
+            logprobs[out, step] = chosen.cpu().numpy()[live]
+            finished = torch.isin(token, eos).cpu().numpy() & live
+            if stop_check is not None:
+                for b in np.flatnonzero(live & ~finished):
+                    finished[b] = stop_check(tokens[where[b], :step + 1].tolist())
+            for b in np.flatnonzero(finished):
+                ends[where[b]], reasons[where[b]] = step + 1, "stop"
+            live &= ~finished
+            if step == max_tokens - 1 or not live.any():
+                break
+            if live.sum() <= len(live) // 2:  # the finished rows leave the batch
+                keep = np.flatnonzero(live)
+                index = torch.as_tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                token, position, attention = token[index], position[index], attention[keep]
+                where, live = where[keep], np.ones(len(keep), bool)
+            position = position + 1
+            logits = _last_logits(model, token[:, None], attention[:, :width + step + 1].to(device), position, cache)
+    return [(tokens[r, :ends[r]], logprobs[r, :ends[r]], reasons[r]) for r in range(rows_n)]
+
+
+def _new_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)  # its layers as the model's (sliding windows)
+    except TypeError:  # transformers < 4.56
+        return DynamicCache()
+
+
+def _last_logits(model: Any, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
+    """The logits of each row's last position ([B, V]); the head computes only those where the
+    model's forward takes ``logits_to_keep``."""
+    takes = _parameters(type(model))
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
+    kwargs["cache" if "cache" in takes else "past_key_values"] = cache  # the name since transformers 5.25
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
+    return out.logits[:, -1]
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(model_class: type) -> frozenset:
+    return frozenset(inspect.signature(model_class.forward).parameters)
