@@ -79,6 +79,7 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
     # the attention mask of every step at once: the prompt's, then the new tokens'
     attention = torch.ones((rows_n, width + max_tokens), dtype=torch.long)
     attention[:, :width] = mask.repeat_interleave(n, 0)
+    attention = attention.to(device)
     tokens = np.full((rows_n, max_tokens), pad_id, np.int64)
     logprobs = np.zeros((rows_n, max_tokens), np.float32)
     ends = np.full(rows_n, max_tokens)
@@ -115,10 +116,10 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
                 keep = np.flatnonzero(live)
                 index = torch.as_tensor(keep, device=device)
                 cache.batch_select_indices(index)
-                token, position, attention = token[index], position[index], attention[keep]
+                token, position, attention = token[index], position[index], attention[index]
                 where, live = where[keep], np.ones(len(keep), bool)
             position = position + 1
-            logits = _last_logits(model, token[:, None], attention[:, :width + step + 1].to(device), position, cache)
+            logits = _last_logits(model, token[:, None], attention[:, :width + step + 1], position, cache)
     return [(tokens[r, :ends[r]], logprobs[r, :ends[r]], reasons[r]) for r in range(rows_n)]
 
 
@@ -133,11 +134,14 @@ def _new_cache(model: Any) -> Any:
 
 def _last_logits(model: Any, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
     """The logits of each row's last position ([B, V]); the head computes only those where the
-    model's forward takes ``logits_to_keep``."""
+    model's forward takes ``logits_to_keep``. (A model without ``position_ids``, ALiBi's say,
+    places tokens by the attention mask.)"""
     takes = _parameters(type(model))
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
+    if "position_ids" in takes:  # left padding: a row's positions start at its first token
+        kwargs["position_ids"] = positions
     kwargs["cache" if "cache" in takes else "past_key_values"] = cache  # the name since transformers 5.25
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs)
+    out = model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
     return out.logits[:, -1]
 
 

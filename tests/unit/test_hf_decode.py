@@ -133,3 +133,24 @@ def test_the_engine_cuts_a_sample_at_its_stop_string(tiny_model_dir):
         else:
             assert s.finish_reason == "length" and len(s.token_ids) == 24 or s.token_ids[-1] in engine.eos_ids
     assert hits >= 4
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral-sliding"])
+def test_other_architectures_decode_their_own_continuations(arch):
+    """Absolute position embeddings (GPT-2), a Llama and a sliding-window attention narrower
+    than the sequence (Mistral): the logprobs are the teacher-forced ones."""
+    import transformers
+
+    torch.manual_seed(0)
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = {"gpt2": lambda: transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+              "llama": lambda: transformers.LlamaConfig(**small),
+              "mistral-sliding": lambda: transformers.MistralConfig(**small, sliding_window=4)}[arch]()
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    prompts = [[5, 9, 12], [7], [3, 4, 5, 6, 7, 8, 9]]
+    rows = decode(model, prompts, 3, temperature=1.0, top_k=0, top_p=1.0, max_tokens=10,
+                  eos_ids=list(range(0, 64, 9)), pad_id=0, generator=torch.Generator().manual_seed(5))
+    for r, (tokens, logprobs, _) in enumerate(rows):
+        expected, _ = _teacher_forced(model, prompts[r // 3], tokens, 1.0)
+        np.testing.assert_allclose(logprobs, expected[np.arange(len(tokens)), tokens].numpy(), atol=2e-5)
