@@ -17,11 +17,11 @@ On the demo's model it takes half of generate's time, with one torch thread or t
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from gdpo_ray.causal_lm import cached_call, new_cache
 
 #: a row's tokens so far -> whether it has produced a stop string (checked after each token)
 StopCheck = Callable[[list[int]], bool]
@@ -85,7 +85,7 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
     ends = np.full(rows_n, max_tokens)
     reasons = ["length"] * rows_n
     eos = torch.as_tensor(list(eos_ids), device=device)
-    cache = _new_cache(model)
+    cache = new_cache(model)
     with torch.inference_mode():
         logits = _last_logits(model, ids.to(device), mask.to(device), positions.to(device), cache)
         if n > 1:
@@ -123,28 +123,6 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
     return [(tokens[r, :ends[r]], logprobs[r, :ends[r]], reasons[r]) for r in range(rows_n)]
 
 
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=model.config)  # its layers as the model's (sliding windows)
-    except TypeError:  # transformers < 4.56
-        return DynamicCache()
-
-
 def _last_logits(model: Any, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:
-    """The logits of each row's last position ([B, V]); the head computes only those where the
-    model's forward takes ``logits_to_keep``. (A model without ``position_ids``, ALiBi's say,
-    places tokens by the attention mask.)"""
-    takes = _parameters(type(model))
-    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in takes else {}
-    if "position_ids" in takes:  # left padding: a row's positions start at its first token
-        kwargs["position_ids"] = positions
-    kwargs["cache" if "cache" in takes else "past_key_values"] = cache  # the name since transformers 5.25
-    out = model(input_ids=ids, attention_mask=mask, use_cache=True, **kwargs)
-    return out.logits[:, -1]
-
-
-@functools.lru_cache(maxsize=None)
-def _parameters(model_class: type) -> frozenset:
-    return frozenset(inspect.signature(model_class.forward).parameters)
+    """The logits of each row's last position ([B, V])."""
+    return cached_call(model, ids, mask, positions, cache, last_only=True).logits[:, -1]

@@ -8,8 +8,8 @@ mini-batch:
   1. packs rows into micro-batches under a token budget (longest first), the same number of
      micro-batches on every rank (empty ones where a rank has fewer) so that ZeRO's collectives
      line up;
-  2. computes logprobs of the response tokens under logits / temperature (as the rollouts did),
-     and the policy loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and
+  2. computes logprobs of the response tokens under logits / temperature (as the rollouts did;
+     rows that share a prompt share its forward, ``learners.shared_prompts``), and the policy loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and
      rollout counts, so that the accumulated gradient is exactly the mini-batch's;
   3. takes one optimizer step (gradient clipping by DeepSpeed).
 ``learners.learner_group.LearnerGroup`` places the learners and fans calls out to them.
@@ -26,10 +26,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from gdpo_ray.batch import as_numpy
+from gdpo_ray.causal_lm import takes_cache
 from gdpo_ray.config import check_value, default
 from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
 from gdpo_ray.weights.digest import VARIANTS
 from learners.deepspeed_env import deepspeed_for
+from learners.shared_prompts import distinct_prompts, response_outputs
 from learners.thread_dial import ThreadDial
 from learners.weight_sender import WeightSender
 
@@ -233,15 +235,21 @@ class DeepSpeedLearner:
             return model(input_ids=torch.from_numpy(ids).to(self.device),
                          attention_mask=torch.from_numpy(attn).to(self.device))
 
+        def at_responses(outputs):  # [N, X]: what predicts each response token, row-major as the mask
+            if self._shares_prompts(model, rows):  # each distinct prompt forwarded once
+                return response_outputs(model, [r.prompt for r in rows], [r.response for r in rows],
+                                        self.device, outputs)
+            return outputs(forward)[keep_t]
+
         if self._fused_head(model):  # the response positions' [N, V] logits in slices only
             from learners.token_logprobs import head_input, output_embedding, token_logprobs
 
             head = output_embedding(model)
-            flat, entropies = token_logprobs(head_input(model, head, forward)[keep_t], head.weight, targets,
-                                             self.config.temperature)
+            flat, entropies = token_logprobs(at_responses(lambda f: head_input(model, head, f)), head.weight,
+                                             targets, self.config.temperature)
             entropy = entropies[sampled].sum()
         else:  # every position's logits, then the response positions'
-            picked = forward().logits[keep_t].float()  # [N, V], row-major as the mask
+            picked = at_responses(lambda f: f().logits).float()  # [N, V]
             if self.config.temperature != 1.0:
                 picked = picked / self.config.temperature
             flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
@@ -251,6 +259,14 @@ class DeepSpeedLearner:
                               for part in picked.detach()[sampled].split(ENTROPY_ROWS))
         out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(present_t, flat)
         return out, mask_t, entropy
+
+    def _shares_prompts(self, model, rows: list[_Row]) -> bool:
+        """Whether the forward runs each distinct prompt once (``learners/shared_prompts.py``):
+        where rows share prompts (a group's do), the model takes a cache, no checkpointing
+        turns the cache off, and not under ZeRO-3 (each forward gathers the partitioned weights
+        with every rank: the ranks' counts of forwards must match, whatever their rows)."""
+        return (not self.config.gradient_checkpointing and self.config.zero_stage < 3 and takes_cache(model)
+                and len(distinct_prompts([r.prompt for r in rows])[0]) < len(rows))
 
     def _fused_head(self, model) -> bool:
         """Whether ``model``'s logprobs go through ``token_logprobs`` (probed once per model)."""

@@ -88,10 +88,12 @@ def test_one_and_two_learners_compute_the_same_update(ray_cluster, tiny_model_di
 
 @pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": "all-linear"}])
 def test_gradient_checkpointing_computes_the_same_update(ray_cluster, tiny_model_dir, fixed_batch, lora):
-    """training.gradient_checkpointing recomputes the layers in backward: the same update."""
+    """training.gradient_checkpointing recomputes the layers in backward: the same update (one
+    row per micro-batch: no forward shares a prompt, the same forward either way; sharing is
+    the test below)."""
     weights, flags = [], []
     for on in (False, True):
-        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.01, lora=lora,
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=1, lr=0.01, lora=lora, micro_batch_tokens=1,
                                     gradient_checkpointing=on), num_learners=1)
         try:
             flags.append(ray_cluster.get(group.learners[0].__ray_call__.remote(
@@ -104,6 +106,34 @@ def test_gradient_checkpointing_computes_the_same_update(ray_cluster, tiny_model
     assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         np.testing.assert_allclose(weights[1][name], weights[0][name], rtol=0, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_rows_sharing_a_prompt_get_the_loss_and_gradient_of_their_own_forwards(ray_cluster, tiny_model_dir,
+                                                                             fixed_batch, stage):
+    """The batch's 16 rows share one prompt: the shared forward (learners/shared_prompts.py) and
+    the plain one (gradient checkpointing turns sharing off) give the same loss and gradient norm;
+    the two differ by float rounding only."""
+    metrics = []
+    for checkpointing in (False, True):
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, epochs=1, gradient_checkpointing=checkpointing),
+                             num_learners=1)
+        try:
+            shares = ray_cluster.get(group.learners[0].__ray_call__.remote(shares_prompts, fixed_batch))
+            assert shares is not checkpointing
+            metrics.append(group.update(fixed_batch, ADV))
+        finally:
+            group.shutdown()
+    for key in ("loss_first", "pg_loss", "entropy", "grad_norm"):
+        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=1e-7), key
+
+
+def shares_prompts(learner, groups) -> bool:
+    """(On a learner actor) whether its forward over these groups' rows shares their prompts."""
+    from gdpo_ray.groups import read_rows
+    from learners.deepspeed_learner import _rows
+
+    return learner._shares_prompts(learner.engine, _rows(read_rows(groups), ADV))
 
 
 def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):
