@@ -11,10 +11,10 @@ version ``timeout_s`` after it was pushed stops the run (``WeightPushFailed``) w
 the version, the tensor and its bucket, and what to check; a load that failed because the
 weights were lost with their sender (a learner that died before every actor fetched them) is
 ``WeightsLost``, which the driver recovers from as from that learner's death. An engine that
-cannot read its weights back (``weight_digests`` raising NotImplementedError: vLLM over several workers) is
-warned about once and its pushes are not counted attested. An actor that died meanwhile owes no
-report (its replacement loads the version and reports it); a streaming actor that skipped a
-version because it held a newer one already is attested by the newer one's report.
+cannot read its weights back (``weight_digests`` raising NotImplementedError: vLLM over several
+workers) is warned about once and its pushes are not counted attested. An actor that died
+meanwhile owes no report (its replacement loads the version and reports it); a streaming actor
+that skipped a version because it held a newer one already is attested by the newer one's report.
 """
 
 from __future__ import annotations

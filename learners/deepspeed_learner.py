@@ -9,8 +9,9 @@ mini-batch:
      micro-batches on every rank (empty ones where a rank has fewer) so that ZeRO's collectives
      line up;
   2. computes logprobs of the response tokens under logits / temperature (as the rollouts did;
-     rows that share a prompt share its forward, ``learners.shared_prompts``), and the policy loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and
-     rollout counts, so that the accumulated gradient is exactly the mini-batch's;
+     rows that share a prompt share its forward, ``learners.shared_prompts``), and the policy
+     loss of ``gdpo_ray.losses`` normalized by the mini-batch's global token and rollout
+     counts, so that the accumulated gradient is exactly the mini-batch's;
   3. takes one optimizer step (gradient clipping by DeepSpeed).
 ``learners.learner_group.LearnerGroup`` places the learners and fans calls out to them.
 """
@@ -235,10 +236,11 @@ class DeepSpeedLearner:
             return model(input_ids=torch.from_numpy(ids).to(self.device),
                          attention_mask=torch.from_numpy(attn).to(self.device))
 
+        shared = self._prompt_sharing(model, rows)
+
         def at_responses(outputs):  # [N, X]: what predicts each response token, row-major as the mask
-            if self._shares_prompts(model, rows):  # each distinct prompt forwarded once
-                return response_outputs(model, [r.prompt for r in rows], [r.response for r in rows],
-                                        self.device, outputs)
+            if shared is not None:  # each distinct prompt forwarded once
+                return response_outputs(model, *shared, [r.response for r in rows], self.device, outputs)
             return outputs(forward)[keep_t]
 
         if self._fused_head(model):  # the response positions' [N, V] logits in slices only
@@ -260,13 +262,16 @@ class DeepSpeedLearner:
         out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(present_t, flat)
         return out, mask_t, entropy
 
-    def _shares_prompts(self, model, rows: list[_Row]) -> bool:
-        """Whether the forward runs each distinct prompt once (``learners/shared_prompts.py``):
-        where rows share prompts (a group's do), the model takes a cache, no checkpointing
-        turns the cache off, and not under ZeRO-3 (each forward gathers the partitioned weights
-        with every rank: the ranks' counts of forwards must match, whatever their rows)."""
-        return (not self.config.gradient_checkpointing and self.config.zero_stage < 3 and takes_cache(model)
-                and len(distinct_prompts([r.prompt for r in rows])[0]) < len(rows))
+    def _prompt_sharing(self, model, rows: list[_Row]) -> tuple[list[np.ndarray], np.ndarray] | None:
+        """``distinct_prompts`` of the rows where the forward runs each distinct prompt once
+        (``learners/shared_prompts.py``), else None: it does where rows share prompts (a group's
+        do), the model takes a cache, no checkpointing turns the cache off, and not under ZeRO-3
+        (each forward gathers the partitioned weights with every rank: the ranks' counts of
+        forwards must match, whatever their rows)."""
+        if self.config.gradient_checkpointing or self.config.zero_stage >= 3 or not takes_cache(model):
+            return None
+        firsts, row_prompt = distinct_prompts([r.prompt for r in rows])
+        return (firsts, row_prompt) if len(firsts) < len(rows) else None
 
     def _fused_head(self, model) -> bool:
         """Whether ``model``'s logprobs go through ``token_logprobs`` (probed once per model)."""

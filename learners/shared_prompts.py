@@ -37,13 +37,13 @@ def distinct_prompts(prompts: Sequence[np.ndarray]) -> tuple[list[np.ndarray], n
     return firsts, rows
 
 
-def response_outputs(model: Any, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
-                     device: Any, outputs: Outputs) -> Any:
+def response_outputs(model: Any, firsts: Sequence[np.ndarray], row_prompt: np.ndarray,
+                     responses: Sequence[np.ndarray], device: Any, outputs: Outputs) -> Any:
     """[N, X]: for each response token (rows in order, tokens in order), ``outputs`` at the
-    position that predicts it, computed with each distinct prompt forwarded once."""
+    position that predicts it, computed with each distinct prompt (``firsts``, row i's is
+    ``firsts[row_prompt[i]]``: ``distinct_prompts``) forwarded once."""
     import torch
 
-    firsts, row_prompt = distinct_prompts(prompts)
     width = max(len(p) for p in firsts)
     ids = torch.zeros((len(firsts), width), dtype=torch.long)
     mask = torch.zeros_like(ids)

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from gdpo_ray.causal_lm import unwrapped
+
 #: bytes of one slice's float32 logits
 SLICE_BYTES = 64 << 20
 
@@ -75,9 +77,7 @@ def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
 
 def output_embedding(model: Any) -> Any:
     """The module that projects hidden states to logits (through DeepSpeed's and PEFT's wrappers)."""
-    inner = getattr(model, "module", model)  # a DeepSpeed engine
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # PEFT
-    return inner.get_output_embeddings()
+    return unwrapped(model).get_output_embeddings()
 
 
 def head_input(model: Any, head: Any, forward: Callable[[], Any]) -> torch.Tensor:

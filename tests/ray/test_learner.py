@@ -133,7 +133,7 @@ def shares_prompts(learner, groups) -> bool:
     from gdpo_ray.groups import read_rows
     from learners.deepspeed_learner import _rows
 
-    return learner._shares_prompts(learner.engine, _rows(read_rows(groups), ADV))
+    return learner._prompt_sharing(learner.engine, _rows(read_rows(groups), ADV)) is not None
 
 
 def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):

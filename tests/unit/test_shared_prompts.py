@@ -60,7 +60,7 @@ def test_every_response_token_gets_the_plain_forward_s_values_and_gradients(arch
     def outputs(forward):
         return forward().logits if through == "logits" else head_input(model, head, forward)
 
-    shared = response_outputs(model, prompts, responses, "cpu", outputs)
+    shared = response_outputs(model, *distinct_prompts(prompts), responses, "cpu", outputs)
     plain = _plain(model, prompts, responses, outputs)
     assert shared.shape == plain.shape == (sum(len(r) for r in responses), plain.shape[-1])
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
@@ -88,7 +88,7 @@ def test_responses_of_one_token_need_no_second_forward():
 
     prompts, responses = [np.array([3, 4, 5])] * 3, [np.array([7]), np.array([8]), np.array([9])]
     with torch.no_grad():
-        shared = response_outputs(model, prompts, responses, "cpu", outputs)
+        shared = response_outputs(model, *distinct_prompts(prompts), responses, "cpu", outputs)
         plain = _plain(model, prompts, responses, lambda f: f().logits)
     assert len(calls) == 1
     torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
