@@ -27,6 +27,8 @@ from actors.prompts import Prompt
 from actors.tool_loop import ToolEnvironment, with_observation
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
+from gdpo_ray.eval.suite import Completion
+from gdpo_ray.environments.tool_prompt import render_prompt
 from gdpo_ray.groups import describe_groups
 from gdpo_ray.rewards import TrainerState, completion_text
 
@@ -58,7 +60,8 @@ class RolloutActor:
             adapter), or None (full weights).
         environment: ``data.tool_environment``, 'module:Class': multi-turn rollouts with its tools
             (``actors.tool_loop``), at most ``max_turns`` model turns, each tool call within
-            ``tool_timeout`` seconds; None: single-turn.
+            ``tool_timeout`` seconds; None: single-turn. ``tools_in_system_prompt``: where the
+            model is shown the tools (``gdpo_ray.environments.tool_prompt``).
     """
 
     mode = "batched"  # generation.mode: which of an engine's classes, and its protocol
@@ -70,7 +73,8 @@ class RolloutActor:
                  reward_workers: int | None = default("reward_workers"), num_threads: int = default("num_threads"),
                  seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None,
                  environment: str | None = None, max_turns: int = default("max_turns"),
-                 tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None) -> None:
+                 tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None,
+                 tools_in_system_prompt: str = default("tools_in_system_prompt")) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -90,7 +94,7 @@ class RolloutActor:
                                   **dict(engine_kwargs or {}), **extra)
         self.tokenizer = self.engine.tokenizer
         self.tools = None if environment is None else ToolEnvironment(environment, self.tokenizer, max_turns,
-                                                                     tool_timeout)
+                                                                     tool_timeout, tools_in_system_prompt)
         # no rewards: an actor that only completes prompts (evaluation: ``complete``)
         self.rewards = RewardPool(rewards, num_workers=reward_workers or num_threads) if rewards else None
         self.version, self.channel = 0, None
@@ -160,62 +164,75 @@ class RolloutActor:
         return self.attest(sent)
 
     def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
-                 rows: Sequence[Mapping[str, Any]] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
-        """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``'
-        fields, top-p/top-k allowed, no logprobs kept): per prompt, (text, tokens, finish
-        reason, messages). A prompt over ``max_prompt_tokens`` is not generated: n empty
-        completions with the reason "prompt_too_long" (scored as the empty answer they are).
-        With a tool environment, each completion is a multi-turn rollout (its instance reset
-        with the prompt and the prompt's ``rows`` entry, if given): messages are its conversation
-        after the prompt, text the assistant's turns; else messages is None."""
+                 rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list[list[Completion]]:
+        """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``' fields,
+        top-p/top-k allowed, no logprobs kept), as ``gdpo_ray.eval.suite.Completion``s. A prompt
+        over ``max_prompt_tokens`` is not generated: n empty completions with the reason
+        "prompt_too_long". With a tool environment, each completion is a multi-turn rollout (its
+        instance reset with the prompt and the prompt's ``rows`` entry): its conversation after
+        the prompt, its turns and tool calls. ``score``: each completion scored with this actor's
+        rewards as training scores a rollout (the environments' columns and the rewards that
+        read them included; ``rows``: the dataset columns the rewards take)."""
+        sampling = SamplingParams(**dict(sampling))
+        rows = [dict(r) for r in rows] if rows is not None else [{} for _ in prompts]
         ids, fits = self._eval_prompts(prompts)
-        if self.tools is not None:
-            return self._complete_turns(prompts, n, SamplingParams(**dict(sampling)), ids, fits,
-                                        rows or [{}] * len(prompts))
-        samples = self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
-                                       logprobs=False) if fits else []
-        return self._eval_results(n, ids, fits, samples)
-
-    def _complete_turns(self, prompts: Sequence[str | list], n: int, sampling: SamplingParams,
-                        ids: list[list[int]], fits: list[int], rows: Sequence[Mapping[str, Any]]) -> list:
         chosen = [i for i in fits for _ in range(n)]
-        started = self.tools.start([{**rows[i], "prompt": prompts[i]} for i in chosen])
-        trajectories = [t for t, _ in started]
-        self.tools.run(self.engine, [self.tokenize(with_observation(prompts[i], observation), self.tools.schemas_of(t))
-                                     for i, (t, observation) in zip(chosen, started)], trajectories, sampling)
-        self.tools.release(trajectories)
-        return self._turn_results(n, ids, fits, trajectories)
+        if self.tools is not None:
+            started = self.tools.start([{**rows[i], "prompt": prompts[i]} for i in chosen])
+            trajectories = [t for t, _ in started]
+            rollout_prompts = [with_observation(prompts[i], o) for i, (_, o) in zip(chosen, started)]
+            self.tools.run(self.engine, [self.tokenize(q, self.tools.schemas_of(t))
+                                         for q, t in zip(rollout_prompts, trajectories)], trajectories, sampling)
+            try:
+                return self._completions(n, len(prompts), fits, trajectories, rollout_prompts,
+                                         [rows[i] for i in chosen] if score else None)
+            finally:
+                self.tools.release(trajectories)
+        samples = self.engine.generate([ids[i] for i in fits], n, sampling, logprobs=False) if fits else []
+        return self._completions(n, len(prompts), fits, [s for group in samples for s in group],
+                                 [prompts[i] for i in chosen], [rows[i] for i in chosen] if score else None)
 
-    def _turn_results(self, n: int, ids: list, fits: list[int], trajectories: Sequence[Any]) -> list:
-        """``complete``'s results of multi-turn rollouts (n per prompt of ``fits``, in order)."""
-        out = self._eval_results(n, ids, [], [])
+    def _completions(self, n: int, count: int, fits: Sequence[int], flat: Sequence[Any],
+                     rollout_prompts: Sequence[Any], rows: Sequence[Mapping[str, Any]] | None) -> list[list[Completion]]:
+        """``complete``'s results: ``flat`` holds n samples (or trajectories) per prompt of
+        ``fits``, in order; ``rows`` (per sample): score them with the rewards."""
+        scored = None
+        if rows is not None and flat:
+            if self.rewards is None:
+                raise ValueError("complete(score=True) on a rollout actor without rewards")
+            columns = {name: [r.get(name) for r in rows] for name in rows[0]}
+            scored = self._scored(rollout_prompts, flat, columns, self.version)
+        out = [[Completion("", 0, "prompt_too_long")] * n for _ in range(count)]
         for k, i in enumerate(fits):
-            out[i] = [(completion_text(t.messages), len(t.tokens), t.finish_reason, t.messages)
-                      for t in trajectories[k * n:(k + 1) * n]]
+            out[i] = [self._completion(j, flat[j], scored) for j in range(k * n, (k + 1) * n)]
         return out
+
+    def _completion(self, j: int, sample: Any, scored: Any) -> Completion:
+        turns = {}
+        if self.tools is not None:
+            text, messages = completion_text(sample.messages), sample.messages
+            turns = dict(turns=sample.turns, tool_calls=sample.tool_calls, tool_errors=sample.tool_errors)
+        else:
+            text, messages = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True), None
+        if scored is not None:
+            names = self.rewards.names
+            turns |= dict(rewards={name: float(v) for name, v in zip(names, scored.values[j])},
+                          reward_errors={name: e for name, e in zip(names, scored.errors[j]) if e})
+        return Completion(text, len(sample.token_ids), sample.finish_reason, messages, **turns)
 
     def _eval_prompts(self, prompts: Sequence[str | list]) -> tuple[list[list[int]], list[int]]:
         """(every prompt's token ids, the indices of those within max_prompt_tokens)."""
         ids = [self.tokenize(p) for p in prompts]
         return ids, [i for i, t in enumerate(ids) if len(t) <= self.max_prompt_tokens]
 
-    def _eval_results(self, n: int, ids: list, fits: list[int], samples: Sequence[Sequence[Any]]) -> list:
-        out = [[("", 0, "prompt_too_long", None)] * n for _ in ids]
-        for i, group in zip(fits, samples):
-            out[i] = [(self.tokenizer.decode(s.token_ids, skip_special_tokens=True), len(s.token_ids),
-                       s.finish_reason, None) for s in group]
-        return out
-
     def tokenize(self, prompt: str | list, tools: list[dict] | None = None) -> list[int]:
-        """The prompt's token ids (chat template with ``tools``, by default the environment's)."""
+        """The prompt's token ids (chat template with ``tools``, by default the environment's,
+        shown as ``gdpo_ray.environments.tool_prompt.render_prompt`` shows them)."""
         if isinstance(prompt, list) or self.chat_template:
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            if self.system_prompt and not (messages and messages[0].get("role") == "system"):
-                messages = [{"role": "system", "content": self.system_prompt}, *messages]
             if tools is None and self.tools is not None:
                 tools = self.tools.schemas
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                      tools=tools or None)
+            text = render_prompt(self.tokenizer, prompt, self.system_prompt, tools,
+                                 self.tools is not None and self.tools.in_system)
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
@@ -281,24 +298,8 @@ class RolloutActor:
         g = self.group_size
         columns = {name: [value for p in kept for value in [p.columns[name]] * g]
                    for name in kept[0].columns}
-        columns["response_length"] = [len(s.token_ids) for s in flat]
-        # as TRL passes them: a conversational row's prompt is its messages, its completion one
-        # assistant message (multi-turn: the assistant and tool messages after the prompt)
         prompts_in = list(rollout_prompts) if rollout_prompts else [p.prompt for p in kept for _ in range(g)]
-        if self.tools is not None:
-            completions = [t.messages for t in flat]
-        else:
-            texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-            completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-                           for t, p in zip(texts, prompts_in)]
-        ids_out, state = [list(s.token_ids) for s in flat], TrainerState(global_step=version)
-        given = None
-        if self.tools is not None:  # the environments' columns, and the rewards that read them
-            instances = [t.session.instance if t.session else None for t in flat]
-            given = self.tools.rewards(flat, self.rewards.environment_columns)
-            given |= self.rewards.score_local(instances, prompts_in, completions, columns, ids_out, state)
-        scored = self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
-                                    trainer_state=state, given=given)
+        scored = self._scored(prompts_in, flat, columns, version)
         groups = []
         for i, (p, group) in enumerate(zip(kept, samples)):
             rows = slice(i * g, (i + 1) * g)
@@ -324,6 +325,30 @@ class RolloutActor:
         meta = CallMeta(groups=describe_groups(batch),
                         filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
         return meta, batch
+
+    def _scored(self, prompts_in: Sequence[Any], flat: Sequence[Any], columns: Mapping[str, list],
+                version: int) -> Any:
+        """The K rewards of the samples ``flat`` (one per entry of ``prompts_in``, the prompt as
+        the rollout saw it), given the dataset ``columns`` (one value per sample): a
+        ``RewardPool`` ``ScoreResult``. Completions as TRL passes them: a conversational row's
+        prompt is its messages, its completion one assistant message (multi-turn: the assistant
+        and tool messages after the prompt); the environments' columns and the rewards that
+        read their instances are scored here, where the instances live."""
+        columns = {**columns, "response_length": [len(s.token_ids) for s in flat]}
+        if self.tools is not None:
+            completions = [t.messages for t in flat]
+        else:
+            texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
+            completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
+                           for t, p in zip(texts, prompts_in)]
+        ids_out, state = [list(s.token_ids) for s in flat], TrainerState(global_step=version)
+        given = None
+        if self.tools is not None:  # the environments' columns, and the rewards that read them
+            instances = [t.session.instance if t.session else None for t in flat]
+            given = self.tools.rewards(flat, self.rewards.environment_columns)
+            given |= self.rewards.score_local(instances, prompts_in, completions, columns, ids_out, state)
+        return self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
+                                  trainer_state=state, given=given)
 
     def shutdown(self) -> None:
         if self.rewards is not None:

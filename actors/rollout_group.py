@@ -222,14 +222,15 @@ class RolloutGroup:
 
     def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
                  progress: Callable[[int], Any] | None = None,
-                 rows: Sequence[Mapping[str, Any]] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
-        """n completions of every prompt, no rewards (evaluation; ``RolloutActor.complete``), in
+                 rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list[list[Any]]:
+        """n completions of every prompt (evaluation; ``RolloutActor.complete``: ``Completion``s,
+        scored with the actors' rewards where ``score``), in
         calls of ``prompts_per_call`` prompts spread as training calls are: to the started actor
         with the fewest calls in flight, at most ``calls_per_actor`` each. An actor that dies is
         replaced (its training calls re-issued as always) and its evaluation calls go out again.
         Training calls in flight go on meanwhile; their finished groups are collected into the
         buffer. ``progress(k)`` is called as each call of k prompts returns. ``rows``: per prompt,
-        what a tool environment's ``reset`` gets besides it."""
+        what a tool environment's ``reset`` and the rewards get besides it."""
         todo = collections.deque(range(0, len(prompts), self.prompts_per_call))
         out: list[Any] = [None] * len(prompts)
         pending: dict[Any, tuple[_Slot, Any, int]] = {}  # ref -> (slot, its handle then, start)
@@ -244,7 +245,7 @@ class RolloutGroup:
                 start = todo.popleft()
                 chunk = list(prompts[start:start + self.prompts_per_call])
                 chunk_rows = None if rows is None else [dict(r) for r in rows[start:start + self.prompts_per_call]]
-                pending[slot.handle.complete.remote(chunk, n, dict(sampling), chunk_rows)] = (slot, slot.handle, start)
+                pending[slot.handle.complete.remote(chunk, n, dict(sampling), chunk_rows, score)] = (slot, slot.handle, start)
                 load[id(slot)] += 1
             starting = [s.starting for s in self.slots if s.starting is not None]
             ready, _ = self._ray.wait(list(pending) + starting, num_returns=1, timeout=1.0)

@@ -266,31 +266,33 @@ class StreamingRolloutActor(RolloutActor):
                 self._versions.notify_all()
 
     async def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
-                       rows: Sequence[Mapping[str, Any]] | None = None) -> list[list[tuple[str, int, str, list | None]]]:
+                       rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list:
         """``RolloutActor.complete`` (evaluation), its requests beside the groups in flight,
-        once the pushes that have arrived are loaded (single-turn: ``rows`` are for tool
-        environments, which streaming does not run)."""
+        once the pushes that have arrived are loaded; each multi-turn rollout goes on by itself,
+        and the scoring runs on the actor's scoring thread, as its groups' does."""
         from actors.engines import SamplingParams
 
         async with self._versions:
             await self._versions.wait_for(lambda: not self._pending)
+        sampling = SamplingParams(**dict(sampling))
+        rows = [dict(r) for r in rows] if rows is not None else [{} for _ in prompts]
         ids, fits = self._eval_prompts(prompts)
-        if self.tools is not None:
-            return await self._complete_turns_streaming(prompts, n, SamplingParams(**dict(sampling)), ids, fits,
-                                                        rows or [{}] * len(prompts))
-        samples = await self.engine.generate([ids[i] for i in fits], n, SamplingParams(**dict(sampling)),
-                                             logprobs=False)
-        return self._eval_results(n, ids, fits, samples)
-
-    async def _complete_turns_streaming(self, prompts: Sequence[str | list], n: int, sampling: Any,
-                                        ids: list, fits: list[int], rows: Sequence[Mapping[str, Any]]) -> list:
-        """``RolloutActor.complete``'s multi-turn rollouts, each going on by itself."""
         chosen = [i for i in fits for _ in range(n)]
-        _, prompt_ids, trajectories = await self._start_rollouts([{**rows[i], "prompt": prompts[i]} for i in chosen])
-        await asyncio.gather(*(self._turns(None, q, t, sampling, logprobs=False)
-                               for q, t in zip(prompt_ids, trajectories)))
-        self.tools.release(trajectories)
-        return self._turn_results(n, ids, fits, trajectories)
+        loop = asyncio.get_running_loop()
+        if self.tools is not None:
+            rollout_prompts, prompt_ids, flat = await self._start_rollouts(
+                [{**rows[i], "prompt": prompts[i]} for i in chosen])
+            await asyncio.gather(*(self._turns(None, q, t, sampling, logprobs=False)
+                                   for q, t in zip(prompt_ids, flat)))
+        else:
+            groups = await self.engine.generate([ids[i] for i in fits], n, sampling, logprobs=False)
+            rollout_prompts, flat = [prompts[i] for i in chosen], [s for group in groups for s in group]
+        try:
+            return await loop.run_in_executor(self._scorer, self._completions, n, len(prompts), fits, flat,
+                                              rollout_prompts, [rows[i] for i in chosen] if score else None)
+        finally:
+            if self.tools is not None:
+                self.tools.release(flat)
 
     async def sleep(self) -> None:
         await self.engine.sleep()

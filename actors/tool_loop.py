@@ -27,6 +27,7 @@ from gdpo_ray.environments.session import ToolAnswer, ToolSession
 from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
 from gdpo_ray.rewards import NOT_APPLICABLE
 from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
+from gdpo_ray.environments.tool_prompt import in_system
 from gdpo_ray.environments.tool_turns import ToolTurns
 
 @dataclasses.dataclass
@@ -156,14 +157,18 @@ ENV_THREADS = 16
 class ToolEnvironment:
     """A rollout actor's environment classes (``data.tool_environment``: one, or TRL's dict form,
     each row naming its class in its ``environment`` column) and what its multi-turn rollouts
-    need: the tool turns' template, the turn limit, the tools' time limit, a thread pool.
+    need: the tool turns' template, the turn limit, the tools' time limit, a thread pool, and
+    whether the tools are written into the system message (``tools_in_system_prompt``:
+    ``gdpo_ray.environments.tool_prompt``).
     Instances are made once and reset often, as TRL pools them: a rollout's instance is reused by
     a later rollout of its class once its rewards are read (``release``), unless it hung or
     failed to reset."""
 
-    def __init__(self, setting: str | Mapping[str, str], tokenizer: Any, max_turns: int, timeout_s: float) -> None:
+    def __init__(self, setting: str | Mapping[str, str], tokenizer: Any, max_turns: int, timeout_s: float,
+                 tools_in_system_prompt: str = "auto") -> None:
         self.specs = {name: load_environment(path) for name, path in environment_paths(setting).items()}
         self.tool_turns, self.max_turns, self.timeout_s = ToolTurns(tokenizer), max_turns, timeout_s
+        self.in_system = in_system(tools_in_system_prompt, tokenizer)
         self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
         self._idle: dict[str | None, list[Any]] = {name: [] for name in self.specs}  # rollouts over
         self._lock = threading.Lock()

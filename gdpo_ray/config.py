@@ -77,6 +77,7 @@ FIELDS: dict[str, Field] = {
     "eval_top_p": Field("training", 0.95, "eval top-p (the paper's 0.95; no logprobs are kept, so any engine takes it)", above=0, at_most=1),
     "eval_length_limit": Field("training", None, "exceed_ratio's limit in tokens (None: the suite's own; gdpo-ray eval --length-limit)", "int?", at_least=1),
     "eval_max_tokens": Field("training", None, "new tokens per eval completion (None: the suite's)", "int?", at_least=1),
+    "eval_correct": Field("training", None, "a correct eval sample: conditions on the suite's metrics, e.g. ['answer>=1', 'tool_success>=1'] (all must hold; as gdpo-ray eval --correct): metrics eval/<suite>/accuracy and <name>/pass_rate, and eval_pass_k counts them; None: the suite's own", "list?"),
     "eval_pass_k": Field("training", None, "also pass@k of the eval for these k, e.g. [1, 4, 16] (Chen et al.'s unbiased estimator; each k <= eval_samples): metrics eval/<suite>/pass@<k>; None: none", "list?"),
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
@@ -110,6 +111,7 @@ FIELDS: dict[str, Field] = {
     "prompt_column": Field("data", "prompt", "column with the prompt text or chat messages", fixed_on_resume=True),
     "id_column": Field("data", None, "column of unique prompt ids (default: the row number)", "str?", fixed_on_resume=True),
     "tool_environment": Field("data", None, "tool environment of multi-turn rollouts: 'module:Class' (TRL's environment class: its public methods are the tools, reset(**row) starts a rollout), or TRL's dict form {name: 'module:Class'} with the row's `environment` column naming its class; also `data.environment` in a preset or override", "any", fixed_on_resume=True),
+    "tools_in_system_prompt": Field("data", "auto", "where the model is shown the environment's tools: auto (in the system message where the chat template ignores tools=, else the template's way), always, never; the format: docs/environments.md"),
     "system_prompt": Field("data", None, "a system message put before every prompt (a chat-message prompt with its own system message keeps its own; needs llm.chat_template)", "str?"),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
 }
@@ -306,7 +308,8 @@ def environment_settings(c: Any) -> dict:
     """A rollout actor's multi-turn settings (none without ``data.tool_environment``)."""
     if c.tool_environment is None:
         return {}
-    return dict(environment=c.tool_environment, max_turns=c.max_turns, tool_timeout=c.tool_timeout)
+    return dict(environment=c.tool_environment, max_turns=c.max_turns, tool_timeout=c.tool_timeout,
+                tools_in_system_prompt=c.tools_in_system_prompt)
 
 
 def sampling_params(c: Any) -> dict:

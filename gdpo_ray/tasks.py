@@ -22,6 +22,8 @@ would name a dataset path (``data.prompts``).
   the answer is the number. ``steps`` (JSON) holds the gold calls, ``[["multiply", 37, 12], ["add",
   null, 5]]`` (null: the previous call's result), for the environment
   ``gdpo_ray.environments.arithmetic`` whose tools compute them.
+- ``tool_arithmetic_demos``: demonstrations of ``tool_arithmetic`` (the gold calls, their
+  answers, the answer) in TRL's conversational SFT layout, for ``gdpo-ray sft``;
 - ``bfcl_multi_turn``: BFCL's multi-turn items that its eval does not hold out, for the
   ``bfcl_multi_turn`` environment (a BFCL multi-turn conversation per rollout);
 - ``code`` (a stand-in for Eurus-2-RL of the ``code`` preset): small Python exercises with test
@@ -197,6 +199,27 @@ def tool_arithmetic(n: int = 256, seed: int = 0) -> list[dict[str, Any]]:
         rows.append({"id": f"calc-{i}", "prompt": [{"role": "user", "content": question}],
                      "ground_truth": str(answer), "steps": json.dumps(steps)})
     return rows
+
+
+@TASKS.register("tool_arithmetic_demos")
+def tool_arithmetic_demos(n: int = 256, seed: int = 1) -> list[dict[str, Any]]:
+    """Demonstrations of ``tool_arithmetic`` in TRL's conversational SFT layout (``gdpo-ray sft``):
+    ``messages``, the user's question, each gold call as an assistant turn with ``tool_calls``,
+    the tool's answer as a ``tool`` message, then the answer in ``<answer>…</answer>``; with the
+    task's ``id``, ``prompt`` and ``ground_truth`` (seed 1 by default, so the questions differ from
+    the training prompts' seed-0 draw)."""
+    out = []
+    for row in tool_arithmetic(n, seed):
+        messages, result = list(row["prompt"]), None
+        for name, a, b in json.loads(row["steps"]):
+            a = result if a is None else a
+            call = {"type": "function", "function": {"name": name, "arguments": {"a": a, "b": b}}}
+            result = a * b if name == "multiply" else a + b
+            messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "name": name, "content": str(result)}]
+        messages.append({"role": "assistant", "content": f"<answer>{row['ground_truth']}</answer>"})
+        out.append({**row, "messages": messages})
+    return out
 
 
 @TASKS.register("bfcl_multi_turn")

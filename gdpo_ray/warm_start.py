@@ -6,7 +6,8 @@ its task, so that every reward starts well below its maximum and RL has each of 
 A task brings its teacher and its recipe (a dict of the settings, the cache key); this module
 holds what they share: ``cached_model`` (built once per machine under ``$GDPO_RAY_CACHE``,
 default ``~/.cache/gdpo-ray``, keyed by the recipe, renamed into place atomically) and
-``supervised_fit`` (teacher forcing, the loss on the response tokens only).
+``fit_on_prompts``; each is a recipe on the project's one supervised trainer
+(``gdpo_ray.sft.supervised_fit``: teacher forcing, the loss on the response tokens only).
 
 ``demo`` (this module): the ``addition`` task in two stages: ``clean_steps`` where every sum is
 right (the model learns to add: it cannot learn it from noisy answers alone), then ``steps`` of
@@ -29,6 +30,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from gdpo_ray.sft import Example, supervised_fit
+
 THOUGHT_WORDS = ["add", "the", "numbers", "step", "by", "think"]
 
 #: the demo's recipe; changing any value (or the RNG order of its training) changes the model the
@@ -36,9 +39,6 @@ THOUGHT_WORDS = ["add", "the", "numbers", "step", "by", "think"]
 RECIPE = dict(hidden_size=128, layers=2, clean_steps=400, steps=200, batch_size=64, lr=3e-3,
               mix_lr=1e-3, p_format=0.4, p_correct=0.3, max_words=7, seed=0, version=1)
 
-#: one training example: (prompt token ids, response token ids ending with the EOS token), or
-#: with a third list, per response token 1 = in the loss, 0 = context only (a tool turn's tokens)
-Example = tuple[list[int], list[int]] | tuple[list[int], list[int], list[int]]
 
 
 def cache_root(cache: str | Path | None = None) -> Path:
@@ -63,23 +63,6 @@ def cached_model(name: str, recipe: dict, build: Callable[[Path, dict], None],
     return target
 
 
-def supervised_fit(model: Any, batches: Iterable[tuple[float, list[Example]]], lr: float,
-                   pad_id: int, prefix: list[int] | None = None) -> None:
-    """AdamW (no weight decay) on each ``(lr, examples)`` of ``batches`` in turn: one step of
-    ``response_loss``."""
-    import torch
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
-    for step_lr, examples in batches:
-        for group in optimizer.param_groups:
-            group["lr"] = step_lr
-        loss = response_loss(model, examples, pad_id, prefix)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-
 def fit_on_prompts(path: Path, recipe: dict, prompts_of: Callable[[Any], list[list[int]]],
                    batches_of: Callable[[Any, list[list[int]], np.random.Generator], Iterable]) -> None:
     """Fits the untrained model in ``path`` (``supervised_fit``, seeded by ``recipe["seed"]``)
@@ -98,41 +81,6 @@ def fit_on_prompts(path: Path, recipe: dict, prompts_of: Callable[[Any], list[li
     supervised_fit(model, batches_of(tokenizer, [p[shared:] for p in prompts], rng), recipe["lr"],
                    tokenizer.pad_token_id, prefix=prompts[0][:shared])
     model.save_pretrained(path)
-
-
-def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list[int] | None = None) -> Any:
-    """The mean cross-entropy of the response tokens given the prompt (right-padded; prompt,
-    padding and the response tokens an example's mask leaves out are out of the loss).
-
-    ``prefix``: tokens every prompt starts with, left out of the examples' prompts (which must
-    not be empty): run once and repeated across the batch in the model's KV cache, so a long
-    shared system message costs one sequence, not one per example; the loss and its gradient
-    are those of the whole prompts (up to float rounding)."""
-    import torch
-
-    ids = [prompt + target for prompt, target, *_ in examples]
-    labels = [[-100] * len(e[0]) + [t if m else -100 for t, m in zip(e[1], e[2] if len(e) > 2 else [1] * len(e[1]))]
-              for e in examples]
-    width = max(len(x) for x in ids)
-    input_ids = torch.tensor([x + [pad_id] * (width - len(x)) for x in ids])
-    label_ids = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
-    mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
-    if not prefix:
-        return model(input_ids=input_ids, attention_mask=mask, labels=label_ids).loss
-    from transformers import DynamicCache
-
-    cache = {_cache_argument(model): DynamicCache()}
-    model(input_ids=torch.tensor([prefix]), use_cache=True, **cache)  # fills the cache
-    next(iter(cache.values())).batch_repeat_interleave(len(ids))  # autograd sums the copies' gradients
-    mask = torch.cat([torch.ones(len(ids), len(prefix), dtype=mask.dtype), mask], dim=1)
-    return model(input_ids=input_ids, attention_mask=mask, labels=label_ids, **cache).loss
-
-
-def _cache_argument(model: Any) -> str:
-    """The name of the forward's KV cache argument (``past_key_values`` before transformers 5.25)."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:

@@ -14,13 +14,14 @@ answers without a call: the next user message, or None to end the rollout).
 
 ``load_environment`` checks a class before any actor starts and names what is wrong and how to
 fix it: not importable, not a class, no ``reset``, no tool, a tool whose schema cannot be built.
+``with_environment_columns`` adds the column of a ``get_reward()`` class, as TRL does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 #: public methods that are not tools
 NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards", "tool_schemas", "call_tool", "next_message"})
@@ -72,6 +73,36 @@ def environment_paths(setting: Any) -> dict[str | None, str]:
     raise ValueError(f"data.tool_environment must be 'module:Class', or a mapping of names to "
                      f"'module:Class' (TRL's dict form, each row naming its class in a "
                      f"'{ROW_COLUMN}' column); got {setting!r}")
+
+
+def with_environment_columns(rewards: Sequence[Any], setting: Any) -> list:
+    """``rewards`` (declarations) with TRL's rule applied: an environment class of ``setting``
+    (``data.tool_environment``) that scores with ``get_reward()`` and whose column is not declared
+    gets one, named after the class, weight 1 (``{name: <Class>, fn: environment}``), after the
+    declared ones. Declaring it (for a weight or a condition) still works; an environment whose
+    one class declares its column under another name is left for validation to name."""
+    from gdpo_ray.rewards.spec import ENVIRONMENT
+
+    out = list(rewards)
+    if setting is None:
+        return out
+    envs = [load_environment(path) for path in environment_paths(setting).values()]
+    declared = {_name(r) for r in out}
+    from_environment = [r for r in out if _fn(r) == ENVIRONMENT]
+    for env in envs:
+        name = env.cls.__name__
+        if env.reward_getter == "get_reward" and name not in declared and not (len(envs) == 1 and from_environment):
+            out.append({"name": name, "fn": ENVIRONMENT})
+            declared.add(name)
+    return out
+
+
+def _name(declaration: Any) -> Any:
+    return declaration.get("name") if isinstance(declaration, Mapping) else getattr(declaration, "name", None)
+
+
+def _fn(declaration: Any) -> Any:
+    return declaration.get("fn") if isinstance(declaration, Mapping) else getattr(declaration, "fn", None)
 
 
 def load_environment(path: str) -> EnvironmentSpec:

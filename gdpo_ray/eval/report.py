@@ -156,7 +156,8 @@ def format_report(report: Mapping[str, Any]) -> str:
 #: the settings that change a report's numbers: ``compare`` warns when reports of one suite differ
 #: in one (a value not recorded, None, is not compared)
 COMPARED_SETTINGS = ("samples", "temperature", "top_p", "max_tokens", "length_limit", "items",
-                     "chat_template", "max_prompt_tokens", "system_prompt", "reward_weights")
+                     "chat_template", "max_prompt_tokens", "system_prompt", "reward_weights", "correct",
+                     "tool_environment", "max_turns", "tool_timeout", "tools_in_system_prompt")
 
 
 def compare(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
@@ -199,8 +200,8 @@ def settings_table(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
 
 
 def settings_warnings(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    """One line per suite whose reports differ in a ``COMPARED_SETTINGS`` value (each report's
-    value, by run)."""
+    """One line per (suite, setting) where the suite's reports differ in a ``COMPARED_SETTINGS``
+    value (each report's value, by run), then how to make them alike."""
     by_suite: dict[str, list[tuple[str, Mapping]]] = {}
     for label, run_reports in reports.items():
         for r in run_reports:
@@ -211,9 +212,10 @@ def settings_warnings(reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> lis
         for key in COMPARED_SETTINGS:
             values = [(label, s[key]) for label, s in recorded if s.get(key) is not None]
             if len({json.dumps(v, sort_keys=True) for _, v in values}) > 1:
-                differ.append(f"{key} " + ", ".join(f"{_setting_text(v)} ({label})" for label, v in values))
+                differ.append(f"warning: {suite} {key} differs: "
+                              + ", ".join(f"{_setting_text(v)} ({label})" for label, v in values))
         if differ:
-            lines.append(f"warning: the {suite} reports were made with different settings: {'; '.join(differ)}. "
-                         f"Their numbers do not compare like for like: evaluate again with the same settings "
-                         f"(gdpo-ray eval RUN --suite {suite} with --samples, --max-tokens, --length-limit, ...)")
+            lines.append("\n".join(differ) + f"\nThe {suite} reports do not compare like for like: evaluate "
+                         f"again with the same settings (gdpo-ray eval RUN --suite {suite} with --samples, "
+                         f"--max-tokens, --rewards RUN, ...)")
     return lines

@@ -5,9 +5,15 @@ parquet): the prompt column (``data.prompt_column``) and whatever columns the re
 nested ones taken as ``data.columns`` says; ids from ``data.id_column``, else the row's index
 from 0.
 The rewards are the run's ``training.rewards`` (``gdpo-ray eval --rewards CONFIG``, or the
-``config.yaml`` of the run directory evaluated), called as training calls them (TRL's keywords,
-``gdpo_ray.rewards.call_reward``; chat prompts get their completion as one assistant message),
-each with its ``timeout_s``, conditions applied (``apply_conditions``).
+``config.yaml`` of the run directory evaluated). A policy's completions are generated and scored
+by rollout actors exactly as training generates and scores a rollout (``rollout_rewards``):
+with the config's tool environment(s), ``max_turns``, tool settings, system prompt and
+template, every column scored, the environments' own (``fn: environment``) and the rewards that
+read their instances (``environments=``) included, conditions applied. A completions file
+(``--completions``) is scored here, each reward called as training calls it (TRL's keywords,
+``gdpo_ray.rewards.call_reward``; chat prompts get their completion as one assistant message)
+within its ``timeout_s``; a column only a rollout can compute cannot score a file
+(``check_scorable_here`` names it before anything runs).
 
 Metrics, each avg@n (the mean over an item's n samples, then over the items):
 
@@ -17,13 +23,13 @@ Metrics, each avg@n (the mean over an item's n samples, then over the items):
   ``reward_errors``, classed as training classes it (``gdpo_ray.rewards.failure_kind``);
 - ``weighted_sum``: sum_k w_k r_k with the config's weights, over the samples every reward
   scored (a failed reward leaves the sample without a total, as GRPO leaves it unscored);
-- ``exceed_ratio``: over ``length_limit`` tokens (default: the run's ``generation.max_tokens``).
+- ``exceed_ratio``: over ``length_limit`` tokens (default: the run's ``generation.max_tokens``);
+- with a tool environment, ``rollout/turns``, ``rollout/tool_calls`` and ``rollout/tool_errors``
+  per rollout; each sample's conversation is in the report (``messages``).
 
-Rewards an environment gives (``fn: environment``) or that read its instances
-(``environments=``) are computed only inside training's rollouts: they are left out, named in
-the report's ``settings.rewards_left_out``, as are the rewards conditioned on them. Eval knows a
-completion's token count (``response_length``) but not its token ids: ``completion_ids`` are
-None, ``trainer_state.global_step`` is 0.
+A prompt over the actors' ``max_prompt_tokens`` is not generated: its samples fail every column
+("not generated"). Eval knows a file's completion's token count (``response_length``) but not
+its token ids: ``completion_ids`` are None, ``trainer_state.global_step`` is 0.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ import numpy as np
 
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 
+#: the metrics of a multi-turn rollout (a suite with a tool environment)
+TURN_METRICS = ("rollout/turns", "rollout/tool_calls", "rollout/tool_errors")
 #: the metrics besides each reward's own: no reward may take their names
-RESERVED = ("weighted_sum", "exceed_ratio")
+RESERVED = ("weighted_sum", "exceed_ratio", *TURN_METRICS)
 FAILURE = "/failure_rate"
 
 
@@ -45,7 +53,9 @@ class RewardsSuite(Suite):
     def __init__(self, path: str, rewards: Sequence[Mapping[str, Any]], prompt_column: str = "prompt",
                  id_column: str | None = None, columns: Mapping[str, str] | None = None,
                  max_tokens: int | None = None, length_limit: int | None = None,
-                 environment: Any = None, max_turns: int | None = None, source: str | None = None) -> None:
+                 environment: Any = None, max_turns: int | None = None, source: str | None = None,
+                 tool_settings: Mapping[str, Any] | None = None, system_prompt: str | None = None,
+                 chat_template: bool | None = None) -> None:
         from gdpo_ray.data import read_dataset
         from gdpo_ray.rewards import RewardSpec, check_specs, takes_environments
 
@@ -57,24 +67,34 @@ class RewardsSuite(Suite):
             self.max_tokens = max_tokens
         self.length_limit = length_limit if length_limit is not None else self.max_tokens
         self.environment, self.max_turns = environment, max_turns or self.max_turns
-        specs = [RewardSpec.from_dict(r) for r in rewards]
-        fns = check_specs(specs)
-        left_out = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
-        while gated := {s.name for s in specs if s.condition and s.condition.on in left_out} - left_out:
-            left_out |= gated
-        self.left_out = [s.name for s in specs if s.name in left_out]
-        self.specs = [s for s in specs if s.name not in left_out]
-        self.fns = [fn for s, fn in zip(specs, fns) if s.name not in left_out]
-        if not self.specs:
-            raise ValueError(f"rewards:{path}: every reward of the config ({', '.join(self.left_out)}) is an "
-                             "environment's, computed only inside training's rollouts: none to score here")
+        self.tool_settings, self.system_prompt = dict(tool_settings or {}), system_prompt
+        self.chat_template = chat_template
+        self.specs = [RewardSpec.from_dict(r) for r in rewards]
+        self.fns = check_specs(self.specs)
+        self.rollout_rewards = [dict(r) for r in rewards]
+        rollout_only = {s.name for s, fn in zip(self.specs, self.fns) if fn is None or takes_environments(fn)}
+        while gated := {s.name for s in self.specs if s.condition and s.condition.on in rollout_only} - rollout_only:
+            rollout_only |= gated
+        self.rollout_only = [s.name for s in self.specs if s.name in rollout_only]
         taken = [s.name for s in self.specs if s.name in RESERVED]
         if taken:
             raise ValueError(f"reward {taken[0]!r}: the rewards suite reports a metric of that name; "
                              f"rename the reward in the config (its name is only a label)")
-        self.metrics = (*[m for s in self.specs for m in (s.name, s.name + FAILURE)], *RESERVED)
+        self.metrics = (*[m for s in self.specs for m in (s.name, s.name + FAILURE)], "weighted_sum",
+                        "exceed_ratio", *(TURN_METRICS if environment else ()))
         self._items = _read_items(read_dataset(path), prompt_column, id_column, dict(columns or {}),
-                                  self.specs, self.fns, Path(path).stem)
+                                  [(s, fn) for s, fn in zip(self.specs, self.fns) if fn is not None],
+                                  Path(path).stem)
+
+    def check_scorable_here(self, what: str = "--completions") -> None:
+        """Raises when a column can be computed only inside a rollout (an environment's own, one
+        that reads its instances, or one conditioned on those): ``what`` cannot score it."""
+        if self.rollout_only:
+            raise ValueError(f"{what}: rewards {self.rollout_only} are computed inside a rollout (an "
+                             f"environment's columns, rewards reading its instances, or conditioned on "
+                             f"them), which a file of completions does not have; evaluate the policy "
+                             f"instead (gdpo-ray eval POLICY --suite {self.name.replace('rewards:', 'rewards:<file>')} "
+                             f"--rewards CONFIG), which runs each row through the environment")
 
     def all_items(self) -> list[EvalItem]:
         return list(self._items)
@@ -84,30 +104,26 @@ class RewardsSuite(Suite):
 
     def report_settings(self) -> dict:
         out = {"rewards_config": self.source, "reward_weights": {s.name: s.weight for s in self.specs}}
-        return out | ({"rewards_left_out": list(self.left_out)} if self.left_out else {})
+        if self.environment:
+            out |= {"tool_environment": self.environment, "max_turns": self.max_turns, **self.tool_settings}
+        return out
 
     def score(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict[str, float]]:
-        from gdpo_ray.rewards import TrainerState, apply_conditions
+        from gdpo_ray.rewards import apply_conditions
 
-        n, chat = len(completions), not isinstance(item.prompt, str)
-        texts = [c.messages if c.messages is not None else
-                 [{"role": "assistant", "content": c.text}] if chat else c.text for c in completions]
-        kwargs = {**{k: [v] * n for k, v in item.reference.items()},
-                  "response_length": [c.tokens for c in completions], "prompts": [item.prompt] * n,
-                  "completions": texts, "completion_ids": [None] * n, "trainer_state": TrainerState()}
+        n = len(completions)
         values = np.full((n, len(self.specs)), np.nan)
         errors = [[""] * len(self.specs) for _ in range(n)]
-        for k, (spec, fn) in enumerate(zip(self.specs, self.fns)):
-            rows = list(range(n))
-            if "response_length" in _required(fn):
-                unknown = [i for i in rows if completions[i].tokens is None]
-                for i in unknown:
-                    errors[i][k] = ("error: response_length is not known (give the completions file "
-                                    "\"tokens\", or --tokenizer MODEL)")
-                rows = [i for i in rows if i not in unknown]
-            for i, (value, error) in zip(rows, _call(spec, fn, kwargs, rows)):
-                values[i, k], errors[i][k] = value, error
-        stored = apply_conditions(values, self.specs).astype(np.float64)
+        here = [i for i, c in enumerate(completions) if c.rewards is None]
+        for i, c in enumerate(completions):
+            if c.rewards is not None:  # as the rollout actor scored it (conditions applied)
+                values[i] = [c.rewards.get(s.name, math.nan) for s in self.specs]
+                errors[i] = [(c.reward_errors or {}).get(s.name, "") for s in self.specs]
+        stored = values.copy()
+        if here:
+            self._score_here(item, [completions[i] for i in here], values, errors, here)
+            stored[here] = apply_conditions(values[here], self.specs)
+        stored = stored.astype(np.float32).astype(np.float64)
         _explain(values, stored, errors, self.specs)
         weights = np.array([s.weight for s in self.specs])
         out = []
@@ -118,9 +134,42 @@ class RewardsSuite(Suite):
                 row[spec.name + FAILURE] = float(math.isnan(stored[i, k]))
             total = float(weights @ stored[i])  # NaN where a reward failed
             row |= {"weighted_sum": total, "exceed_ratio": exceeds(c, self.length_limit)}
+            if self.environment:
+                row |= {m: math.nan if v is None else float(v) for m, v in zip(
+                    TURN_METRICS, (c.turns, c.tool_calls, c.tool_errors))}
             failed = {s.name: errors[i][k] for k, s in enumerate(self.specs) if errors[i][k]}
             out.append(row | ({"reward_errors": failed} if failed else {}))
         return out
+
+    def _score_here(self, item: EvalItem, completions: Sequence[Completion], values: np.ndarray,
+                    errors: list[list[str]], at: Sequence[int]) -> None:
+        """Scores ``completions`` (rows ``at`` of ``values``/``errors``) in this process; the
+        columns only a rollout computes fail with the reason (a completion that was not generated,
+        or one from a file)."""
+        from gdpo_ray.rewards import TrainerState
+
+        n, chat = len(completions), not isinstance(item.prompt, str)
+        texts = [c.messages if c.messages is not None else
+                 [{"role": "assistant", "content": c.text}] if chat else c.text for c in completions]
+        kwargs = {**{k: [v] * n for k, v in item.reference.items()},
+                  "response_length": [c.tokens for c in completions], "prompts": [item.prompt] * n,
+                  "completions": texts, "completion_ids": [None] * n, "trainer_state": TrainerState()}
+        for k, (spec, fn) in enumerate(zip(self.specs, self.fns)):
+            if spec.name in self.rollout_only:
+                for j, c in zip(at, completions):
+                    errors[j][k] = ("error: not generated: its prompt is over the actors' max_prompt_tokens"
+                                    if c.finish_reason == "prompt_too_long" else
+                                    "error: computed only inside a rollout (not scored by one)")
+                continue
+            rows = list(range(n))
+            if "response_length" in _required(fn):
+                unknown = [i for i in rows if completions[i].tokens is None]
+                for i in unknown:
+                    errors[at[i]][k] = ("error: response_length is not known (give the completions file "
+                                        "\"tokens\", or --tokenizer MODEL)")
+                rows = [i for i in rows if i not in unknown]
+            for i, (value, error) in zip(rows, _call(spec, fn, kwargs, rows)):
+                values[at[i], k], errors[at[i]][k] = value, error
 
 
 def _explain(values: np.ndarray, stored: np.ndarray, errors: list[list[str]], specs: Sequence[Any]) -> None:
@@ -175,7 +224,7 @@ def _call(spec: Any, fn: Any, kwargs: Mapping[str, list], rows: Sequence[int]) -
 
 
 def _read_items(data: Any, prompt_column: str, id_column: str | None, columns: dict[str, str],
-                specs: Sequence[Any], fns: Sequence[Any], stem: str) -> list[EvalItem]:
+                rewards: Sequence[tuple[Any, Any]], stem: str) -> list[EvalItem]:
     """The file's rows as items (reference: the row's columns but the prompt), every column a
     reward needs checked on every row, the first row without it named."""
     from gdpo_ray.rewards import ROLLOUT_COLUMNS
@@ -189,7 +238,7 @@ def _read_items(data: Any, prompt_column: str, id_column: str | None, columns: d
         if column is not None and column not in rows[0]:
             raise ValueError(f"{data.source} has no column {column!r} (the config's data.{setting}); "
                              f"its columns: {names}")
-    for spec, fn in zip(specs, fns):
+    for spec, fn in rewards:
         for column in _required(fn):
             if column in ROLLOUT_COLUMNS:
                 continue

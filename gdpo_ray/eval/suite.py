@@ -6,7 +6,8 @@ needs) and ``score(item, completions)``, which scores every sample of one item a
 suites run all n programs of an item in one sandbox call). The families of suites and the
 registry that builds one from its name are ``gdpo_ray.eval.suites``.
 
-``correct_metric()`` names the metric that pass@k counts correct samples by, and
+``correct_metric()`` names the metric that pass@k counts correct samples by (``set_correct``
+defines one from any suite's metrics: ``gdpo_ray.eval.correct``), and
 ``overall_of`` aggregates pass@k over items as the suite aggregates that metric
 (``gdpo_ray.eval.pass_at_k``).
 
@@ -43,6 +44,14 @@ class Completion:
     #: a multi-turn rollout's conversation after the prompt (assistant and tool messages; ``text``
     #: is the assistant's turns); None: a single turn, or a completions file's text
     messages: list | None = dataclasses.field(default=None, hash=False, compare=False)
+    #: the reward columns as the rollout actor scored them (``Suite.rollout_rewards``): name ->
+    #: stored value (NaN: not computed), and name -> why not; None: not scored by the actor
+    rewards: dict | None = dataclasses.field(default=None, hash=False, compare=False)
+    reward_errors: dict | None = dataclasses.field(default=None, hash=False, compare=False)
+    #: a multi-turn rollout's model turns, tool calls and failed calls (None: one turn)
+    turns: int | None = None
+    tool_calls: int | None = None
+    tool_errors: int | None = None
 
 
 def exceeds(c: Completion, limit: int) -> float:
@@ -69,9 +78,18 @@ class Suite(abc.ABC):
     environment: str | None = None
     #: the most model turns of one of its rollouts (with an ``environment``)
     max_turns: int = 10
+    #: the rollout actors' other tool settings (``tool_timeout``, ``tools_in_system_prompt``)
+    tool_settings: dict = {}
+    #: reward declarations the rollout actors score each completion with, as training scores a
+    #: rollout (environment columns included: ``Completion.rewards``); None: the suite scores
+    rollout_rewards: list | None = None
+    #: a run's ``data.system_prompt`` and ``llm.chat_template`` (None: the command's own)
+    system_prompt: str | None = None
+    chat_template: bool | None = None
 
-    #: keys of the prompts left out (``hold_out``)
+    #: keys of the prompts left out (``hold_out``), and how many items that left out
     _held_out: frozenset = frozenset()
+    training_prompts_left_out: int = 0
 
     @abc.abstractmethod
     def all_items(self) -> list[EvalItem]:
@@ -89,7 +107,7 @@ class Suite(abc.ABC):
         left_out = sum(prompt_key(it.prompt) in keys for it in self.all_items())
         if left_out == len(self.all_items()):
             return 0
-        self._held_out = frozenset(keys)
+        self._held_out, self.training_prompts_left_out = frozenset(keys), left_out
         return left_out
 
     @abc.abstractmethod
@@ -102,8 +120,35 @@ class Suite(abc.ABC):
 
     def correct_metric(self) -> str | None:
         """The metric by which pass@k counts a sample correct (it scores 1): ``pass@1``, else
-        ``accuracy``; None: the suite reports neither, and has no pass@k."""
+        ``accuracy`` (the one of ``set_correct`` where it was called); None: the suite reports
+        neither, and has no pass@k."""
         return next((m for m in ("pass@1", "accuracy") if m in self.metrics), None)
+
+    #: the conditions of a correct sample (``set_correct``); empty: the suite's own
+    correct: tuple = ()
+
+    def set_correct(self, texts: Sequence[str] | str | None, where: str = "--correct") -> None:
+        """Defines a correct sample from the suite's metrics (``gdpo_ray.eval.correct``: 'NAME>=VALUE',
+        each must hold): every sample then also scores ``accuracy`` and ``<NAME>/pass_rate``,
+        and pass@k counts ``accuracy``. Refused for a suite that counts correct samples itself."""
+        if not texts:
+            return
+        from gdpo_ray.eval.correct import correct_metrics, parse_correct
+
+        own = self.correct_metric()
+        if own is not None:
+            raise ValueError(f"{where}: suite {self.name} counts a correct sample by its own {own}; "
+                             f"{where} defines one for suites that have none (e.g. rewards:FILE)")
+        self.correct = parse_correct(texts, self.metrics, where)
+        self.metrics = (*self.metrics, *correct_metrics(self.correct))
+
+    def judged(self, scores: Sequence[dict]) -> list[dict]:
+        """``score``'s results with the ``set_correct`` metrics added (unchanged without)."""
+        if not self.correct:
+            return [dict(v) for v in scores]
+        from gdpo_ray.eval.correct import judge
+
+        return [dict(v) | judge(self.correct, v) for v in scores]
 
     def overall_of(self, metric: str, items: Mapping[str, Mapping[str, Any]],
                    categories: Mapping[str, Mapping]) -> float:

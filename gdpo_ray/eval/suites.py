@@ -104,6 +104,9 @@ def held_out_suite(spec: str, training_data: Any, training_column: str = "prompt
     rows = getattr(training_data, "rows", training_data)
     if isinstance(rows, list):
         left_out = suite.hold_out([r.get(training_column) for r in rows if isinstance(r, dict)])
-        logging.getLogger(__name__).info("eval suite %s: %d items, %d left out as training prompts",
-                                         suite.name, len(suite.items()), left_out)
+        if left_out:  # said once, at the start; each report's settings count them too
+            logging.getLogger(__name__).warning(
+                "eval suite %s: %d of its %d items repeat a training prompt and are left out of the "
+                "eval (held out: %d items evaluated; the reports' settings.training_prompts_left_out)",
+                suite.name, left_out, len(suite.all_items()), len(suite.items()))
     return suite

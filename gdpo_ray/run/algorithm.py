@@ -34,6 +34,7 @@ from gdpo_ray import model_files
 from gdpo_ray.advantages import compute_advantage_details
 from gdpo_ray.completion_log import CompletionLog
 from gdpo_ray.data import load_prompts
+from gdpo_ray.environments.spec import with_environment_columns
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
@@ -41,6 +42,7 @@ from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, quiet, validation
 from gdpo_ray.run.checkpoints import prune_checkpoints, save_atomically, verify_checkpoint
+from gdpo_ray.run.cluster import ensure_ray
 from gdpo_ray.run.presets import section_settings
 from gdpo_ray.run.rllib_base import Algorithm, AlgorithmConfig, Checkpointable, NotProvided
 from gdpo_ray.run.sampling import take_groups
@@ -111,8 +113,13 @@ class GDPOConfig(AlgorithmConfig):
         return _section(self, "data", kwargs)
 
     def validate(self) -> None:
-        """GDPO's rules first (their messages name the fix), then RLlib's own."""
+        """GDPO's rules first (their messages name the fix), then RLlib's own. An environment
+        class scoring with ``get_reward()`` gets its column if it is not declared, as in TRL
+        (``gdpo_ray.environments.spec.with_environment_columns``)."""
+        fields.check_fields(self)
+        self.rewards = with_environment_columns(self.rewards, self.tool_environment)
         validation.check(self)
+        model_files.check_available(self.model_path)  # smollm2 without gguf: the install command
         super().validate()
 
     def _validate_framework_settings(self) -> None:
@@ -141,6 +148,7 @@ class GDPOConfig(AlgorithmConfig):
             epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
             loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
             threads_alone=self.threads_alone, lora=lora_settings(self.lora),
+            base_model_name=model_files.hub_name(self.model_path),
             digest_variants=engine_variants(self.engine, self.engine_kwargs))
 
     @property
@@ -194,6 +202,7 @@ class GDPO(Algorithm):
         self.evaluation_config = self.offline_data = None
         self._set_up_metrics()
         c = self.config
+        ensure_ray(c)  # as RLlib's algorithms do: a local Ray when none is running
         preflight.ensure(c)  # model, dataset, rewards on sample rows: before any actor starts
         specs = [RewardSpec.from_dict(r) for r in c.rewards]
         self.reward_names = [s.name for s in specs]
@@ -230,6 +239,8 @@ class GDPO(Algorithm):
 
         self.eval_suite = held_out_suite(c.eval_suite, load_prompts(c.prompts, c.num_prompts, c.seed or 0), c.prompt_column,
                                          length_limit=c.eval_length_limit, **training_suite_options(c)) if c.eval_suite else None
+        if self.eval_suite is not None:
+            self.eval_suite.set_correct(c.eval_correct, "training.eval_correct")
         self.last_eval: dict | None = None  # the latest eval report (its "step": the policy version)
         self._initial_state = self.get_state()
         self._callback("on_algorithm_init", algorithm=self, metrics_logger=self.metrics)

@@ -77,20 +77,39 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    import logging
+
     import yaml
 
+    class Counted(logging.Handler):  # warnings logged during the checks count as those printed
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.count = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.count += 1
+
+    counted = Counted()
+    logging.getLogger().addHandler(counted)
     try:
         run = _load_run(args, "check")
         print(yaml.safe_dump(run.sections, sort_keys=False, default_flow_style=None), end="")
         report = run.check()
+        if args.show_prompts:
+            from gdpo_ray.run.show_prompts import shown_prompts
+
+            for k, text in enumerate(shown_prompts(run.config, args.show_prompts)):
+                print(f"\n--- prompt {k} as the model sees it ---\n{text}", end="" if text.endswith("\n") else "\n")
     except ValueError as err:
         print(f"gdpo-ray check: {err}", file=sys.stderr)
         return 2
+    finally:
+        logging.getLogger().removeHandler(counted)
     print(f"\nrewards on {min(report.rows, 4)} dataset rows with placeholder completions "
           f"(mean per placeholder):")
     print(report.table())
-    print(f"gdpo-ray check: {args.config or 'demo'} is ready to train "
-          f"({len(report.warnings)} warning(s))")
+    warnings = len(report.warnings) + counted.count
+    print(f"gdpo-ray check: {args.config or 'demo'} is ready to train ({warnings} warning(s))")
     return 0
 
 
@@ -184,11 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the rewards' imports and columns, and a few dataset rows scored with every reward on "
         "placeholder completions. Nothing is trained and no run directory is written.")
     _add_run_arguments(check)
+    check.add_argument("--show-prompts", type=int, default=0, metavar="N",
+                       help="print the first N prompts exactly as the model will see them (chat "
+                       "template, system prompt, tools, first user turn)")
     check.set_defaults(run=_check)
 
     from gdpo_ray.run.eval_command import add_parser as add_eval
 
     add_eval(commands)
+
+    from gdpo_ray.run.sft_command import add_parser as add_sft
+
+    add_sft(commands)
 
     from gdpo_ray.run.plot_command import add_parser as add_plot
 

@@ -15,8 +15,12 @@ avg@n of each metric (--pass-k 1,4,16: pass@k too). Or score a file of completio
 {"id": ..., "completions": [...]} per line) without a model. --suite rewards:FILE scores held-out
 prompts with a run's own reward functions (--rewards CONFIG, or POLICY's run directory). Writes a JSON report (--output;
 default: eval/<suite>.json in the run directory, or in the current folder) and prints a table.
+--correct 'NAME>=VALUE' (repeatable) defines a correct sample from the suite's metrics (e.g. a
+reward column): accuracy, NAME/pass_rate and pass@k are then reported. With a tool environment in
+the rewards' config, each held-out row runs through the same multi-turn loop as training, and
+every column is scored as training scores it, the environment's own included.
 With --compare, prints one row per run from reports already written (report files, or run
-directories holding eval/*.json)."""
+directories holding eval/*.json), then one line per setting that differs between them."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -36,6 +40,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, default=1, help="completions per item (n of avg@n; default 1)")
     p.add_argument("--pass-k", metavar="K,K,...", help="also report pass@k for these k, e.g. 1,4,16 "
                    "(Chen et al.'s unbiased estimator from the n samples; each k <= --samples)")
+    p.add_argument("--correct", action="append", metavar="NAME>=VALUE", help="a sample is correct when "
+                   "this holds of its metric NAME (a reward column; repeatable: all must hold); adds "
+                   "accuracy, NAME/pass_rate and makes --pass-k count it (ops: >=, >, <=, <, ==)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--max-tokens", type=int, help="new tokens per completion (default: the suite's)")
@@ -45,9 +52,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--num-actors", type=int, default=1, help="rollout actors generating (default 1)")
     p.add_argument("--max-prompt-tokens", type=int, default=8192,
                    help="longer prompts are not generated: empty completions, counted (default 8192)")
-    p.add_argument("--no-chat-template", action="store_true", help="prompts as plain text")
+    p.add_argument("--no-chat-template", action="store_true", help="prompts as plain text (default: "
+                   "the template, unless the rewards' config sets llm.chat_template false)")
     p.add_argument("--system-prompt", metavar="TEXT", help="a system message before every prompt without "
-                   "one (default: data.system_prompt of POLICY's run, if it is a run; '' for none)")
+                   "one (default: data.system_prompt of the --rewards config, else of POLICY's run; '' for none)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--output", help="the report's path")
     p.add_argument("--compare", nargs="+", metavar="RUN", help="print the table of these runs' reports")
@@ -145,15 +153,19 @@ def rewards_suite_options(rewards: str | None, policy: str | None) -> dict:
         c = apply_sections(GDPOConfig(), load_preset(source))
     except ValueError as err:
         raise ValueError(f"--rewards {source}: {err}") from None
-    if not c.rewards:
+    options = config_options(c, source)
+    if not options["rewards"]:
         raise ValueError(f"--rewards {source}: the config has no training.rewards to score with")
-    return config_options(c, source)
+    return options
 
 
-def system_prompt(given: str | None, policy: str | None) -> str | None:
-    """``--system-prompt`` ('' for none), else the ``data.system_prompt`` the run POLICY trained with."""
+def system_prompt(given: str | None, policy: str | None, configured: str | None = None) -> str | None:
+    """``--system-prompt`` ('' for none), else the suite's config's (``--rewards``), else the
+    ``data.system_prompt`` the run POLICY trained with."""
     if given is not None:
         return given or None
+    if configured is not None:
+        return configured
     from gdpo_ray.run.eval_rewards import run_config
 
     found = run_config(policy) if policy else None
@@ -173,6 +185,9 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
         options = rewards_suite_options(args.rewards, args.policy)
     suite = make_suite(args.suite, length_limit=args.length_limit, **options)
     try:
+        suite.set_correct(args.correct)
+        if args.completions is not None and hasattr(suite, "check_scorable_here"):
+            suite.check_scorable_here()  # a column only a rollout computes: before anything is read
         check_pass_k(suite, args.pass_k, args.samples if args.policy is not None else None)  # before Ray
         if args.policy is not None:
             policy = resolve_policy(args.policy, args.base)  # a bad path fails before Ray starts
@@ -184,9 +199,10 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
         return evaluate(suite, policy=policy, completions_file=args.completions, samples=args.samples,
                         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                         limit=args.limit, engine=args.engine, engine_kwargs=engine_kwargs,
-                        num_actors=args.num_actors, chat_template=not args.no_chat_template,
+                        num_actors=args.num_actors,
+                        chat_template=not args.no_chat_template and suite.chat_template is not False,
                         tokenizer=args.tokenizer, max_prompt_tokens=args.max_prompt_tokens,
                         label=args.policy, pass_k=args.pass_k,
-                        system_prompt=system_prompt(args.system_prompt, args.policy))
+                        system_prompt=system_prompt(args.system_prompt, args.policy, suite.system_prompt))
     finally:
         suite.close()

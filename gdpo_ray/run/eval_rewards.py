@@ -6,7 +6,10 @@ resolved config is its ``config.yaml`` (written by every run, in a preset's form
 ``--rewards``, the run directory evaluated (POLICY: a run directory, or its ``policy/``).
 The suite (``gdpo_ray.eval.rewards_suite``) gets the config's rewards and what it reads the held-out
 file and generates with: ``data.prompt_column``, ``data.id_column``, ``data.columns``,
-``generation.max_tokens``, ``data.tool_environment`` and ``generation.max_turns``.
+``generation.max_tokens``, ``data.tool_environment``, ``generation.max_turns``,
+``generation.tool_timeout``, ``data.tools_in_system_prompt``, ``data.system_prompt`` and
+``llm.chat_template``: a base model evaluated with ``--rewards RUN`` is generated as the run's
+policy is, unless the command line says otherwise.
 """
 
 from __future__ import annotations
@@ -48,10 +51,19 @@ def config_path(rewards: str | None, policy: str | None) -> str:
 
 
 def config_options(c, source: str) -> dict:
-    """The ``rewards:`` suite's options from a ``GDPOConfig`` (``source``: where it came from)."""
-    return dict(rewards=list(c.rewards), prompt_column=c.prompt_column, id_column=c.id_column,
-                columns=dict(c.columns), max_tokens=c.max_tokens, environment=c.tool_environment,
-                max_turns=c.max_turns, source=source)
+    """The ``rewards:`` suite's options from a ``GDPOConfig`` (``source``: where it came from):
+    its rewards (an environment's ``get_reward()`` column added as training adds it), what it
+    reads the held-out file with, and how its rollouts are made (tool environment, turns, tool
+    settings, system prompt, template)."""
+    from gdpo_ray.config import environment_settings
+    from gdpo_ray.environments.spec import with_environment_columns
+
+    tools = environment_settings(c)
+    return dict(rewards=with_environment_columns(list(c.rewards), c.tool_environment), prompt_column=c.prompt_column,
+                id_column=c.id_column, columns=dict(c.columns), max_tokens=c.max_tokens,
+                environment=c.tool_environment, max_turns=c.max_turns, source=source,
+                tool_settings={k: tools[k] for k in ("tool_timeout", "tools_in_system_prompt") if k in tools},
+                system_prompt=c.system_prompt, chat_template=c.chat_template)
 
 
 def training_suite_options(c) -> dict:

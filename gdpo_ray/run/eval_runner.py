@@ -151,36 +151,39 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
-             max_prompt_tokens: int = 8192, environment: str | None = None,
-             environment_row: Callable[[EvalItem], dict] | None = None, max_turns: int = 10,
+             max_prompt_tokens: int = 8192, suite: Suite | None = None,
              system_prompt: str | None = None) -> dict[str, list[Completion]]:
     """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
-    max_prompt_tokens and tool environment) or on a group of ``num_actors`` new rollout actors
-    without rewards (multi-turn with the tools of ``environment``, 'module:Class', if given, each
-    rollout's instance reset with the prompt and ``environment_row(item)``; ``system_prompt``
-    before every prompt without one, as ``data.system_prompt`` in training); a
+    template, prompt limit, tool environment and rewards) or on a group of ``num_actors`` new
+    rollout actors set up as the ``suite`` says: multi-turn with the tools of its
+    ``environment`` (each rollout's instance reset with the prompt and ``environment_row(item)``),
+    scored by the actors with its ``rollout_rewards`` (as training scores a rollout);
+    ``system_prompt`` before every prompt without one, as ``data.system_prompt`` in training. A
     prompt over ``max_prompt_tokens`` is not generated (its completions are empty, finish reason
     "prompt_too_long")."""
     from tqdm import tqdm
 
-    own = rollouts is None
+    own, environment = rollouts is None, suite.environment if suite is not None else None
+    rewards = suite.rollout_rewards if suite is not None else None
     if own:
         rollouts = RolloutGroup(
-            dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=None,
+            dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=rewards,
                  group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
                  chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
-                 environment=environment, max_turns=max_turns, system_prompt=system_prompt),
+                 environment=environment, max_turns=suite.max_turns if suite is not None else 10,
+                 system_prompt=system_prompt, **(suite.tool_settings if environment else {})),
             num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
             calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
     bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
     try:
-        rows = [environment_row(it) for it in items] if environment and environment_row else None
-        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update, rows=rows)
+        rows = [suite.environment_row(it) for it in items] if environment or rewards else None
+        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update, rows=rows,
+                                    score=rewards is not None)
     finally:
         bar.close()
         if own:
             rollouts.shutdown()
-    return {it.id: [Completion(*sample) for sample in done] for it, done in zip(items, samples)}
+    return {it.id: list(done) for it, done in zip(items, samples)}
 
 
 #: the longest one sample's scoring may take: far above the scorers' own limits (math-verify's
@@ -208,7 +211,7 @@ def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Seq
             if len(values) != len(samples):
                 raise ValueError(f"{type(suite).__name__}.score returned {len(values)} results for "
                                  f"{len(samples)} completions")
-            return [dict(v) for v in values]
+            return suite.judged(values)
         except ScoringTimeout as err:
             return str(err)
         except Exception as err:  # noqa: BLE001 - any failure of the scorer is the sample's 0
@@ -225,7 +228,8 @@ def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Seq
         values = attempt(it, samples)
         if isinstance(values, str):  # one by one: a sample's failure is its own
             values = [v[0] if isinstance(v := attempt(it, [c]), list) else failed(c, v) for c in samples]
-        return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason, **v}
+        return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason,
+                 **({"messages": c.messages} if c.messages is not None else {}), **v}
                 for c, v in zip(samples, values)]
 
     threads = score_threads or (min(4, os.cpu_count() or 1) if suite.parallel_scoring else 1)
@@ -268,6 +272,10 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
                 "length_limit": suite.length_limit, "limit": limit, "items": len(items)}
     if pass_k:
         settings["pass_k"] = list(pass_k)
+    if suite.correct:
+        settings["correct"] = [str(c) for c in suite.correct]
+    if suite.training_prompts_left_out:
+        settings["training_prompts_left_out"] = suite.training_prompts_left_out
     settings |= suite.report_settings()
     if completions_file is not None:
         tok = None
@@ -297,8 +305,7 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
                      "system_prompt": (system_prompt or "") if own else None}
         completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, environment=suite.environment,
-                               environment_row=suite.environment_row, max_turns=suite.max_turns,
+                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, suite=suite,
                                system_prompt=system_prompt)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)

@@ -36,8 +36,6 @@ SAMPLE_ROWS = 4
 
 _PASSED: set[str] = set()
 logger = logging.getLogger(__name__)
-#: the tool name that shows whether a chat template lists the tools it is given
-TOOL_PROBE = "gdpo_probe_tool"
 
 
 @dataclasses.dataclass
@@ -50,6 +48,7 @@ class Report:
     scores: list[list[float]]  # [reward][placeholder] mean over the sample rows (NaN: none)
     failed: list[str]  # per reward: "f/n" failed sample calls
     warnings: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the run does that the config did not say
 
     def table(self) -> str:
         head = f"{'reward':<20} {'weight':>6} " + " ".join(f"{p:>14}" for p in self.placeholders)
@@ -85,7 +84,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     check_model(c.model_path)
     check_lora(c)
     check_context(c)
-    check_tool_template(c)
+    tools_said = check_tool_template(c)
     source = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0),
                           prompt_column=c.prompt_column, id_column=c.id_column,
                           seed=c.seed or 0, columns=dict(c.columns))
@@ -113,6 +112,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     rollout_only = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
     report = _score_samples(specs, source, available, sample_rows, rollout_only)
     report.weights = [s.weight for s in specs]
+    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"]
     _PASSED.add(fingerprint(c))
     return report
 
@@ -171,14 +171,17 @@ def check_environment_rows(c: Any, source: Any) -> None:
                          f"not one of data.tool_environment's {names}")
 
 
-def check_tool_template(c: Any) -> None:
+def check_tool_template(c: Any) -> dict[str, list[str]]:
     """With ``data.tool_environment``, the model's chat template writes a tool turn after an
     assistant turn and keeps the conversation's prefix (``gdpo_ray.environments.tool_turns.ToolTurns``), as
-    every multi-turn rollout needs."""
+    every multi-turn rollout needs; and where the model is shown the tools
+    (``data.tools_in_system_prompt``): {"notes": [...], "warnings": [...]} to say once."""
+    said: dict[str, list[str]] = {"notes": [], "warnings": []}
     if c.tool_environment is None:
-        return
+        return said
     from transformers import AutoTokenizer
 
+    from gdpo_ray.environments.tool_prompt import template_lists_tools
     from gdpo_ray.environments.tool_turns import ToolTurns
     from gdpo_ray.model_files import resolve_model_path
 
@@ -189,21 +192,36 @@ def check_tool_template(c: Any) -> None:
         raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot write "
                          f"a tool turn ({type(err).__name__}: {err}); multi-turn rollouts need a template "
                          "with a tool role that keeps the conversation's prefix") from err
-    probe = {"type": "function", "function": {"name": TOOL_PROBE, "description": "a probe",
+    if template_lists_tools(tokenizer):
+        if c.tools_in_system_prompt == "always":
+            said["notes"].append("the tools are written into the system message "
+                                 "(data.tools_in_system_prompt: always), not by the chat template")
+        return said
+    where = f"the chat template of {c.model_path!r} does not list the tools it is given (tools=)"
+    if c.tools_in_system_prompt == "never":
+        _render_with_tools(c, tokenizer)
+        said["warnings"].append(f"data.tool_environment: {where}, and data.tools_in_system_prompt is never: "
+                                "the model sees no tool names or schemas, only what the prompts say; set "
+                                "data.tools_in_system_prompt=auto to write them into the system message")
+    else:
+        said["notes"].append(f"{where}: the tools and the <tool_call> format are written into the "
+                             f"system message (data.tools_in_system_prompt: {c.tools_in_system_prompt}; "
+                             "gdpo-ray check --show-prompts 1 shows a prompt as the model sees it)")
+    return said
+
+
+def _render_with_tools(c: Any, tokenizer: Any) -> None:
+    from gdpo_ray.environments.tool_prompt import PROBE
+
+    probe = {"type": "function", "function": {"name": PROBE, "description": "a probe",
                                               "parameters": {"type": "object", "properties": {}}}}
     try:
-        listed = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
-                                               add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                      add_generation_prompt=True, tokenize=False)
     except Exception as err:  # noqa: BLE001 - every rollout's prompt is rendered with tools= like this
         raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot render a "
-                         f"prompt with tools ({type(err).__name__}: {err}); rollouts give it the "
-                         "environment's tools (tools=)") from err
-    if TOOL_PROBE not in listed:
-        logger.warning(f"data.tool_environment: the chat template of {c.model_path!r} does not list the "
-                       "tools it is given (tools=): the model sees no tool names or schemas, only what "
-                       "the prompts say. If the environment has tools, give the model directory a template "
-                       "that lists them (tokenizer.chat_template = ...; tokenizer.save_pretrained(dir)) "
-                       "or describe them in the prompts")
+                         f"prompt with tools ({type(err).__name__}: {err}), and data.tools_in_system_prompt "
+                         "is never: set it to auto (the tools then go into the system message)") from err
 
 
 def context_length(spec: Any) -> int | None:

@@ -163,6 +163,8 @@ class TrainingRun:
         report = preflight(self.config)
         out(f"gdpo-ray: start-up check passed: {report.rows} dataset rows, rewards "
             f"{', '.join(report.names)} scored on sample rows")
+        for note in report.notes:
+            out(f"gdpo-ray: note: {note}")
         for warning in report.warnings:
             out(f"gdpo-ray: warning: {warning}")
         return report

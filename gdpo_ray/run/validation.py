@@ -77,6 +77,7 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
     columns (``fn: environment``) are columns it gives, and rewards that read its instances
     (TRL's ``environments`` parameter) have one."""
     from gdpo_ray.environments.spec import environment_paths, load_environment
+    from gdpo_ray.environments.tool_prompt import check_mode
     from gdpo_ray.rewards import takes_environments
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
@@ -90,6 +91,7 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
             raise ValueError(f"rewards {readers} take TRL's `environments` (the rollouts' environment "
                              "instances), and no environment is set: set data.tool_environment='module:Class'")
         return
+    check_mode(c.tools_in_system_prompt)
     if not c.chat_template:
         raise ValueError("data.tool_environment needs llm.chat_template=true: the tools are given to the "
                          "model, and their answers appended, through the tokenizer's chat template")
@@ -116,6 +118,8 @@ def _check_eval(c: Any) -> None:
     """An eval schedule needs a suite, and the suite must load (its data, its packages) and be
     generated as the run's rollouts are (the same tool environment, or none); pass@k needs k <=
     eval_samples and a suite with a correct metric."""
+    if c.eval_correct and not c.eval_suite:
+        raise ValueError(f"training.eval_correct={c.eval_correct} needs a suite: set training.eval_suite")
     if c.eval_every and not c.eval_suite:
         raise ValueError(f"training.eval_every={c.eval_every} needs a suite: set training.eval_suite "
                          f"(e.g. task:addition, math:data/aime.jsonl, humaneval, bfcl:simple_python)")
@@ -127,6 +131,7 @@ def _check_eval(c: Any) -> None:
 
         suite = make_suite(c.eval_suite, length_limit=c.eval_length_limit, **training_suite_options(c))
         suite.close()
+        suite.set_correct(c.eval_correct, "training.eval_correct")
         if suite.environment != c.tool_environment:  # in-training eval runs on the run's rollout actors
             raise ValueError(f"training.eval_suite {c.eval_suite} is generated "
                              + (f"with the tools of {suite.environment}" if suite.environment else "in one turn")

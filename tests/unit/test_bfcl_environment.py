@@ -148,12 +148,13 @@ def test_eval_generation_through_a_rollout_actor_reads_the_conversation_back(sui
     actor = RolloutActor(str(resolve_model_path("tiny")), rewards=None, group_size=2,
                          engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": script_of(entry, entry["ground_truth"])},
-                         environment=suite.environment, max_turns=suite.max_turns, max_prompt_tokens=100_000)
+                         environment=suite.environment, max_turns=suite.max_turns, max_prompt_tokens=100_000,
+                         tools_in_system_prompt="never")
     # the tiny model's ChatML template ignores tools: one that lists them, so the check below sees them
     actor.tokenizer.chat_template = TOOLS_TEMPLATE
     try:
-        (text, tokens, reason, messages), = actor.complete([item.prompt], 1, {"max_tokens": 200_000},
-                                                           rows=[suite.environment_row(item)])[0]
+        (done,) = actor.complete([item.prompt], 1, {"max_tokens": 200_000}, rows=[suite.environment_row(item)])[0]
+        text, tokens, reason, messages = done.text, done.tokens, done.finish_reason, done.messages
         contexts = actor.engine.contexts
     finally:
         actor.shutdown()

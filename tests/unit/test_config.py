@@ -64,7 +64,8 @@ def test_defaults_and_sections():
     (lambda c: c.training(rewards=REWARDS + [{"name": "m", "fn": "tests.unit.test_tool_loop:memory_left"}]),
      "rewards ['m'] take TRL's `environments`"),
     (lambda c: c.data(tool_environment="Calculator"), "data.tool_environment must be 'module:Class'"),
-    (lambda c: c.data(tool_environment=ENV + "Counter"), "declare its one column as TRL names it, {name: Counter, fn: environment}"),
+    (lambda c: c.data(tool_environment=ENV + "Counter").training(rewards=REWARDS + [{"name": "n", "fn": "environment"}]),
+     "declare its one column as TRL names it, {name: Counter, fn: environment}"),
     (lambda c: c.data(tool_environment=ENV + "NoReset"), "has no reset method"),
     (lambda c: c.data(tool_environment=ENV + "Calculator").training(
         rewards=REWARDS + [{"name": "state", "fn": "environment", "params": {"x": 1}}]), "it takes no params"),

@@ -110,9 +110,13 @@ def test_the_setting_is_checked_before_any_actor_starts(tmp_path):
         return GDPOConfig().llm(model_path="tiny").data(prompts="task:addition", tool_environment=setting).training(
             rewards=[{"name": "f", "fn": "length", "params": {"limit": 9}}, *rewards])
 
-    config(SETTING, [{"name": "state", "fn": "environment"}, {"name": "Counter", "fn": "environment"}]).validate()
-    with pytest.raises(ValueError, match=r"get_reward\(\): declare its one column as TRL names it, \{name: Counter"):
-        config(SETTING, [{"name": "state", "fn": "environment"}]).validate()
+    declared = config(SETTING, [{"name": "state", "fn": "environment"},
+                                 {"name": "Counter", "fn": "environment", "weight": 2.0}])
+    declared.validate()  # declaring the get_reward() column still works, with its weight
+    assert [(r["name"], r.get("weight", 1.0)) for r in declared.rewards] == [("f", 1.0), ("state", 1.0), ("Counter", 2.0)]
+    added = config(SETTING, [{"name": "state", "fn": "environment"}])
+    added.validate()  # as TRL adds it: named after the class, weight 1, after the declared ones
+    assert added.rewards[1:] == [{"name": "state", "fn": "environment"}, {"name": "Counter", "fn": "environment"}]
     with pytest.raises(ValueError, match="must be 'module:Class', or a mapping of names"):
         config({}, []).validate()
     with pytest.raises(ValueError, match=r"rewards \['score'\] are declared as the environments'"):

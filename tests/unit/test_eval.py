@@ -72,10 +72,10 @@ def test_compare_prints_each_reports_settings_and_warns_when_they_differ():
                            "-----  -----  -------  -----------  -----  ----------  ------------  -----  ------",
                            "short    toy        4          0.6   0.95          64            64      1      hf",
                            "long     toy        4          0.6   0.95        4000          4000      1    vllm"]
-    assert lines[10:] == ["", "warning: the toy reports were made with different settings: max_tokens 64 (short), "
-                          "4000 (long); length_limit 64 (short), 4000 (long). Their numbers do not compare like for "
-                          "like: evaluate again with the same settings (gdpo-ray eval RUN --suite toy with --samples, "
-                          "--max-tokens, --length-limit, ...)"]
+    assert lines[10:] == ["", "warning: toy max_tokens differs: 64 (short), 4000 (long)",
+                          "warning: toy length_limit differs: 64 (short), 4000 (long)",
+                          "The toy reports do not compare like for like: evaluate again with the same settings "
+                          "(gdpo-ray eval RUN --suite toy with --samples, --max-tokens, --rewards RUN, ...)"]
     # the engine does not change the numbers; a setting a report did not record (None) is not compared
     same = compare({"a": [report(64, "hf")], "b": [report(64, "vllm")], "c": [report(None, "hf")]})
     assert "warning" not in same and same.splitlines()[-1].split() == ["c", "toy", "4", "0.6", "0.95", "-", "-", "1", "hf"]

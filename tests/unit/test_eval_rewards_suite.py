@@ -130,13 +130,47 @@ def test_bad_input_is_named_with_its_fix(tmp_path, held_out):
         make_suite(f"rewards:{held_out}", rewards=[{"name": "weighted_sum", "fn": f"{HERE}:flaky"}])
 
 
-def test_rewards_an_environment_gives_are_left_out_and_recorded(held_out):
+def test_columns_only_a_rollout_computes_are_scored_by_it_never_left_out(held_out):
+    """Issue 48: an environment's column (and one conditioned on it) is no longer left out: the
+    rollout actor scores every column; a completions file cannot, which is said before anything
+    runs; a sample the actors did not generate fails those columns with the reason."""
     rewards = [*REWARDS, {"name": "solved", "fn": "environment"},
                {"name": "after", "fn": "length", "condition": {"on": "solved", "min": 1}}]
     suite = make_suite(f"rewards:{held_out}", rewards=rewards, source="cfg.yaml")
-    assert [s.name for s in suite.specs] == ["correct", "brief", "flaky"]
+    assert [s.name for s in suite.specs] == ["correct", "brief", "flaky", "solved", "after"]
+    assert suite.rollout_rewards == rewards and suite.rollout_only == ["solved", "after"]
     assert suite.report_settings() == {"rewards_config": "cfg.yaml", "reward_weights": {
-        "correct": 1.0, "brief": 0.5, "flaky": 2.0}, "rewards_left_out": ["solved", "after"]}
+        "correct": 1.0, "brief": 0.5, "flaky": 2.0, "solved": 1.0, "after": 1.0}}
+    with pytest.raises(ValueError, match=r"--completions: rewards \['solved', 'after'\] are computed inside a rollout"):
+        suite.check_scorable_here()
+    item = suite.items()[0]  # 2+2? -> 4
+    given = Completion("4", 1, "stop", rewards={"correct": 1.0, "brief": 1.0, "flaky": 0.25, "solved": 0.0,
+                                                "after": 0.0}, reward_errors={})
+    failed = Completion("4", 1, "stop", rewards={"correct": 1.0, "brief": 1.0, "flaky": 0.25, "solved": math.nan,
+                                                 "after": math.nan},
+                        reward_errors={"solved": "error: get_rewards raised KeyError", "after": "condition: ..."})
+    too_long = Completion("", 0, "prompt_too_long")
+    a, b, c = suite.score(item, [given, failed, too_long])
+    # weighted sum 1*1 + 0.5*1 + 2*0.25 + 1*0 + 1*0 = 2.0
+    assert a["solved"] == 0.0 and a["after"] == 0.0 and a["weighted_sum"] == 2.0 and "reward_errors" not in a
+    assert math.isnan(b["solved"]) and b["solved/failure_rate"] == 1.0 and math.isnan(b["weighted_sum"])
+    assert b["reward_errors"] == {"solved": "error: get_rewards raised KeyError",
+                                  "after": "condition: on 'solved', error: get_rewards raised KeyError"}
+    # not generated: scored here as the empty answer it is, the rollout's columns fail with the reason
+    assert c["correct"] == 0.0 and c["flaky"] == 0.25 and math.isnan(c["solved"])
+    assert c["reward_errors"]["solved"] == "error: not generated: its prompt is over the actors' max_prompt_tokens"
+
+
+def test_a_tool_environment_adds_the_turn_metrics_and_the_settings(held_out):
+    env = "tests.unit.trl_style_environments:Counted"
+    suite = make_suite(f"rewards:{held_out}", rewards=REWARDS, environment=env, max_turns=3,
+                       tool_settings={"tool_timeout": 5.0, "tools_in_system_prompt": "auto"})
+    assert suite.metrics[-3:] == ("rollout/turns", "rollout/tool_calls", "rollout/tool_errors")
+    assert suite.report_settings()["tool_environment"] == env and suite.report_settings()["max_turns"] == 3
+    done = Completion("4", 3, "stop", messages=[{"role": "assistant", "content": "4"}], rewards={
+        "correct": 1.0, "brief": 1.0, "flaky": 0.25}, reward_errors={}, turns=2, tool_calls=1, tool_errors=0)
+    (row,) = suite.score(suite.items()[0], [done])
+    assert (row["rollout/turns"], row["rollout/tool_calls"], row["rollout/tool_errors"]) == (2.0, 1.0, 0.0)
 
 
 CONFIG = """\

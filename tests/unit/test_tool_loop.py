@@ -13,6 +13,7 @@ from actors.tool_loop import Trajectory, run_tool_rollouts
 from gdpo_ray.environments.tool_turns import ToolTurns
 from gdpo_ray.environments.session import ToolSession
 from gdpo_ray.environments.spec import load_environment
+from gdpo_ray.rewards import completion_text
 
 SPEC = "tests.unit.trl_style_environments:Calculator"
 
@@ -149,7 +150,7 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
                {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
     actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
-                         environment=SPEC, max_turns=4, tool_timeout=5)
+                         environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
     try:
         prompts = [Prompt("0", 0, 0, 0, [{"role": "user", "content": "Put 3 in memory."}], {"target": 3}),
                    Prompt("1", 1, 0, 0, "Put 5 in memory.", {"target": 5})]
@@ -179,6 +180,74 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
     assert [g.turns.tolist() for g in meta.groups] == [[[2, 1, 0, 0]] * 2] * 2
 
 
+def test_evaluation_completes_and_scores_rollouts_as_training_does(tiny_model_dir):
+    """Issue 48: ``complete(score=True)`` runs each held-out row through the multi-turn loop and
+    scores every column as ``generate`` does: the environment's own, the conditioned one and the
+    rewards that read the instances; its turns, calls and conversation come back with it."""
+    import math
+
+    from actors.rollout import RolloutActor
+
+    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+    rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
+               {"name": "state", "fn": "environment"},
+               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}},
+               {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"},
+               {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
+    actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                         engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
+                         environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
+    try:
+        prompts = ["Put 3 in memory.", "Put 5 in memory.", "x" * 5000]  # the third: over max_prompt_tokens
+        done = actor.complete(prompts, 2, {"max_tokens": 200}, rows=[{"target": 3}, {"target": 5}, {"target": 1}],
+                              score=True)
+        unscored = actor.complete(prompts[:1], 1, {"max_tokens": 200}, rows=[{"target": 3}])
+    finally:
+        actor.shutdown()
+    assert [len(d) for d in done] == [2, 2, 2]
+    first, other, skipped = done[0][0], done[1][1], done[2][0]
+    assert (first.turns, first.tool_calls, first.tool_errors) == (2, 1, 0)
+    assert [m["role"] for m in first.messages] == ["assistant", "tool", "assistant"]
+    assert first.messages[1]["content"] == "memory = 3" and first.text == completion_text(first.messages)
+    # state: memory 3 == target 3 for the first row, 3 != 5 for the second; memory_used gated on it
+    assert {k: v for k, v in first.rewards.items() if k != "broken"} == {
+        "tools_used": 1.0, "state": 1.0, "memory_used": 1.0, "memory": 3.0}
+    assert (other.rewards["state"], other.rewards["memory_used"]) == (0.0, 0.0)
+    assert math.isnan(first.rewards["broken"])
+    assert first.reward_errors == {"broken": "error: RuntimeError: cannot read 4 environments"}  # 2 rows x 2
+    assert skipped.finish_reason == "prompt_too_long" and skipped.rewards is None
+    assert unscored[0][0].rewards is None and unscored[0][0].turns == 2
+
+
+def test_a_template_without_tools_shows_them_in_the_system_message(tiny_model_dir):
+    """Issue 48: the tiny model's ChatML template ignores tools=; the prompt the actor renders
+    holds every tool's name and schema and the call format, in the system message."""
+    import json
+
+    from actors.rollout import RolloutActor
+    from gdpo_ray.environments.tool_prompt import CALL_FORMAT, template_lists_tools
+
+    actor = RolloutActor(tiny_model_dir, None, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                         engine_kwargs={"script": ["Done."]}, environment=SPEC, max_prompt_tokens=4096,
+                         system_prompt="Be brief.")
+    never = RolloutActor(tiny_model_dir, None, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                         engine_kwargs={"script": ["Done."]}, environment=SPEC, tools_in_system_prompt="never")
+    try:
+        assert not template_lists_tools(actor.tokenizer)
+        text = actor.tokenizer.decode(actor.tokenize("Put 3 in memory."))
+        plain = never.tokenizer.decode(never.tokenize("Put 3 in memory."))
+    finally:
+        actor.shutdown()
+        never.shutdown()
+    system = text.split("<|im_end|>")[0]
+    assert system.startswith("<|im_start|>system\nBe brief.\n\nYou can call the tools below.")
+    for schema in load_environment(SPEC).schemas:  # every name and its whole schema
+        assert json.dumps(schema) in system and schema["function"]["name"] in system
+    assert CALL_FORMAT in system and '<tool_call>\n{"name": "add", "arguments": {"value": 1.5}}\n</tool_call>' in system
+    assert text.endswith("<|im_start|>user\nPut 3 in memory.<|im_end|>\n<|im_start|>assistant\n")
+    assert "add" not in plain and plain.startswith("<|im_start|>user\n")  # never: the template's way only
+
+
 def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_rewards(tiny_model_dir):
     import math
 
@@ -190,7 +259,8 @@ def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_
                {"name": "state", "fn": "environment"}]
     actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
-                         environment="tests.unit.trl_style_environments:Fragile", max_turns=4, tool_timeout=5)
+                         environment="tests.unit.trl_style_environments:Fragile", max_turns=4, tool_timeout=5,
+                         max_prompt_tokens=4096)
     try:
         meta, batch = actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3, "broken": False}),
                                       Prompt("1", 1, 0, 0, "Put 3 in memory.", {"target": 3, "broken": True})])
@@ -259,13 +329,14 @@ def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refuse
     tok.save_pretrained(tmp_path)
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
-    config = SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path))
+    config = SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path), tools_in_system_prompt="auto")
     with pytest.raises(ValueError, match="cannot write a tool turn .*no tool role"):
         check_tool_template(config)
-    check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML: fine
+    check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir,
+                                        tools_in_system_prompt="auto"))  # ChatML: fine
 
 
-def test_a_template_that_does_not_list_the_tools_is_warned_about(tiny_model_dir, tmp_path, caplog):
+def test_a_template_that_does_not_list_the_tools_gets_them_in_the_system_message(tiny_model_dir, tmp_path):
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
@@ -273,23 +344,28 @@ def test_a_template_that_does_not_list_the_tools_is_warned_about(tiny_model_dir,
     from gdpo_ray.run.preflight import check_tool_template
     from gdpo_ray.warm_start_agent import CHAT_TEMPLATE
 
-    with caplog.at_level("WARNING", logger="gdpo_ray.run.preflight"):
-        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir))  # ChatML alone
-    (warning,) = [r.getMessage() for r in caplog.records]
-    assert "does not list the tools it is given (tools=)" in warning and tiny_model_dir in warning
+    def config(path, mode="auto"):
+        return SimpleNamespace(tool_environment=SPEC, model_path=path, tools_in_system_prompt=mode)
+
+    said = check_tool_template(config(tiny_model_dir))  # ChatML alone: the system message, said once
+    assert said["warnings"] == [] and len(said["notes"]) == 1
+    assert "does not list the tools it is given (tools=)" in said["notes"][0] and tiny_model_dir in said["notes"][0]
+    assert "written into the system message" in said["notes"][0]
+    (warning,) = check_tool_template(config(tiny_model_dir, "never"))["warnings"]
+    assert "the model sees no tool names or schemas" in warning
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.chat_template = CHAT_TEMPLATE  # lists the tools in a system turn
     tok.save_pretrained(tmp_path)
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="gdpo_ray.run.preflight"):
-        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path)))
-    assert caplog.records == []
+    assert check_tool_template(config(str(tmp_path))) == {"notes": [], "warnings": []}
+    (note,) = check_tool_template(config(str(tmp_path), "always"))["notes"]
+    assert "data.tools_in_system_prompt: always" in note
     tok.chat_template = "{% if tools %}{{ raise_exception('no tools here') }}{% endif %}" + CHAT_TEMPLATE
     tok.save_pretrained(tmp_path)
+    assert len(check_tool_template(config(str(tmp_path)))["notes"]) == 1  # auto: the system message instead
     with pytest.raises(ValueError, match=r"cannot render a prompt with tools \(TemplateError: no tools here\)"):
-        check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path)))
+        check_tool_template(config(str(tmp_path), "never"))
 
 
 def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
@@ -304,7 +380,7 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
     actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"}], group_size=2,
                          engine="tests.unit.scripted_engine:ScriptedEngine", engine_kwargs={"script": [call, "Done."]},
                          sampling={"max_tokens": 200}, environment="tests.unit.trl_style_environments:Counted",
-                         max_turns=4, tool_timeout=5)
+                         max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
     try:
         made_at_start = Counted.made  # the class is checked once, as TRL probes its factory
         batches = [actor.generate([Prompt("0", 0, e, 0, "Put 3 in memory.", {"target": 3}),

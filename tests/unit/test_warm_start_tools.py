@@ -10,6 +10,7 @@ import pytest
 
 from gdpo_ray import warm_start, warm_start_tools
 from gdpo_ray.rewards import get
+from gdpo_ray.sft import response_loss
 from gdpo_ray.tasks import tool_calls
 from gdpo_ray.warm_start_tools import NEXT_TOOL, RECIPE, TAGS, slip, teacher_response, wrong_arguments
 
@@ -190,7 +191,7 @@ def test_a_shared_prefix_gives_the_loss_and_gradients_of_whole_prompts(tool_toke
 
     def loss_and_grads(*args):
         model.zero_grad()
-        loss = warm_start.response_loss(model, *args)
+        loss = response_loss(model, *args)
         loss.backward()
         return loss.item(), [p.grad.clone() for p in model.parameters()]
 
