@@ -72,13 +72,48 @@ WARM_STARTED = {"demo": ("gdpo_ray.warm_start", "demo_model_dir"),
                 "demo-agent": ("gdpo_ray.warm_start_agent", "agent_model_dir")}
 #: every model a config may name instead of a directory
 BUILT_IN_MODELS = (*WARM_STARTED, "tiny", "smollm2")
+#: the model hub names of the built-in models converted from a hub model: what an exported LoRA
+#: adapter names as its base (``adapter_config.json``), and what ``resolve_model_path`` takes back
+HUB_NAMES = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+_HUB_NAME = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
+
+
+def hub_name(spec: str | Path) -> str | None:
+    """The model hub name ``spec`` stands for: a built-in's (``HUB_NAMES``), or ``spec`` itself
+    when it is a hub name (``org/name``, not a folder here); None for a local directory and for
+    the models made locally (``demo``, ``tiny``), which have none."""
+    import re
+
+    spec = str(spec)
+    if spec in HUB_NAMES:
+        return HUB_NAMES[spec]
+    if spec in BUILT_IN_MODELS or Path(spec).expanduser().exists() or not re.fullmatch(_HUB_NAME, spec):
+        return None
+    return spec
+
+
+def check_available(spec: str) -> None:
+    """Whether a built-in model can be made here, checked before any actor starts (``GDPOConfig
+    .validate``): ``smollm2`` needs its wheel and ``gguf`` until it has been converted once."""
+    if spec == "smollm2":
+        from gdpo_ray.pretrained import check_smollm2
+
+        check_smollm2()
 
 
 def resolve_model_path(spec: str) -> Path:
     """``demo`` (the warm-started tiny model of the addition demo), ``demo-tools`` and
     ``demo-count`` (those of the tool-calling and math-length studies), ``demo-agent`` (the
     agent preset's), ``tiny`` (random),
-    ``smollm2`` or a directory."""
+    ``smollm2`` or a directory; a hub name as its snapshot in the local Hugging Face cache, and a
+    built-in's hub name (``HUB_NAMES``) not in that cache as the built-in (an exported adapter
+    names its base by the hub name: it loads offline from the same local model)."""
+    built_in = next((name for name, hub in HUB_NAMES.items() if hub == spec), None)
+    if built_in is not None:
+        try:
+            return hub_model(spec) or Path(spec)
+        except ValueError:  # not in the hub cache: the local conversion of the same model
+            return resolve_model_path(built_in)
     if spec in WARM_STARTED:
         import importlib
 
@@ -104,7 +139,7 @@ def hub_model(spec: str, cache_dir: str | Path | None = None) -> Path | None:
     else. A hub name that is not in the cache raises ValueError naming it and the fix."""
     import re
 
-    if Path(spec).expanduser().exists() or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec):
+    if Path(spec).expanduser().exists() or not re.fullmatch(_HUB_NAME, spec):
         return None
     from huggingface_hub import snapshot_download
 
@@ -117,11 +152,14 @@ def hub_model(spec: str, cache_dir: str | Path | None = None) -> Path | None:
 
 
 def same_model(a: str | Path, b: str | Path) -> bool:
-    """Whether two model directories hold the same model: one directory, or copies (the same
-    config, the same weight files of the same sizes)."""
+    """Whether two models are the same: one directory, or copies (the same config, the same
+    weight files of the same sizes). Each is a directory or a name ``resolve_model_path`` takes
+    (``smollm2``, a hub name: what an adapter's ``base_model_name_or_path`` holds)."""
     import json
 
-    a, b = Path(a).expanduser().resolve(), Path(b).expanduser().resolve()
+    a, b = _model_dir(a), _model_dir(b)
+    if a is None or b is None:
+        return False
     if a == b:
         return True
 
@@ -136,6 +174,17 @@ def same_model(a: str | Path, b: str | Path) -> bool:
         return json.dumps(config, sort_keys=True), files
 
     return identity(a) is not None and identity(a) == identity(b)
+
+
+def _model_dir(spec: str | Path) -> Path | None:
+    """``spec``'s model directory (a folder here, or a name resolved); None where it is neither."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        return resolve_model_path(str(spec)).expanduser().resolve()
+    except ValueError:  # a hub name not in the cache
+        return None
 
 
 def saved_dtype(path: str | Path) -> str:

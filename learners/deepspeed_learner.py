@@ -60,6 +60,7 @@ class LearnerConfig:
     num_threads: int = default("num_threads")
     threads_alone: int | None = default("threads_alone")  # lent while no rollout runs (set_threads)
     lora: Any = None  # llm.lora's PEFT settings (gdpo_ray.lora.lora_settings), or None: full weights
+    base_model_name: str | None = None  # an exported adapter's base: the hub name, where the model has one
     digest_variants: tuple = VARIANTS  # the engines' possible lower precisions (digest.engine_variants)
 
     def __post_init__(self) -> None:
@@ -87,6 +88,26 @@ def _without_dropout(model) -> None:
         for name in ("attention_dropout", "dropout"):
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
+
+
+def _save_trainable_only(engine) -> None:
+    """A checkpoint's module file under LoRA holds the adapter alone. DeepSpeed's
+    ``exclude_frozen_parameters`` drops each frozen parameter under the one name
+    ``named_parameters()`` gives it, so a tied one's other name stays: ``lm_head.weight`` under
+    ``tie_word_embeddings`` is the whole embedding matrix (SmolLM2-135M, r 8: 113 of the module
+    file's 123 MB). The engine's ``module_state_dict`` then also drops every other name of a
+    frozen parameter; loading is non-strict under LoRA, the frozen weights being the model's files."""
+    full = engine.module_state_dict
+
+    def module_state_dict(*args, exclude_frozen_parameters: bool = False, **kwargs):
+        state = full(*args, exclude_frozen_parameters=exclude_frozen_parameters, **kwargs)
+        if exclude_frozen_parameters:
+            for name, param in engine.module.named_parameters(remove_duplicate=False):
+                if not param.requires_grad:
+                    state.pop(name, None)
+        return state
+
+    engine.module_state_dict = module_state_dict
 
 
 @dataclasses.dataclass
@@ -193,6 +214,8 @@ class DeepSpeedLearner:
             "bf16": {"enabled": cfg.precision == "bf16"}, "steps_per_print": 10**9,
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        if cfg.lora:
+            _save_trainable_only(self.engine)
         self.ref = None
         self._fused: dict[int, bool] = {}  # id(model) -> its logprobs through token_logprobs
         self.device = self.engine.device
@@ -496,9 +519,11 @@ class DeepSpeedLearner:
 
         from gdpo_ray.lora import peft_config
 
-        config = peft_config(self.config.lora)
-        config.base_model_name_or_path = str(self.config.model_path)  # the driver's path
-        model = get_peft_model(model, config)
+        model = get_peft_model(model, peft_config(self.config.lora))
+        # get_peft_model names this learner's copy of the model; the adapter names the model's hub
+        # name where it has one (gdpo_ray.model_files.hub_name), else the driver's path
+        model.peft_config["default"].base_model_name_or_path = (
+            self.config.base_model_name or str(self.config.model_path))
         result = set_peft_model_state_dict(model, weights)
         if getattr(result, "unexpected_keys", None):
             raise RuntimeError(f"adapter tensors PEFT does not know: {result.unexpected_keys[:3]}")

@@ -72,17 +72,22 @@ def _example(prop: Any) -> Any:
     return {"integer": 1, "number": 1.5, "boolean": True, "array": [], "object": {}}.get(kind, "...")
 
 
+def render_probe(tokenizer: Any) -> str:
+    """A user turn rendered by the tokenizer's chat template with a probe tool (``tools=``);
+    raises the template's own error where it cannot take tools."""
+    probe = {"type": "function", "function": {"name": PROBE, "description": "a probe",
+                                              "parameters": {"type": "object", "properties": {}}}}
+    return tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
+                                         add_generation_prompt=True, tokenize=False)
+
+
 def template_lists_tools(tokenizer: Any) -> bool:
     """Whether the tokenizer's chat template writes the tools it is given (``tools=``) into
     the prompt; False also where it cannot render them at all."""
-    probe = {"type": "function", "function": {"name": PROBE, "description": "a probe",
-                                              "parameters": {"type": "object", "properties": {}}}}
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
-                                             add_generation_prompt=True, tokenize=False)
+        return PROBE in render_probe(tokenizer)
     except Exception:  # noqa: BLE001 - a template that cannot take tools= does not list them
         return False
-    return PROBE in text
 
 
 def in_system(mode: str, tokenizer: Any) -> bool:

@@ -23,7 +23,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt}
 ACCURACY = "accuracy"
 PASS_RATE = "/pass_rate"
-_FORM = re.compile(r"^\s*(?P<name>.+?)\s*(?P<op>>=|<=|==|>|<)\s*(?P<value>[^<>=]+?)\s*$")
+_FORM = re.compile(r"^\s*(?P<name>[^<>=]+?)\s*(?P<op>>=|<=|==|>|<)\s*(?P<value>[^<>=]+?)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Ray for a run: the job's cluster inside ``ray job submit`` (``RAY_ADDRESS`` set), the cluster
 at ``run.address``, or a local one of ``run.num_cpus`` logical CPUs with token authentication
-off (``RAY_AUTH_MODE=disabled``, the local-cluster setting).
+off (``RAY_AUTH_MODE=disabled``, the local-cluster setting); from Python (``config.build_algo()``)
+the one running, else one started as RLlib's algorithms start theirs (``ensure_ray``).
 
 A local Ray takes seconds to come up (GCS, raylet, dashboard, agents: 4-5 s here, most of it
 waiting on its own processes), so ``gdpo-ray train`` starts it in the background
@@ -62,6 +63,26 @@ def start_ray(address: str | None, num_cpus: int, py_modules: list[str]) -> None
                  runtime_env={"env_vars": WORKER_ENV, "py_modules": py_modules})
     else:
         _start_local(num_cpus)
+
+
+def ensure_ray(config: Any) -> None:
+    """Ray for a GDPO built from Python (``config.build_algo()``), as RLlib's own algorithms
+    start it on first use: the one running (``ray.init(...)`` called first chooses it), the
+    cluster at ``$RAY_ADDRESS``, else a local one (``start_ray``) of the machine's CPUs, or of
+    what the run's actors ask for where that is more (they share the cores, as ``gdpo-ray
+    train``'s ``run.num_cpus: 4`` does on a 2-core laptop)."""
+    import math
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    from gdpo_ray.run.placement import demand
+
+    cpus = max(os.cpu_count() or 1, math.ceil(demand(config).get("CPU", 0)))
+    if not os.environ.get("RAY_ADDRESS"):
+        logging.getLogger(__name__).info("no Ray is running: starting a local Ray of %d CPUs", cpus)
+    start_ray(None, cpus, [])
 
 
 def _start_local(num_cpus: int) -> None:

@@ -12,6 +12,9 @@ and, where those loggers are on, to a TensorBoard text table, a wandb table and 
     mlflow       an MLflow run named after the run in experiment $MLFLOW_EXPERIMENT_NAME (or
                  gdpo-ray), at $MLFLOW_TRACKING_URI or else ``file:<run_dir>/mlruns``
 
+A run directory opened again (``gdpo-ray train --resume RUN_DIR`` continues in it) continues the
+same wandb and MLflow runs: their ids are kept in ``<run_dir>/logger_runs.json`` (``RunIds``).
+
 Writes are synchronous: a write that fails raises ``WriteFailed`` naming the file, at that step.
 """
 
@@ -120,6 +123,37 @@ class RunLog:
                 pass
 
 
+class RunIds:
+    """``<run_dir>/logger_runs.json``: the wandb and MLflow runs a run directory logs into, one
+    entry per logger (``{"wandb": {"id", "project"}, "mlflow": {"tracking_uri", "run_id"}}``),
+    so that a resumed run continues them rather than starting second ones."""
+
+    FILE = "logger_runs.json"
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / self.FILE
+
+    def get(self, logger: str) -> dict:
+        try:
+            entry = json.loads(self.path.read_text()).get(logger)
+        except (OSError, ValueError, AttributeError):  # none yet, or not ours to read
+            return {}
+        return entry if isinstance(entry, dict) else {}
+
+    def put(self, logger: str, entry: Mapping[str, str]) -> None:
+        try:
+            known = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        except ValueError:
+            known = {}
+        known = known if isinstance(known, dict) else {}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(known | {logger: dict(entry)}, indent=1) + "\n")
+            tmp.replace(self.path)  # atomic: the other logger's entry is never half written
+        except OSError as err:
+            raise WriteFailed("logger run ids", self.path, err) from None
+
+
 def _table_columns(samples: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for s in samples for k in s))
 
@@ -222,14 +256,27 @@ def _wandb_mode() -> str:
 
 
 class WandbLog:
+    """A wandb run; the run directory's (``RunIds``) when it has one: a resumed run continues it
+    (``resume="allow"``; offline, each resume writes an ``offline-run-*`` folder of the same id,
+    which ``wandb sync`` uploads into that one run, in order). A setting the resume changed
+    replaces the config's value; a step logged again keeps its first values (wandb takes each
+    step once)."""
+
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
         import wandb
 
         self._wandb = wandb
         self.mode = _wandb_mode()
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "gdpo-ray"), name=name, dir=str(run_dir),
-                              mode=self.mode, config=dict(config), reinit="create_new",
+        project = os.environ.get("WANDB_PROJECT", "gdpo-ray")
+        ids = RunIds(run_dir)
+        known = ids.get("wandb")
+        resuming = known.get("project") == project and bool(known.get("id"))
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode=self.mode,
+                              id=known["id"] if resuming else None, resume="allow" if resuming else None,
+                              config=dict(config), allow_val_change=resuming, reinit="create_new",
                               settings=wandb.Settings(silent=True, console="off"))
+        if not resuming:
+            ids.put("wandb", {"id": self.run.id, "project": project})
         self._columns: list[str] | None = None
         self._table = None
 
@@ -259,6 +306,11 @@ def mlflow_uri(run_dir: str | Path) -> str:
 
 
 class MlflowLog:
+    """An MLflow run; the run directory's (``RunIds``) when it has one at the same tracking URI
+    and it still exists: a resumed run continues it (status RUNNING again, metrics appended). A
+    setting the resume changed keeps its first value as the param (MLflow's params cannot
+    change) and its new one as the tag ``resumed.<setting>``."""
+
     def __init__(self, run_dir: Path, name: str, config: Mapping[str, Any]) -> None:
         uri = mlflow_uri(run_dir)
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # under the run's own bar
@@ -267,16 +319,41 @@ class MlflowLog:
         from mlflow.tracking import MlflowClient
 
         self.client, self.uri = MlflowClient(tracking_uri=uri), uri
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "gdpo-ray")
-        experiment = self.client.get_experiment_by_name(experiment_name)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(experiment_name))
-        self.run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
+        ids = RunIds(run_dir)
+        logged = self._reopen(ids.get("mlflow"))
+        if logged is None:
+            experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "gdpo-ray")
+            experiment = self.client.get_experiment_by_name(experiment_name)
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else self.client.create_experiment(experiment_name))
+            self.run_id, logged = self.client.create_run(experiment_id, run_name=name).info.run_id, {}
+            ids.put("mlflow", {"tracking_uri": uri, "run_id": self.run_id})
         params = [(k[:250], v[:6000]) for k, v in flat_config(config).items()]
+        for key, value in params:
+            if key in logged and logged[key] != value:  # changed by the resume
+                self.client.set_tag(self.run_id, f"resumed.{key}"[:250], value)
+        params = [(k, v) for k, v in params if k not in logged]
         from mlflow.entities import Param
 
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params[i:i + 100]])
+
+    def _reopen(self, known: Mapping[str, str]) -> dict | None:
+        """The params of the stored run, set RUNNING again; None when there is none to continue
+        (none stored, another tracking URI, or the run deleted)."""
+        if known.get("tracking_uri") != self.uri or not known.get("run_id"):
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = self.client.get_run(known["run_id"])
+        except MlflowException:
+            return None
+        if run.info.lifecycle_stage != "active":
+            return None
+        self.run_id = run.info.run_id
+        self.client.update_run(self.run_id, status="RUNNING")
+        return dict(run.data.params)
 
     def log(self, step: int, row: Mapping[str, float]) -> None:
         from mlflow.entities import Metric

@@ -118,7 +118,17 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
 
 
 def check_model(spec: Any) -> None:
+    from gdpo_ray.model_files import HUB_NAMES, check_available, hub_model
+
     if spec in BUILT_IN_MODELS:
+        check_available(spec)
+        return
+    built_in = next((name for name, hub in HUB_NAMES.items() if hub == spec), None)
+    if built_in is not None:  # a built-in's hub name: the hub's copy where it is cached, else ours
+        try:
+            hub_model(spec)
+        except ValueError:
+            check_available(built_in)
         return
     path = Path(str(spec)).expanduser()
     if path.is_dir():
@@ -211,13 +221,10 @@ def check_tool_template(c: Any) -> dict[str, list[str]]:
 
 
 def _render_with_tools(c: Any, tokenizer: Any) -> None:
-    from gdpo_ray.environments.tool_prompt import PROBE
+    from gdpo_ray.environments.tool_prompt import render_probe
 
-    probe = {"type": "function", "function": {"name": PROBE, "description": "a probe",
-                                              "parameters": {"type": "object", "properties": {}}}}
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[probe],
-                                      add_generation_prompt=True, tokenize=False)
+        render_probe(tokenizer)
     except Exception as err:  # noqa: BLE001 - every rollout's prompt is rendered with tools= like this
         raise ValueError(f"data.tool_environment: the chat template of {c.model_path!r} cannot render a "
                          f"prompt with tools ({type(err).__name__}: {err}), and data.tools_in_system_prompt "

@@ -79,7 +79,8 @@ def scratch():
               "llm": {"model_path": "demo-agent", "max_prompt_tokens": 96},
               "data": {"prompts": "train.jsonl", "tool_environment": "calc_env:Calc"},
               "generation": {"temperature": 1.0, "max_tokens": 64, "max_turns": 3, "tool_timeout": 5},
-              "training": {"group_size": 2, "prompts_per_step": 2, "lr": 1e-4,
+              "training": {"group_size": 2, "prompts_per_step": 2, "lr": 1e-4, "eval_every": 2,
+                           "eval_suite": "rewards:held_out.jsonl", "eval_samples": 2, "eval_correct": ["Calc>=1"],
                            "rewards": [{"name": "answered", "fn": "my_rewards:answered"},
                                        {"name": "calls", "fn": "my_rewards:calls_made", "weight": 0.1}]},
               "env_runners": {"num_env_runners": 1}}
@@ -101,6 +102,13 @@ def test_a_users_environment_task_is_judged_before_and_after_training(scratch):
     assert base.returncode == 0, base.stderr[-3000:]
     trained = gdpo_ray(scratch, "train", "calc.yaml")
     assert trained.returncode == 0, trained.stderr[-3000:]
+    # in training too (training.eval_suite on the run's rollout actors): every column, the turns,
+    # accuracy as training.eval_correct defines it
+    rows = [json.loads(line) for line in (scratch / "runs" / "calc" / "metrics.jsonl").read_text().splitlines()]
+    evaluated = {k.removeprefix("eval/rewards:held_out/"): v for k, v in rows[-1].items() if k.startswith("eval/")}
+    for key in ("Calc", "Calc/failure_rate", "calls", "answered", "accuracy", "Calc/pass_rate", "rollout/turns"):
+        assert key in evaluated, sorted(evaluated)
+    assert evaluated["Calc/failure_rate"] == 0.0 and evaluated["accuracy"] == evaluated["Calc/pass_rate"]
     after = gdpo_ray(scratch, "eval", "runs/calc", "--suite", "rewards:held_out.jsonl", "--samples", "2",
                      *CORRECT, "--pass-k", "1,2", "--num-cpus", "2")
     assert after.returncode == 0, after.stderr[-3000:]

@@ -65,6 +65,17 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
     assert main(["train", "demo", "run.steps=1", "run.name=first", *common]) == 2
     assert "exists already (run.name='first')" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == before
+    # --resume RUN_DIR goes on in that directory, and in its wandb and MLflow runs (issue 48)
+    assert main(["train", "demo", "run.steps=3", *common, "run.loggers=[jsonl,tensorboard,wandb,mlflow]",
+                 "--resume", "first"]) == 0
+    folders = sorted((run / "wandb").glob("offline-run-*"))  # one per opening, one run id: one run when synced
+    assert len(folders) == 2 and len({f.name.rsplit("-", 1)[1] for f in folders}) == 1
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
+    [mlflow_run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    history = client.get_metric_history(mlflow_run.info.run_id, "rewards/format/mean")
+    assert [m.step for m in history] == [1, 2, 3] and mlflow_run.info.status == "FINISHED"
 
 
 def test_a_learner_death_and_a_full_disk_under_gdpo_ray_train(ray_cluster, tmp_path, capsys, monkeypatch):

@@ -220,6 +220,37 @@ def test_a_lora_checkpoint_holds_the_adapter_and_its_optimizer_state(ray_cluster
     model_states = next((tmp_path / "ckpt").glob("*/mp_rank_00_model_states.pt"))
     base_bytes = sum(f.stat().st_size for f in Path(tiny_model_dir).glob("*.safetensors"))
     assert model_states.stat().st_size < base_bytes / 2  # the adapter, not the frozen base weights
+    import torch
+
+    # no frozen tensor under any name: the tied output head (lm_head.weight, the embedding matrix,
+    # which DeepSpeed's exclude_frozen_parameters keeps) neither
+    module = torch.load(model_states, map_location="cpu", weights_only=False)["module"]
+    assert sorted(module) == sorted(saved[0])
+    # and the checkpoint's export path (gdpo-ray eval CHECKPOINT) still reads the adapter from it
+    from learners.deepspeed_env import import_deepspeed
+
+    import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    exported = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "ckpt"), exclude_frozen_parameters=True)
+    assert sorted(exported) == sorted(saved[0])
+    for name in saved[0]:
+        np.testing.assert_array_equal(exported[name].detach().numpy(), saved[0][name])
+
+
+def test_the_adapter_names_its_base_by_hub_name(ray_cluster, tiny_model_dir, tmp_path):
+    """adapter_config.json's base_model_name_or_path: the hub name the driver gives
+    (``model_files.hub_name``: SmolLM2's for ``smollm2``), not the learner's local copy's path."""
+    import json
+
+    group = LearnerGroup(config(tiny_model_dir, zero_stage=0, lora=LORA, base_model_name="someone/base-model"),
+                         num_learners=1)
+    try:
+        group.export_hf(str(tmp_path / "policy"))
+    finally:
+        group.shutdown()
+    adapter_config = json.loads((tmp_path / "policy" / "adapter_config.json").read_text())
+    assert adapter_config["base_model_name_or_path"] == "someone/base-model"
 
 
 def test_the_hf_engine_merges_every_push_from_the_pristine_weights(tiny_model_dir):

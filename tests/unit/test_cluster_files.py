@@ -55,3 +55,61 @@ def test_runtime_env_excludes_local_state_and_sets_job_env():
     assert env["env_vars"]["RAY_AUTH_MODE"] == "disabled"
     assert "NCCL_SOCKET_IFNAME" in env["env_vars"]
     assert all(isinstance(v, str) for v in env["env_vars"].values())
+
+
+ROOT = CLUSTER.parent
+
+
+def submit_commands() -> list[tuple[str, str]]:
+    """(file, options) of every `ray job submit ... -- entrypoint` the docs show: the options
+    before the entrypoint, line continuations and line breaks of inline code joined."""
+    import re
+
+    found = []
+    for path in [ROOT / "README.md", CLUSTER / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in re.finditer(r"ray job submit([^`]*?) -- ", path.read_text(), re.S):
+            if "\n\n" not in match.group(1):  # prose naming the command stops at its closing backtick
+                found.append((path.relative_to(ROOT).as_posix(), match.group(1).replace("\\\n", " ")))
+    return found
+
+
+def runtime_env_of(options: str) -> tuple[str | None, dict]:
+    """The working dir and runtime env one `ray job submit`'s options give (as Ray's CLI merges
+    them: --runtime-env's YAML file, --runtime-env-json over it, --working-dir over both)."""
+    import shlex
+
+    args, env, working_dir = shlex.split(options), {}, None
+    for flag, value in zip(args, args[1:]):
+        if flag == "--runtime-env":
+            env |= yaml.safe_load((ROOT / value).read_text())
+        elif flag == "--runtime-env-json":
+            env |= json.loads(value)
+        elif flag == "--working-dir":
+            working_dir = value
+    return working_dir, env
+
+
+def test_every_documented_job_submission_leaves_past_runs_at_home(tmp_path):
+    """Each `ray job submit --working-dir .` the docs show, applied by Ray's own packaging to a
+    user's folder that holds past runs and a virtual environment (and no .gitignore): the
+    config, data and reward module go; nothing under runs/ or .venv/ does."""
+    import zipfile
+
+    from ray._private.runtime_env.packaging import create_package
+
+    folder = tmp_path / "my_project"
+    for name in ("config.yaml", "train.jsonl", "my_rewards.py", "runs/demo-1/checkpoints/final/learner/model.pt",
+                 "runs/demo-1/policy/model.safetensors", ".venv/lib/site.py"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+    commands = [(where, runtime_env_of(options)) for where, options in submit_commands()]
+    local = [(where, env) for where, (working_dir, env) in commands if working_dir == "."]
+    assert len(local) >= 4, commands  # README, docs/cluster.md (2), cluster/README.md (2)
+    for i, (where, env) in enumerate(local):
+        package = tmp_path / f"package{i}.zip"
+        create_package(str(folder), package, include_gitignore=True, excludes=env.get("excludes"))
+        names = zipfile.ZipFile(package).namelist()
+        assert {"config.yaml", "train.jsonl", "my_rewards.py"} <= set(names), (where, names)
+        assert not [n for n in names if n.startswith(("runs/", ".venv/"))], (
+            f"{where}: `ray job submit --working-dir .` uploads the folder's past runs: add "
+            f"--runtime-env-json '{{\"excludes\": [\"runs/\", \".venv/\"]}}'", names)

@@ -165,3 +165,71 @@ def test_mlflow_file_store_holds_the_params_metrics_and_table(tmp_path, monkeypa
     assert table["columns"] == ["step", "prompt", "completion", "rewards/a", "advantage", "finish_reason"]
     assert table["data"][0] == [1, "2+2?", "<answer>4</answer>", 1.0, 0.5, "stop"]
     assert [row[0] for row in table["data"]] == [1, 1, 2]  # each step's samples appended
+
+
+def _wandb_run_files(run_dir):
+    """{offline-run folder name: (its run id, [(step, rewards/a/mean), ...])} from each folder's
+    run file, once wandb's service has written its exit record."""
+    from wandb.proto import wandb_internal_pb2
+
+    out = {}
+    for folder in sorted((run_dir / "wandb").glob("offline-run-*")):
+        path = next(folder.glob("*.wandb"))
+        for _ in range(150):
+            records = [wandb_internal_pb2.Record.FromString(data) for data in _wandb_records(path.read_bytes())]
+            if any(r.WhichOneof("record_type") == "exit" for r in records):
+                break
+            time.sleep(0.2)
+        run_id = next(r.run.run_id for r in records if r.WhichOneof("record_type") == "run")
+        history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+                   for r in records if r.WhichOneof("record_type") == "history"]
+        out[folder.name] = (run_id, [(h["_step"], h["rewards/a/mean"]) for h in history])
+    return out
+
+
+def test_a_resumed_run_directory_continues_its_wandb_run(tmp_path, monkeypatch):
+    """`--resume RUN_DIR` opens the run directory's loggers again: one wandb run, not two. Offline,
+    each opening writes a folder of the same run id, which `wandb sync` uploads into that run."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    _log_two_steps(tmp_path, ["wandb"])
+    resumed = RunLog(tmp_path, ["wandb"], "my-run", {**CONFIG, "training": {"lr": 3e-5}})  # a changed setting
+    resumed.log(3, {"rewards/a/mean": 1.0})
+    resumed.close()
+    stored = json.loads((tmp_path / "logger_runs.json").read_text())["wandb"]
+    folders = _wandb_run_files(tmp_path)
+    assert len(folders) == 2
+    assert {run_id for run_id, _ in folders.values()} == {stored["id"]} and stored["project"] == "gdpo-ray"
+    assert [h for _, history in folders.values() for h in history] == [(1, 0.25), (2, 0.75), (3, 1.0)]
+    other = tmp_path / "other"  # another run directory: a run of its own
+    RunLog(other, ["wandb"], "other", CONFIG).close()
+    assert [run_id for run_id, _ in _wandb_run_files(other).values()] != [stored["id"]]
+
+
+def test_a_resumed_run_directory_continues_its_mlflow_run(tmp_path, monkeypatch):
+    """One MLflow run across a resume: metrics appended, status RUNNING then FINISHED again; a
+    setting the resume changed keeps its first value as the param (MLflow's params cannot
+    change) and its new one as a tag."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
+    from mlflow.tracking import MlflowClient
+
+    _log_two_steps(tmp_path, ["mlflow"])
+    changed = {**CONFIG, "training": {**CONFIG["training"], "lr": 3e-5}}
+    resumed = RunLog(tmp_path, ["mlflow"], "my-run", changed)
+    client = MlflowClient(tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    [run] = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert run.info.status == "RUNNING"
+    resumed.log(3, {"rewards/a/mean": 1.0})
+    resumed.close()
+    [run] = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert json.loads((tmp_path / "logger_runs.json").read_text())["mlflow"] == {
+        "tracking_uri": f"file:{tmp_path}/mlruns", "run_id": run.info.run_id}
+    assert run.info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "rewards/a/mean")] == \
+        [(1, 0.25), (2, 0.75), (3, 1.0)]
+    assert run.data.params["training.lr"] == "1e-05" and run.data.tags["resumed.training.lr"] == "3e-05"
+    client.delete_run(run.info.run_id)  # a run deleted since: the next opening starts a new one
+    RunLog(tmp_path, ["mlflow"], "my-run", CONFIG).close()
+    [new] = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
+    assert new.info.run_id != run.info.run_id

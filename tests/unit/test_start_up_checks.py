@@ -140,3 +140,44 @@ def test_an_environments_columns_are_left_to_the_rollouts_in_the_start_up_check(
     out = capsys.readouterr().out
     assert [line.split()[-1] for line in out.splitlines() if line.split()[:1] in (["state"], ["memory"])] == [
         "rollouts", "rollouts"], out
+
+
+def test_check_shows_prompts_as_the_model_sees_them_and_counts_every_warning(tmp_path, monkeypatch, capsys):
+    """Issue 48: `gdpo-ray check CONFIG --show-prompts N` prints the prompts as rendered for the
+    model (the tiny model's template ignores tools=: the tools are in the system message, said
+    once as a note); every warning printed is counted, those only logged included."""
+    import logging
+
+    from gdpo_ray.environments.spec import load_environment
+    from gdpo_ray.run import preflight
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r | {"target": 1}) + "\n" for r in ROWS))
+    config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 1000}, "generation": {"max_tokens": 16},
+              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Calculator",
+                       "system_prompt": "Be brief."},
+              "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [{"name": "state", "fn": "environment"}]},
+              "run": {"steps": 1, "output_dir": "runs"}}
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    assert main(["check", "config.yaml", "--show-prompts", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("--- prompt ") == 2 and "(0 warning(s))" in out
+    first = out.split("--- prompt 0 as the model sees it ---\n")[1].split("--- prompt 1")[0]
+    assert first.startswith("<|im_start|>system\nBe brief.\n\nYou can call the tools below.")
+    for schema in load_environment("tests.unit.trl_style_environments:Calculator").schemas:
+        assert json.dumps(schema) in first
+    assert f"{ROWS[0]['prompt']}The memory starts at 0.<|im_end|>" in first  # reset's text appended, as in a rollout
+    assert "gdpo-ray: note: the chat template of 'tiny' does not list the tools" in out
+    # a warning of the report and one only logged: both counted
+    real = preflight.check_context
+
+    def logs_a_warning(c):
+        logging.getLogger("gdpo_ray.run.preflight").warning("a logged warning")
+        real(c)
+
+    monkeypatch.setattr(preflight, "check_context", logs_a_warning)
+    assert main(["check", "config.yaml", "data.tools_in_system_prompt=never"]) == 0
+    out = capsys.readouterr().out
+    assert "gdpo-ray: warning: data.tool_environment: the chat template of 'tiny'" in out
+    assert "(2 warning(s))" in out
