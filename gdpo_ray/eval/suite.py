@@ -161,6 +161,10 @@ class Suite(abc.ABC):
         ``settings`` (and compared by ``--compare``): e.g. the rewards suite's reward weights."""
         return {}
 
+    def check_scorable_here(self, what: str = "--completions") -> None:
+        """Raises ValueError where a column of the suite can be computed only inside a rollout, so
+        that ``what`` (a file of completions) cannot score it; every suite's own metrics can."""
+
     def environment_row(self, item: EvalItem) -> dict:
         """What the ``environment``'s ``reset`` gets for ``item`` besides its prompt."""
         return {}

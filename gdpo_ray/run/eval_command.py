@@ -186,7 +186,7 @@ def _evaluate(args: argparse.Namespace, engine_kwargs: dict) -> dict:
     suite = make_suite(args.suite, length_limit=args.length_limit, **options)
     try:
         suite.set_correct(args.correct)
-        if args.completions is not None and hasattr(suite, "check_scorable_here"):
+        if args.completions is not None:
             suite.check_scorable_here()  # a column only a rollout computes: before anything is read
         check_pass_k(suite, args.pass_k, args.samples if args.policy is not None else None)  # before Ray
         if args.policy is not None:

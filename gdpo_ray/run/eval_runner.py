@@ -323,7 +323,8 @@ def check_pass_k(suite: Suite, pass_k: Any, samples: int | None) -> tuple[int, .
         check_ks(ks, samples, "--pass-k", "--samples")
     if suite.correct_metric() is None:
         raise ValueError(f"--pass-k: suite {suite.name} reports neither pass@1 nor accuracy (its metrics: "
-                         f"{', '.join(suite.metrics)}), so no sample counts as correct; leave --pass-k out")
+                         f"{', '.join(suite.metrics)}), so no sample counts as correct; say which do with "
+                         f"--correct 'NAME>=VALUE' (e.g. --correct '{suite.metrics[0]}>=1'), or leave --pass-k out")
     return ks
 
 

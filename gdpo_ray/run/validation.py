@@ -141,7 +141,8 @@ def _check_eval(c: Any) -> None:
                                 else "pick a suite of this environment's task"))
         if c.eval_pass_k and suite.correct_metric() is None:
             raise ValueError(f"training.eval_pass_k: suite {c.eval_suite} reports neither pass@1 nor accuracy "
-                             f"(its metrics: {', '.join(suite.metrics)}); set training.eval_pass_k=null")
+                             f"(its metrics: {', '.join(suite.metrics)}); say which samples are correct with "
+                             f"training.eval_correct (e.g. ['{suite.metrics[0]}>=1']), or set training.eval_pass_k=null")
 
 
 def _check_engine(c: Any) -> None:
