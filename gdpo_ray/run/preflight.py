@@ -206,6 +206,7 @@ def check_tool_template(c: Any) -> dict[str, list[str]]:
         if c.tools_in_system_prompt == "always":
             said["notes"].append("the tools are written into the system message "
                                  "(data.tools_in_system_prompt: always), not by the chat template")
+            _check_tools_fit(c, tokenizer)
         return said
     where = f"the chat template of {c.model_path!r} does not list the tools it is given (tools=)"
     if c.tools_in_system_prompt == "never":
@@ -217,7 +218,29 @@ def check_tool_template(c: Any) -> dict[str, list[str]]:
         said["notes"].append(f"{where}: the tools and the <tool_call> format are written into the "
                              f"system message (data.tools_in_system_prompt: {c.tools_in_system_prompt}; "
                              "gdpo-ray check --show-prompts 1 shows a prompt as the model sees it)")
+        _check_tools_fit(c, tokenizer)
     return said
+
+
+def _check_tools_fit(c: Any, tokenizer: Any) -> None:
+    """The tools written into the system message leave room for a prompt within
+    ``llm.max_prompt_tokens`` (else every prompt would be filtered as too long)."""
+    from gdpo_ray.environments.spec import environment_paths, load_environment
+    from gdpo_ray.environments.tool_prompt import render_prompt
+
+    for path in environment_paths(c.tool_environment).values():
+        schemas = load_environment(path).schemas  # none where the tools are per row
+        if not schemas:
+            continue
+        text = render_prompt(tokenizer, "", c.system_prompt, schemas, tools_in_system=True)
+        overhead = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if overhead >= c.max_prompt_tokens:
+            raise ValueError(
+                f"data.tool_environment: the tools of {path} written into the system message (the chat "
+                f"template of {c.model_path!r} ignores tools=) take {overhead} tokens, and "
+                f"llm.max_prompt_tokens is {c.max_prompt_tokens}: every prompt would be filtered as too "
+                f"long. Raise llm.max_prompt_tokens above {overhead} plus your prompts' length, give the "
+                f"model a chat template that lists tools, or set data.tools_in_system_prompt=never")
 
 
 def _render_with_tools(c: Any, tokenizer: Any) -> None:

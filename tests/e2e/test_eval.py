@@ -135,7 +135,7 @@ def test_an_actor_killed_during_an_eval_is_replaced_and_its_prompts_completed(ra
     finally:
         rollouts.shutdown()
     assert len(out) == 4 and all(len(samples) == 2 for samples in out)
-    assert all(0 < tokens <= 4 and messages is None for samples in out for _, tokens, _, messages in samples)
+    assert all(0 < s.tokens <= 4 and s.messages is None for samples in out for s in samples)
     assert rollouts.stats["actor_restarts"] == 1 and sum(done) == 4
 
 

@@ -339,7 +339,8 @@ def test_a_run_with_a_tool_environment_trains_on_multi_turn_records(ray_cluster)
     the learners train on them, and the turn metrics are logged. (The demo model writes no tool
     calls: each rollout is one turn. tests/unit/test_tool_loop.py runs rollouts that call tools.)"""
     config = demo_config("data.tool_environment=tests.unit.trl_style_environments:Calculator",
-                         "generation.max_turns=3")
+                         "generation.max_turns=3",  # the demo's template ignores tools=; its prompts stay short
+                         "data.tools_in_system_prompt=never")
     rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}]
     algo = config.training(rewards=rewards).build_algo()
     try:
@@ -361,7 +362,8 @@ def test_a_run_in_trls_dict_form_scores_each_row_with_its_own_class(ray_cluster)
 
     rows = [{**r, "environment": ("calc", "count")[i % 2]} for i, r in enumerate(task_rows("task:addition", 32))]
     envs = {"calc": "tests.unit.trl_style_environments:Calculator", "count": "tests.unit.trl_style_environments:Counter"}
-    config = demo_config("generation.max_turns=3").data(prompts=rows, tool_environment=envs)
+    config = demo_config("generation.max_turns=3", "data.tools_in_system_prompt=never").data(
+        prompts=rows, tool_environment=envs)
     rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}, {"name": "Counter", "fn": "environment"}]
     algo = config.training(rewards=rewards).build_algo()
     try:

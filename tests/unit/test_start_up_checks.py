@@ -129,7 +129,8 @@ def test_an_environments_columns_are_left_to_the_rollouts_in_the_start_up_check(
     monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r | {"target": 1}) + "\n" for r in ROWS))
     config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 256}, "generation": {"max_tokens": 16},
-              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Calculator"},
+              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Calculator",
+                       "tools_in_system_prompt": "never"},  # the tiny template ignores tools=: short prompts
               "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [
                   {"name": "fmt", "fn": "regex", "params": {"pattern": "<tool_call>"}},
                   {"name": "state", "fn": "environment"},
@@ -155,9 +156,9 @@ def test_check_shows_prompts_as_the_model_sees_them_and_counts_every_warning(tmp
     monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(r | {"target": 1}) + "\n" for r in ROWS))
     config = {"llm": {"model_path": "tiny", "max_prompt_tokens": 1000}, "generation": {"max_tokens": 16},
-              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Calculator",
+              "data": {"prompts": "data.jsonl", "tool_environment": "tests.unit.trl_style_environments:Counter",
                        "system_prompt": "Be brief."},
-              "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [{"name": "state", "fn": "environment"}]},
+              "training": {"group_size": 2, "prompts_per_step": 2, "rewards": []},  # Counter's, as TRL adds it
               "run": {"steps": 1, "output_dir": "runs"}}
     (tmp_path / "config.yaml").write_text(json.dumps(config))
     assert main(["check", "config.yaml", "--show-prompts", "2"]) == 0
@@ -165,9 +166,10 @@ def test_check_shows_prompts_as_the_model_sees_them_and_counts_every_warning(tmp
     assert out.count("--- prompt ") == 2 and "(0 warning(s))" in out
     first = out.split("--- prompt 0 as the model sees it ---\n")[1].split("--- prompt 1")[0]
     assert first.startswith("<|im_start|>system\nBe brief.\n\nYou can call the tools below.")
-    for schema in load_environment("tests.unit.trl_style_environments:Calculator").schemas:
+    for schema in load_environment("tests.unit.trl_style_environments:Counter").schemas:
         assert json.dumps(schema) in first
-    assert f"{ROWS[0]['prompt']}The memory starts at 0.<|im_end|>" in first  # reset's text appended, as in a rollout
+    assert first.rstrip("\n").endswith(f"<|im_start|>user\n{ROWS[0]['prompt']}<|im_end|>\n<|im_start|>assistant")
+    assert any(line.split()[:1] == ["Counter"] for line in out.splitlines())  # the column TRL adds, checked
     assert "gdpo-ray: note: the chat template of 'tiny' does not list the tools" in out
     # a warning of the report and one only logged: both counted
     real = preflight.check_context

@@ -136,21 +136,31 @@ def broken_reader(environments, completions, **kwargs):
     raise RuntimeError(f"cannot read {len(environments)} environments")
 
 
+CALL = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
+#: a column of each kind: a function of the conversation, the environment's own, one conditioned
+#: on it, a function reading the instances, and one that raises
+READER_REWARDS = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
+                  {"name": "state", "fn": "environment"},
+                  {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}},
+                  {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"},
+                  {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
+
+
+def scripted_actor(model_dir):
+    """A rollout actor whose policy calls ``add(3)``, then says "Done.", with ``READER_REWARDS``."""
+    from actors.rollout import RolloutActor
+
+    return RolloutActor(model_dir, READER_REWARDS, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
+                        engine_kwargs={"script": [CALL, "Done."]}, sampling={"max_tokens": 200},
+                        environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
+
+
 def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny_model_dir):
     import numpy as np
 
     from actors.prompts import Prompt
-    from actors.rollout import RolloutActor
 
-    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
-    rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
-               {"name": "state", "fn": "environment"},
-               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}},
-               {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"},
-               {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
-    actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
-                         engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
-                         environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
+    call, actor = CALL, scripted_actor(tiny_model_dir)
     try:
         prompts = [Prompt("0", 0, 0, 0, [{"role": "user", "content": "Put 3 in memory."}], {"target": 3}),
                    Prompt("1", 1, 0, 0, "Put 5 in memory.", {"target": 5})]
@@ -186,17 +196,7 @@ def test_evaluation_completes_and_scores_rollouts_as_training_does(tiny_model_di
     rewards that read the instances; its turns, calls and conversation come back with it."""
     import math
 
-    from actors.rollout import RolloutActor
-
-    call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
-    rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
-               {"name": "state", "fn": "environment"},
-               {"name": "memory_used", "fn": "environment", "condition": {"on": "state", "min": 1}},
-               {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"},
-               {"name": "broken", "fn": "tests.unit.test_tool_loop:broken_reader"}]
-    actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
-                         engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
-                         environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
+    actor = scripted_actor(tiny_model_dir)
     try:
         prompts = ["Put 3 in memory.", "Put 5 in memory.", "x" * 5000]  # the third: over max_prompt_tokens
         done = actor.complete(prompts, 2, {"max_tokens": 200}, rows=[{"target": 3}, {"target": 5}, {"target": 1}],
@@ -332,8 +332,8 @@ def test_a_template_without_a_tool_turn_or_that_rewrites_earlier_turns_is_refuse
     config = SimpleNamespace(tool_environment=SPEC, model_path=str(tmp_path), tools_in_system_prompt="auto")
     with pytest.raises(ValueError, match="cannot write a tool turn .*no tool role"):
         check_tool_template(config)
-    check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir,
-                                        tools_in_system_prompt="auto"))  # ChatML: fine
+    check_tool_template(SimpleNamespace(tool_environment=SPEC, model_path=tiny_model_dir, system_prompt=None,
+                                        tools_in_system_prompt="auto", max_prompt_tokens=4096))  # ChatML: fine
 
 
 def test_a_template_that_does_not_list_the_tools_gets_them_in_the_system_message(tiny_model_dir, tmp_path):
@@ -344,14 +344,19 @@ def test_a_template_that_does_not_list_the_tools_gets_them_in_the_system_message
     from gdpo_ray.run.preflight import check_tool_template
     from gdpo_ray.warm_start_agent import CHAT_TEMPLATE
 
-    def config(path, mode="auto"):
-        return SimpleNamespace(tool_environment=SPEC, model_path=path, tools_in_system_prompt=mode)
+    def config(path, mode="auto", max_prompt_tokens=4096):
+        return SimpleNamespace(tool_environment=SPEC, model_path=path, tools_in_system_prompt=mode,
+                               max_prompt_tokens=max_prompt_tokens, system_prompt=None)
 
     said = check_tool_template(config(tiny_model_dir))  # ChatML alone: the system message, said once
     assert said["warnings"] == [] and len(said["notes"]) == 1
     assert "does not list the tools it is given (tools=)" in said["notes"][0] and tiny_model_dir in said["notes"][0]
     assert "written into the system message" in said["notes"][0]
-    (warning,) = check_tool_template(config(tiny_model_dir, "never"))["warnings"]
+    # the tools' text (about 1,000 tokens of the tiny tokenizer) leaves no room for any prompt: refused
+    with pytest.raises(ValueError, match=r"written into the system message .* take \d+ tokens, and "
+                                         r"llm.max_prompt_tokens is 512: every prompt would be filtered"):
+        check_tool_template(config(tiny_model_dir, max_prompt_tokens=512))
+    (warning,) = check_tool_template(config(tiny_model_dir, "never", 512))["warnings"]
     assert "the model sees no tool names or schemas" in warning
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.chat_template = CHAT_TEMPLATE  # lists the tools in a system turn
