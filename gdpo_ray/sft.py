@@ -31,7 +31,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -91,22 +91,28 @@ def conversation(row: dict) -> tuple[list[dict], list[dict]]:
 class Tokenizer:
     """Rows to ``Example``s for one tokenizer, as the rollout actors tokenize (see the module
     docstring). ``tools``: the tools' schemas when a row has no ``tools`` column (an
-    environment's); ``tools_in_system``: they go into the system message."""
+    environment's), or per class name where rows name their class in an ``environment`` column
+    (TRL's dict form of environments); ``tools_in_system``: they go into the system message."""
 
-    def __init__(self, tokenizer: Any, system_prompt: str | None = None, tools: Sequence[dict] = (),
-                 tools_in_system: bool = False) -> None:
+    def __init__(self, tokenizer: Any, system_prompt: str | None = None,
+                 tools: Sequence[dict] | Mapping[str, Sequence[dict]] = (), tools_in_system: bool = False) -> None:
         from gdpo_ray.environments.tool_turns import ToolTurns
 
-        self.tokenizer, self.system_prompt, self.tools = tokenizer, system_prompt, list(tools)
+        self.tokenizer, self.system_prompt = tokenizer, system_prompt
+        self.tools = {k: list(v) for k, v in tools.items()} if isinstance(tools, Mapping) else list(tools)
         self.tools_in_system, self.tool_turns = tools_in_system, ToolTurns(tokenizer)
+
+    def _tools_of(self, row: dict) -> list | None:
+        tools = row.get("tools")
+        if tools is None:
+            tools = self.tools.get(row.get("environment"), []) if isinstance(self.tools, dict) else self.tools
+        return json.loads(tools) if isinstance(tools, str) else tools
 
     def example(self, row: dict) -> Example:
         from gdpo_ray.environments.tool_prompt import render_prompt
 
         prompt, rest = conversation(row)
-        tools = row.get("tools") if row.get("tools") is not None else self.tools
-        if isinstance(tools, str):
-            tools = json.loads(tools)
+        tools = self._tools_of(row)
         text = render_prompt(self.tokenizer, prompt, self.system_prompt, tools or None, self.tools_in_system)
         prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         response, mask = [], []

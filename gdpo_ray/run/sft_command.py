@@ -103,8 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         from gdpo_ray.environments.spec import environment_paths, load_environment
 
         paths = environment_paths(settings["tool_environment"])
-        if len(paths) == 1:
-            tools = list(load_environment(next(iter(paths.values()))).schemas)
+        tools = {name: list(load_environment(path).schemas) for name, path in paths.items()}
+        tools = tools[None] if None in tools else tools  # TRL's dict form: per the row's class
     shown = in_system(settings["tools_in_system_prompt"], tokenizer)
     rows = load_prompts(args.data, None, args.seed) if args.data.startswith("task:") else args.data
     if args.limit is not None:

@@ -124,3 +124,24 @@ def test_the_command_fits_and_writes_a_model_the_trainer_takes(tiny_model_dir, t
         assert changed and not any("lora" in k for k in model.state_dict())
     assert main(["sft", tiny_model_dir, "--data", str(data), "--lora", "{r: 0}"]) == 2
     assert "llm.lora.r must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_rows_of_trls_dict_form_see_their_own_classs_tools(tiny_model_dir):
+    """A row naming its class (``environment``) is shown that class's tools, as its rollout is."""
+    from transformers import AutoTokenizer
+
+    from gdpo_ray.environments.spec import load_environment
+
+    calc, count = (list(load_environment(f"tests.unit.trl_style_environments:{c}").schemas)
+                   for c in ("Calculator", "Counter"))
+    t = sft.Tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir), tools={"calc": calc, "count": count},
+                      tools_in_system=True)
+    seen = {}
+    for name in ("calc", "count"):
+        prompt, _, _ = t.example({**conversation_row(), "environment": name})
+        seen[name] = t.tokenizer.decode(prompt)
+    assert '"name": "divide"' in seen["calc"] and '"name": "bump"' not in seen["calc"]
+    assert '"name": "bump"' in seen["count"] and '"name": "divide"' not in seen["count"]
+    # a row's own tools column wins
+    own, _, _ = t.example({**conversation_row(), "environment": "calc", "tools": json.dumps(count)})
+    assert '"name": "bump"' in t.tokenizer.decode(own)
