@@ -181,9 +181,9 @@ class RolloutActor:
             started = self.tools.start([{**rows[i], "prompt": prompts[i]} for i in chosen])
             trajectories = [t for t, _ in started]
             rollout_prompts = [with_observation(prompts[i], o) for i, (_, o) in zip(chosen, started)]
-            self.tools.run(self.engine, [self.tokenize(q, self.tools.schemas_of(t))
-                                         for q, t in zip(rollout_prompts, trajectories)], trajectories, sampling)
             try:
+                self.tools.run(self.engine, [self.tokenize(q, self.tools.schemas_of(t))
+                                             for q, t in zip(rollout_prompts, trajectories)], trajectories, sampling)
                 return self._completions(n, len(prompts), fits, trajectories, rollout_prompts,
                                          [rows[i] for i in chosen] if score else None)
             finally:

@@ -238,10 +238,13 @@ def response_loss(model: Any, examples: list[Example], pad_id: int, prefix: list
 
 
 def _cache_argument(model: Any) -> str:
-    """The name of the forward's KV cache argument (``past_key_values`` before transformers 5.25)."""
+    """The name of the forward's KV cache argument (``past_key_values`` before transformers 5.25),
+    read off the model inside a PEFT wrapper (whose forward takes ``**kwargs``)."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    from gdpo_ray.causal_lm import unwrapped
+
+    return "cache" if "cache" in inspect.signature(unwrapped(model).forward).parameters else "past_key_values"
 
 
 def train(model_dir: str | Path, examples: Sequence[Example], output: str | Path, lora: dict | None = None,

@@ -8,6 +8,9 @@ failed reward never counts as solved. Per sample:
 
 - ``accuracy``: 1 where every condition holds, else 0 (pass@k counts it: ``--pass-k``);
 - ``<NAME>/pass_rate``: 1 where every condition on NAME holds, else 0.
+
+A column that does not apply to a sample (TRL's dict form of environments: another class's)
+satisfies its conditions; its pass rate is not counted for that sample.
 """
 
 from __future__ import annotations
@@ -71,9 +74,12 @@ def correct_metrics(conditions: Sequence[Condition]) -> tuple[str, ...]:
 
 
 def judge(conditions: Sequence[Condition], sample: Mapping[str, Any]) -> dict[str, float]:
-    """A scored sample's ``correct_metrics`` (see the module docstring)."""
+    """A scored sample's ``correct_metrics`` (see the module docstring). A condition on a column
+    that does not apply to the sample (its ``not_applicable``: another class's, in TRL's dict
+    form of environments) holds, and that column's pass rate is NaN (left out of its mean)."""
+    absent = set(sample.get("not_applicable") or ())
     out: dict[str, float] = {}
     for c in conditions:
         key = c.name + PASS_RATE
-        out[key] = float(out.get(key, 1.0) == 1.0 and c.holds(sample))
-    return {ACCURACY: float(all(v == 1.0 for v in out.values())), **out}
+        out[key] = math.nan if c.name in absent else float(out.get(key, 1.0) == 1.0 and c.holds(sample))
+    return {ACCURACY: float(all(v == 1.0 for v in out.values() if not math.isnan(v))), **out}

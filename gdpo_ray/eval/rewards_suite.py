@@ -28,7 +28,9 @@ Metrics, each avg@n (the mean over an item's n samples, then over the items):
   per rollout; each sample's conversation is in the report (``messages``).
 
 A prompt over the actors' ``max_prompt_tokens`` is not generated: its samples fail every column
-("not generated"). Eval knows a file's completion's token count (``response_length``) but not
+("not generated"). In TRL's dict form of environments a column another class gives does not apply
+to a row (training's ``n/a``): NaN, no failure, left out of ``weighted_sum``; the sample lists it
+under ``not_applicable``, and a ``--correct`` condition on it holds. Eval knows a file's completion's token count (``response_length``) but not
 its token ids: ``completion_ids`` are None, ``trainer_state.global_step`` is 0.
 """
 
@@ -41,12 +43,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.rewards import NOT_APPLICABLE, failure_kind
 
 #: the metrics of a multi-turn rollout (a suite with a tool environment)
 TURN_METRICS = ("rollout/turns", "rollout/tool_calls", "rollout/tool_errors")
 #: the metrics besides each reward's own: no reward may take their names
 RESERVED = ("weighted_sum", "exceed_ratio", *TURN_METRICS)
 FAILURE = "/failure_rate"
+#: the reason of every column of a sample whose prompt was over the actors' max_prompt_tokens
+NOT_GENERATED = "error: not generated: its prompt is over the actors' max_prompt_tokens"
 
 
 class RewardsSuite(Suite):
@@ -82,9 +87,12 @@ class RewardsSuite(Suite):
                              f"rename the reward in the config (its name is only a label)")
         self.metrics = (*[m for s in self.specs for m in (s.name, s.name + FAILURE)], "weighted_sum",
                         "exceed_ratio", *(TURN_METRICS if environment else ()))
-        self._items = _read_items(read_dataset(path), prompt_column, id_column, dict(columns or {}),
+        data = read_dataset(path)
+        self._items = _read_items(data, prompt_column, id_column, dict(columns or {}),
                                   [(s, fn) for s, fn in zip(self.specs, self.fns) if fn is not None],
                                   Path(path).stem)
+        if environment is not None:
+            _check_resets(environment, self._items, data, float(self.tool_settings.get("tool_timeout", 30.0)))
 
     def check_scorable_here(self, what: str = "--completions") -> None:
         """Raises when a column can be computed only inside a rollout (an environment's own, one
@@ -93,8 +101,8 @@ class RewardsSuite(Suite):
             raise ValueError(f"{what}: rewards {self.rollout_only} are computed inside a rollout (an "
                              f"environment's columns, rewards reading its instances, or conditioned on "
                              f"them), which a file of completions does not have; evaluate the policy "
-                             f"instead (gdpo-ray eval POLICY --suite {self.name.replace('rewards:', 'rewards:<file>')} "
-                             f"--rewards CONFIG), which runs each row through the environment")
+                             f"instead (gdpo-ray eval POLICY --suite rewards:FILE --rewards CONFIG), which "
+                             f"runs each row through the environment")
 
     def all_items(self) -> list[EvalItem]:
         return list(self._items)
@@ -114,11 +122,13 @@ class RewardsSuite(Suite):
         n = len(completions)
         values = np.full((n, len(self.specs)), np.nan)
         errors = [[""] * len(self.specs) for _ in range(n)]
-        here = [i for i, c in enumerate(completions) if c.rewards is None]
+        here = [i for i, c in enumerate(completions) if c.rewards is None and c.finish_reason != "prompt_too_long"]
         for i, c in enumerate(completions):
             if c.rewards is not None:  # as the rollout actor scored it (conditions applied)
                 values[i] = [c.rewards.get(s.name, math.nan) for s in self.specs]
                 errors[i] = [(c.reward_errors or {}).get(s.name, "") for s in self.specs]
+            elif c.finish_reason == "prompt_too_long":  # never generated: no column is scored
+                errors[i] = [NOT_GENERATED] * len(self.specs)
         stored = values.copy()
         if here:
             self._score_here(item, [completions[i] for i in here], values, errors, here)
@@ -129,17 +139,24 @@ class RewardsSuite(Suite):
         out = []
         for i, c in enumerate(completions):
             row = {}
+            absent = [failure_kind(e) == NOT_APPLICABLE for e in errors[i]]  # TRL's dict form: another class's
             for k, spec in enumerate(self.specs):
                 row[spec.name] = float(stored[i, k])
-                row[spec.name + FAILURE] = float(math.isnan(stored[i, k]))
-            total = float(weights @ stored[i])  # NaN where a reward failed
+                row[spec.name + FAILURE] = float(math.isnan(stored[i, k]) and not absent[k])
+            # NaN where a reward failed; a column that does not apply is left out, as in training
+            total = float(sum(w * v for w, v, a in zip(weights, stored[i], absent) if not a))
             row |= {"weighted_sum": total, "exceed_ratio": exceeds(c, self.length_limit)}
             if self.environment:
                 row |= {m: math.nan if v is None else float(v) for m, v in zip(
                     TURN_METRICS, (c.turns, c.tool_calls, c.tool_errors))}
-            failed = {s.name: errors[i][k] for k, s in enumerate(self.specs) if errors[i][k]}
-            out.append(row | ({"reward_errors": failed} if failed else {}))
+            failed = {s.name: errors[i][k] for k, s in enumerate(self.specs) if errors[i][k] and not absent[k]}
+            out.append(row | ({"reward_errors": failed} if failed else {})
+                       | ({"not_applicable": [s.name for s, a in zip(self.specs, absent) if a]} if any(absent) else {}))
         return out
+
+    def correct_metric(self) -> str | None:
+        """``accuracy`` once ``set_correct`` defined it; a reward column is never one by its name."""
+        return "accuracy" if self.correct else None
 
     def _score_here(self, item: EvalItem, completions: Sequence[Completion], values: np.ndarray,
                     errors: list[list[str]], at: Sequence[int]) -> None:
@@ -156,10 +173,8 @@ class RewardsSuite(Suite):
                   "completions": texts, "completion_ids": [None] * n, "trainer_state": TrainerState()}
         for k, (spec, fn) in enumerate(zip(self.specs, self.fns)):
             if spec.name in self.rollout_only:
-                for j, c in zip(at, completions):
-                    errors[j][k] = ("error: not generated: its prompt is over the actors' max_prompt_tokens"
-                                    if c.finish_reason == "prompt_too_long" else
-                                    "error: computed only inside a rollout (not scored by one)")
+                for j in at:
+                    errors[j][k] = "error: computed only inside a rollout (not scored by one)"
                 continue
             rows = list(range(n))
             if "response_length" in _required(fn):
@@ -170,6 +185,32 @@ class RewardsSuite(Suite):
                 rows = [i for i in rows if i not in unknown]
             for i, (value, error) in zip(rows, _call(spec, fn, kwargs, rows)):
                 values[at[i], k], errors[at[i]][k] = value, error
+
+
+def _check_resets(setting: Any, items: Sequence[EvalItem], data: Any, timeout_s: float) -> None:
+    """Before any model loads: in TRL's dict form every row names one of the classes, and each
+    class resets on its first row (as a rollout resets it, the whole row): a file whose rows the
+    environment cannot start would otherwise be generated without tools, its columns all NaN."""
+    from gdpo_ray.environments.session import ToolSession
+    from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
+
+    paths = environment_paths(setting)
+    firsts: dict[Any, int] = {}
+    for i, it in enumerate(items):
+        name = None if None in paths else it.reference.get(ROW_COLUMN)
+        if name not in paths:
+            raise ValueError(f"{data.where(i)}: {ROW_COLUMN} is {name!r}, not one of data.tool_environment's "
+                             f"{sorted(paths)}")
+        firsts.setdefault(name, i)
+    for name, i in firsts.items():
+        spec = load_environment(paths[name])
+        row = {k: v for k, v in items[i].reference.items() if not (name is not None and k == ROW_COLUMN)}
+        try:
+            ToolSession(spec.new(), spec.tools, timeout_s, spec.dynamic).reset({**row, "prompt": items[i].prompt})
+        except Exception as err:  # noqa: BLE001 - the environment's own error, with the row
+            raise ValueError(f"{data.where(i)}: environment {paths[name]} cannot start on this row "
+                             f"({type(err).__name__}: {err}); give the held-out rows the columns its reset "
+                             f"reads, as the training rows have them") from None
 
 
 def _explain(values: np.ndarray, stored: np.ndarray, errors: list[list[str]], specs: Sequence[Any]) -> None:
@@ -187,7 +228,9 @@ def _explain(values: np.ndarray, stored: np.ndarray, errors: list[list[str]], sp
             if not math.isnan(stored[i, k]):
                 row[k] = ""
             elif gate is not None and math.isnan(stored[i, gate]):
-                row[k] = f"condition: on {spec.condition.on!r}, " + (row[gate] or "which could not be computed")
+                row[k] = (f"{NOT_APPLICABLE}: on {spec.condition.on!r}, which does not apply"
+                          if failure_kind(row[gate]) == NOT_APPLICABLE else
+                          f"condition: on {spec.condition.on!r}, " + (row[gate] or "which could not be computed"))
 
 
 def _required(fn: Any) -> list[str]:

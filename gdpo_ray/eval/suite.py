@@ -139,8 +139,13 @@ class Suite(abc.ABC):
         if own is not None:
             raise ValueError(f"{where}: suite {self.name} counts a correct sample by its own {own}; "
                              f"{where} defines one for suites that have none (e.g. rewards:FILE)")
-        self.correct = parse_correct(texts, self.metrics, where)
-        self.metrics = (*self.metrics, *correct_metrics(self.correct))
+        correct = parse_correct(texts, self.metrics, where)
+        taken = [m for m in correct_metrics(correct) if m in self.metrics]
+        if taken:
+            raise ValueError(f"{where}: suite {self.name} already reports a metric named {taken[0]!r}, which "
+                             f"{where} adds; rename that reward in the config (its name is only a label)")
+        self.correct = correct
+        self.metrics = (*self.metrics, *correct_metrics(correct))
 
     def judged(self, scores: Sequence[dict]) -> list[dict]:
         """``score``'s results with the ``set_correct`` metrics added (unchanged without)."""

@@ -81,13 +81,15 @@ def _check(args: argparse.Namespace) -> int:
 
     import yaml
 
-    class Counted(logging.Handler):  # warnings logged during the checks count as those printed
+    class Counted(logging.StreamHandler):  # warnings logged during the checks: printed, and counted
         def __init__(self) -> None:
-            super().__init__(logging.WARNING)
+            super().__init__(sys.stderr)
+            self.setLevel(logging.WARNING)
             self.count = 0
 
         def emit(self, record: logging.LogRecord) -> None:
             self.count += 1
+            super().emit(record)
 
     counted = Counted()
     logging.getLogger().addHandler(counted)

@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
     too_long = report["counts"]["prompt_too_long"]
     if too_long:
         print(f"gdpo-ray eval: note: {too_long} samples were not generated, their prompt being over "
-              f"--max-prompt-tokens {args.max_prompt_tokens} (scored as empty answers)", file=sys.stderr)
+              f"--max-prompt-tokens {args.max_prompt_tokens} ("
+              + ("every column failed" if report["suite"].startswith("rewards:") else "scored as empty answers")
+              + ")", file=sys.stderr)
     missing = report["settings"].get("items_missing")
     if missing:
         print(f"gdpo-ray eval: note: {missing} of the suite's {report['settings']['items']} items are not "

@@ -80,14 +80,13 @@ def _run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from gdpo_ray import sft
-    from gdpo_ray.data import load_prompts
     from gdpo_ray.environments.tool_prompt import check_mode, in_system
     from gdpo_ray.lora import lora_settings
     from gdpo_ray.model_files import resolve_model_path
     from gdpo_ray.run.preflight import check_model
 
-    for name in ("epochs", "batch_size", "max_length", "num_threads"):
-        if getattr(args, name) < 1:
+    for name in ("epochs", "batch_size", "max_length", "num_threads", "max_steps", "limit"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0; got {args.lr}")
@@ -106,7 +105,11 @@ def _run(args: argparse.Namespace) -> int:
         tools = {name: list(load_environment(path).schemas) for name, path in paths.items()}
         tools = tools[None] if None in tools else tools  # TRL's dict form: per the row's class
     shown = in_system(settings["tools_in_system_prompt"], tokenizer)
-    rows = load_prompts(args.data, None, args.seed) if args.data.startswith("task:") else args.data
+    rows = args.data
+    if args.data.startswith("task:"):
+        from gdpo_ray.tasks import TASKS
+
+        rows = TASKS.get(args.data.removeprefix("task:"))()  # the task's own size and seed
     if args.limit is not None:
         from gdpo_ray.data import read_dataset
 
@@ -132,6 +135,9 @@ def _run(args: argparse.Namespace) -> int:
                "last_loss": losses[-1] if losses else None, "lora": lora, "epochs": args.epochs, "lr": args.lr,
                "batch_size": args.batch_size, **settings}
     (output / "sft.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"gdpo-ray sft: loss {summary['first_loss']:.4f} -> {summary['last_loss']:.4f} over {len(losses)} steps")
+    def shown(loss: float | None) -> str:
+        return "n/a" if loss is None else f"{loss:.4f}"
+
+    print(f"gdpo-ray sft: loss {shown(summary['first_loss'])} -> {shown(summary['last_loss'])} over {len(losses)} steps")
     print(f"gdpo-ray sft: model {output} (train on it: gdpo-ray train CONFIG llm.model_path={output})")
     return 0

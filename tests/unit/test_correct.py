@@ -61,6 +61,16 @@ def test_a_suite_gets_accuracy_pass_rates_and_pass_at_k_from_its_columns(tmp_pat
         make_suite("task:addition").set_correct(["format_ratio>=1"])
 
 
+def test_a_reward_named_accuracy_is_never_the_correct_metric_by_its_name(tmp_path):
+    """TRL users name rewards `accuracy`: a column of that name is no verdict of correctness (no
+    pass@k from it), and --correct, which adds an `accuracy`, asks to rename it."""
+    path = write_jsonl(tmp_path / "h.jsonl", [{"prompt": "2+2?", "answer": "4"}])
+    suite = make_suite(f"rewards:{path}", rewards=[{**REWARDS[0], "name": "accuracy"}])
+    assert suite.correct_metric() is None
+    with pytest.raises(ValueError, match="already reports a metric named 'accuracy', which --correct adds; rename"):
+        suite.set_correct(["accuracy>=1"])
+
+
 def test_training_prompts_left_out_are_said_once_and_counted(tmp_path, caplog):
     from gdpo_ray.eval.suites import held_out_suite
     from gdpo_ray.run.eval_runner import evaluate

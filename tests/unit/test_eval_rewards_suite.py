@@ -156,9 +156,25 @@ def test_columns_only_a_rollout_computes_are_scored_by_it_never_left_out(held_ou
     assert math.isnan(b["solved"]) and b["solved/failure_rate"] == 1.0 and math.isnan(b["weighted_sum"])
     assert b["reward_errors"] == {"solved": "error: get_rewards raised KeyError",
                                   "after": "condition: on 'solved', error: get_rewards raised KeyError"}
-    # not generated: scored here as the empty answer it is, the rollout's columns fail with the reason
-    assert c["correct"] == 0.0 and c["flaky"] == 0.25 and math.isnan(c["solved"])
-    assert c["reward_errors"]["solved"] == "error: not generated: its prompt is over the actors' max_prompt_tokens"
+    # not generated: every column fails with the reason (an empty text would score on some)
+    assert all(math.isnan(c[name]) and c[name + "/failure_rate"] == 1.0 for name in ("correct", "flaky", "solved"))
+    assert c["reward_errors"]["flaky"] == "error: not generated: its prompt is over the actors' max_prompt_tokens"
+
+
+def test_another_classs_column_does_not_apply_and_is_no_failure(held_out):
+    """TRL's dict form: a rollout of class Adder has no Muler column (training's n/a): NaN, no
+    failure, out of the weighted sum, and --correct conditions on it hold."""
+    rewards = [{"name": "Adder", "fn": "environment"}, {"name": "Muler", "fn": "environment", "weight": 2.0},
+               {"name": "after", "fn": "length", "condition": {"on": "Muler", "min": 1}}]
+    suite = make_suite(f"rewards:{held_out}", rewards=rewards)
+    suite.set_correct(["Adder>=1", "Muler>=1"])
+    na = "n/a: a rollout of 'add', which gives no 'Muler'"
+    done = Completion("4", 1, "stop", rewards={"Adder": 1.0, "Muler": math.nan, "after": math.nan},
+                      reward_errors={"Muler": na, "after": "n/a: on 'Muler', which does not apply"})
+    (row,) = suite.judged(suite.score(suite.items()[0], [done]))
+    assert math.isnan(row["Muler"]) and row["Muler/failure_rate"] == 0.0 and row["after/failure_rate"] == 0.0
+    assert row["weighted_sum"] == 1.0 and "reward_errors" not in row and row["not_applicable"] == ["Muler", "after"]
+    assert row["accuracy"] == 1.0 and row["Adder/pass_rate"] == 1.0 and math.isnan(row["Muler/pass_rate"])
 
 
 def test_a_tool_environment_adds_the_turn_metrics_and_the_settings(held_out):
@@ -255,3 +271,32 @@ def test_time_limits_nest_each_raising_its_own():
             with time_limit(5):
                 time.sleep(2)
     assert outer_up.value.limit is outer and time.monotonic() - start < 1.5
+
+
+def test_rows_the_environment_cannot_start_on_are_refused_before_any_model(tmp_path):
+    """A held-out file without the column the environment's reset reads (the tools would be off
+    for every row, every environment column NaN), or in TRL's dict form a row naming no class."""
+    env = "tests.unit.trl_style_environments:Calculator"  # reset reads row["target"] with a default
+    strict = "tests.unit.test_eval_rewards_suite:NeedsTarget"
+    path = write_jsonl(tmp_path / "h.jsonl", [{"prompt": "a", "answer": "1"}])
+    make_suite(f"rewards:{path}", rewards=REWARDS, environment=env)  # fine
+    with pytest.raises(ValueError, match=r"h\.jsonl, line 1: environment .*NeedsTarget cannot start on this row "
+                                         r"\(KeyError: 'target'\); give the held-out rows the columns"):
+        make_suite(f"rewards:{path}", rewards=REWARDS, environment=strict)
+    mixed = write_jsonl(tmp_path / "m.jsonl", [{"prompt": "a", "answer": "1", "environment": "calc"},
+                                               {"prompt": "b", "answer": "2", "environment": "serach"}])
+    with pytest.raises(ValueError, match=r"m\.jsonl, line 2: environment is 'serach', not one of"):
+        make_suite(f"rewards:{mixed}", rewards=REWARDS, environment={"calc": env, "strict": strict})
+
+
+class NeedsTarget:
+    def reset(self, **row):
+        self.target = row["target"]
+
+    def add(self, value: float) -> str:
+        """Adds a number.
+
+        Args:
+            value: The number.
+        """
+        return str(value)

@@ -124,6 +124,8 @@ def test_the_command_fits_and_writes_a_model_the_trainer_takes(tiny_model_dir, t
         assert changed and not any("lora" in k for k in model.state_dict())
     assert main(["sft", tiny_model_dir, "--data", str(data), "--lora", "{r: 0}"]) == 2
     assert "llm.lora.r must be an integer >= 1" in capsys.readouterr().err
+    assert main(["sft", tiny_model_dir, "--data", str(data), "--max-steps", "0"]) == 2
+    assert "--max-steps must be >= 1" in capsys.readouterr().err
 
 
 def test_rows_of_trls_dict_form_see_their_own_classs_tools(tiny_model_dir):

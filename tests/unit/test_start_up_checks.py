@@ -180,6 +180,7 @@ def test_check_shows_prompts_as_the_model_sees_them_and_counts_every_warning(tmp
 
     monkeypatch.setattr(preflight, "check_context", logs_a_warning)
     assert main(["check", "config.yaml", "data.tools_in_system_prompt=never"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "a logged warning" in err  # printed, not only counted
     assert "gdpo-ray: warning: data.tool_environment: the chat template of 'tiny'" in out
     assert "(2 warning(s))" in out
