@@ -193,7 +193,8 @@ class RolloutActor:
                                  [prompts[i] for i in chosen], [rows[i] for i in chosen] if score else None)
 
     def _completions(self, n: int, count: int, fits: Sequence[int], flat: Sequence[Any],
-                     rollout_prompts: Sequence[Any], rows: Sequence[Mapping[str, Any]] | None) -> list[list[Completion]]:
+                     rollout_prompts: Sequence[Any],
+                     rows: Sequence[Mapping[str, Any]] | None) -> list[list[Completion]]:
         """``complete``'s results: ``flat`` holds n samples (or trajectories) per prompt of
         ``fits``, in order; ``rows`` (per sample): score them with the rewards."""
         scored = None

@@ -54,7 +54,8 @@ def call_block(call: Any) -> str:
             raise ValueError(f"tool call {fn['name']!r}: its arguments are not JSON ({err})") from None
     if not isinstance(arguments, dict):
         raise ValueError(f"tool call {fn['name']!r}: arguments must be an object; got {arguments!r}")
-    return "<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+    call = json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
 
 
 def assistant_text(message: dict) -> str:

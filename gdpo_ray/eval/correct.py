@@ -43,7 +43,8 @@ class Condition:
         return f"{self.name}{self.op}{self.value:g}"
 
 
-def parse_correct(texts: Sequence[str] | str, metrics: Sequence[str], where: str = "--correct") -> tuple[Condition, ...]:
+def parse_correct(texts: Sequence[str] | str, metrics: Sequence[str],
+                  where: str = "--correct") -> tuple[Condition, ...]:
     """The conditions of ``texts`` ('NAME>=VALUE', each), every NAME one of ``metrics``; a
     ValueError naming ``where``, the text and the fix for anything else."""
     if isinstance(texts, str):

@@ -30,8 +30,9 @@ Metrics, each avg@n (the mean over an item's n samples, then over the items):
 A prompt over the actors' ``max_prompt_tokens`` is not generated: its samples fail every column
 ("not generated"). In TRL's dict form of environments a column another class gives does not apply
 to a row (training's ``n/a``): NaN, no failure, left out of ``weighted_sum``; the sample lists it
-under ``not_applicable``, and a ``--correct`` condition on it holds. Eval knows a file's completion's token count (``response_length``) but not
-its token ids: ``completion_ids`` are None, ``trainer_state.global_step`` is 0.
+under ``not_applicable``, and a ``--correct`` condition on it holds. Eval knows a file's
+completion's token count (``response_length``) but not its token ids: ``completion_ids`` are
+None, ``trainer_state.global_step`` is 0.
 """
 
 from __future__ import annotations

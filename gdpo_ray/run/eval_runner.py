@@ -29,7 +29,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
@@ -147,12 +147,11 @@ def read_completions(path: str, items: Sequence[EvalItem], tokenizer: Any = None
     return {it.id: by_id[it.id] for it in items if it.id in by_id}
 
 
-def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling: Mapping[str, Any],
+def generate(model_path: str | None, suite: Suite, items: Sequence[EvalItem], n: int, sampling: Mapping[str, Any],
              engine: str = "hf", engine_kwargs: Mapping[str, Any] | None = None, num_actors: int = 1,
              chat_template: bool = True, prompts_per_call: int = 8, calls_per_actor: int = 2,
              num_gpus_per_actor: float = 0, progress: bool = True, rollouts: RolloutGroup | None = None,
-             max_prompt_tokens: int = 8192, suite: Suite | None = None,
-             system_prompt: str | None = None) -> dict[str, list[Completion]]:
+             max_prompt_tokens: int = 8192, system_prompt: str | None = None) -> dict[str, list[Completion]]:
     """n completions of every item, on ``rollouts`` (a run's rollout group, with its own
     template, prompt limit, tool environment and rewards) or on a group of ``num_actors`` new
     rollout actors set up as the ``suite`` says: multi-turn with the tools of its
@@ -163,14 +162,13 @@ def generate(model_path: str | None, items: Sequence[EvalItem], n: int, sampling
     "prompt_too_long")."""
     from tqdm import tqdm
 
-    own, environment = rollouts is None, suite.environment if suite is not None else None
-    rewards = suite.rollout_rewards if suite is not None else None
+    own, environment, rewards = rollouts is None, suite.environment, suite.rollout_rewards
     if own:
         rollouts = RolloutGroup(
             dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=rewards,
                  group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
                  chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
-                 environment=environment, max_turns=suite.max_turns if suite is not None else 10,
+                 environment=environment, max_turns=suite.max_turns,
                  system_prompt=system_prompt, **(suite.tool_settings if environment else {})),
             num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
             calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
@@ -303,10 +301,9 @@ def evaluate(suite: Suite, policy: str | None = None, completions_file: str | No
         settings |= {"engine": engine if own else None, "chat_template": chat_template if own else None,
                      "max_prompt_tokens": max_prompt_tokens if own else None,
                      "system_prompt": (system_prompt or "") if own else None}
-        completions = generate(model, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
+        completions = generate(model, suite, items, samples, sampling, engine=engine, engine_kwargs=engine_kwargs,
                                num_actors=num_actors, chat_template=chat_template, progress=progress,
-                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, suite=suite,
-                               system_prompt=system_prompt)
+                               rollouts=rollouts, max_prompt_tokens=max_prompt_tokens, system_prompt=system_prompt)
         source = str(policy) if policy is not None else "rollout actors"
     scored = score(suite, items, completions, progress=progress)
     return build_report(suite, scored, {it.id: it.category for it in items}, label or source, settings, pass_k)

