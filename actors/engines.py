@@ -2,9 +2,9 @@
 
 Two kinds of engine, one ``Protocol`` each, holding exactly what the actors call:
 
-- ``BatchEngine`` (``generation.mode='batched'``, ``actors.rollout.RolloutActor``): plain
+- ``BatchEngine`` (``generation.mode='batched'``, ``actors.samplers.BatchedSampler``): plain
   methods, one batch of prompts per call;
-- ``StreamingEngine`` (``generation.mode='streaming'``, ``actors.streaming.StreamingRolloutActor``):
+- ``StreamingEngine`` (``generation.mode='streaming'``, ``actors.samplers.StreamingSampler``):
   coroutines on the actor's event loop, one request per sample, new weights pushed in flight.
 
 An engine whose ``weight_transfer`` is True takes a learner's NCCL broadcast itself (vLLM's
@@ -73,8 +73,48 @@ class VersionedSample(Sample):
     versions: list[int] = dataclasses.field(default_factory=list)  # per token: the policy that sampled it
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineTraits:
+    """What the rest of the system asks about an engine, declared by its class as ``traits``
+    (a class without it has these defaults), so that no module outside ``actors`` compares an
+    engine's name.
+
+    - ``exact_dtype``: the engine computes with the ``dtype`` it is built with (its
+      ``engine_kwargs``; ``default_dtype`` where none is given) and holds a push of that dtype
+      exactly; False: it may hold a float32 push in a lower precision (vLLM's ``auto``), so the
+      attestation also accepts the push rounded to ``gdpo_ray.weights.digest.VARIANTS``.
+    - ``adapter_slots``: the keyword that sets how many LoRA adapters it serves at once (a
+      streaming actor keeps ``max_staleness + 1`` versions live), or None.
+    """
+
+    exact_dtype: bool = False
+    default_dtype: str = "auto"
+    adapter_slots: str | None = None
+
+
+def traits_of(cls: Any) -> EngineTraits:
+    return getattr(cls, "traits", None) or EngineTraits()
+
+
+def generation_mode(kind: str, mode: str | None) -> str:
+    """``generation.mode``, its default filled in: streaming for an engine of ``ENGINES`` with a
+    continuous-batching class (vllm), batched otherwise (a ``package.module:Class`` included)."""
+    return mode or ("streaming" if "streaming" in ENGINES.get(kind, {}) else "batched")
+
+
+def digest_variants(kind: str, mode: str | None, engine_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The lower precisions rollout engines of ``kind`` may hold a float32 push in (the
+    attestation's accepted roundings): none for an engine that computes with exactly the
+    float32 it is built with, else every one of ``gdpo_ray.weights.digest.VARIANTS``."""
+    from gdpo_ray.weights.digest import VARIANTS
+
+    traits = traits_of(engine_class(kind, generation_mode(kind, mode)))
+    dtype = str(engine_kwargs.get("dtype", traits.default_dtype)).removeprefix("torch.")
+    return () if traits.exact_dtype and dtype == "float32" else VARIANTS
+
+
 class BatchEngine(Protocol):
-    """What ``RolloutActor`` (``generation.mode='batched'``) calls of its engine, synchronously.
+    """What the rollout actor (``generation.mode='batched'``) calls of its engine, synchronously.
 
     The actor builds it as ``Engine(model_path, seed=seed, **generation.engine_kwargs)``
     (``model_path`` a local Hugging Face model directory; with ``llm.lora`` also ``lora=``, the
@@ -124,7 +164,7 @@ class BatchEngine(Protocol):
 
 
 class StreamingEngine(Protocol):
-    """What ``StreamingRolloutActor`` (``generation.mode='streaming'``) calls of its engine.
+    """What the rollout actor (``generation.mode='streaming'``) calls of its engine.
     Every method that touches the engine is a coroutine, run on the actor's one event loop, many
     at once (the engine batches every request in flight continuously).
 
@@ -151,11 +191,6 @@ class StreamingEngine(Protocol):
         """One completion of one prompt, a request of its own, with the version of every token.
         Cancelling the task aborts the request (the actor cancels a group left more than
         ``max_staleness`` behind a push)."""
-
-    async def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
-                       logprobs: bool = True) -> list[list[VersionedSample]]:
-        """``BatchEngine.generate``'s contract, as concurrent requests beside those in flight
-        (evaluation: ``complete`` calls it with ``logprobs=False``)."""
 
     def write_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> str:
         """New weights (as ``BatchEngine.load_weights`` takes them) written where ``push`` reads

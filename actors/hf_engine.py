@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from actors.engines import Sample, SamplingParams
+from actors.engines import EngineTraits, Sample, SamplingParams
 
 ADAPTER = "default"  # PEFT's name of the one adapter
 
@@ -25,6 +25,7 @@ class HFEngine:
     ``actors.engines.BatchEngine``; any top-p/top-k (its logprobs are of the full distribution)."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
+    traits = EngineTraits(exact_dtype=True, default_dtype="float32")
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
@@ -168,10 +169,10 @@ def _lora_layers(model) -> dict[str, tuple[Any, Any]]:
 
 def _adapter_tensors(layers: dict[str, tuple[Any, Any]]) -> dict[str, Any]:
     """The LoRA layers' adapter tensors under the names PEFT saves them with."""
-    from gdpo_ray.lora import adapter_key
+    from gdpo_ray.lora import adapter_key, is_adapter_tensor
 
     return {adapter_key(f"{name}.{tensor}"): value for name, (layer, _) in layers.items()
-            for tensor, value in layer.named_parameters() if "lora_" in tensor}
+            for tensor, value in layer.named_parameters() if is_adapter_tensor(f"{name}.{tensor}")}
 
 
 def _eos_ids(configured: Any, tokenizer: Any) -> list[int]:

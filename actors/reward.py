@@ -1,9 +1,9 @@
 """The reward scoring pool a rollout actor uses: worker processes, timeouts, kills, retries, NaN.
 
-Rewards never run in the trainer or rollout process. Worker processes (the first spawned; any
-other forked from a server that has imported the reward modules, so a new one starts in
-milliseconds; each the leader of its own session, so that its whole process tree can be killed)
-score tasks of (rows, rewards), one reward call at a time, calling each function as TRL does
+Rewards never run in the trainer or rollout process. Worker processes (``actors.reward_worker``:
+the first spawned; any other forked from a server that has imported the reward modules, so a
+new one starts in milliseconds; each the leader of its own session, so that its whole process
+tree can be killed) score tasks of (rows, rewards), one reward call at a time, calling each function as TRL does
 (``gdpo_ray.rewards.call_reward``).
 
 Every (row, reward) that cannot be scored is NaN with its error text, of one of three classes
@@ -28,38 +28,32 @@ timeout per worker.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
 import logging
 import math
 import multiprocessing as mp
 import os
-import signal
 import sys
-import threading
 import time
 from collections import deque
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Mapping, Sequence
 
 import cloudpickle
 import numpy as np
 
+from actors.reward_worker import PARK_AFTER_S, Task, Worker, fork_server
 from gdpo_ray.environments.session import Hung, run_with_timeout
-from gdpo_ray.rewards import (NOT_APPLICABLE, RewardInfraError, RewardSpec, TrainerState, apply_conditions,
-                              call_reward, check_specs, failure_kind, takes_environments, to_floats)
+from gdpo_ray.rewards import (NOT_APPLICABLE, RewardSpec, TrainerState, apply_conditions, call_reward, check_specs,
+                              failure_kind, takes_environments, to_floats)
 from gdpo_ray.rewards.adapters import ENVIRONMENTS
 
 logger = logging.getLogger(__name__)
 
-#: a call waiting this long with an idle worker is parked (see the module docstring)
-PARK_AFTER_S = 0.05
 #: parked workers a pool may hold beside its ``num_workers``
 MAX_PARKED = 64
 #: retries of a (row, reward) whose scoring infrastructure failed
 INFRA_RETRIES = 2
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclasses.dataclass
@@ -67,147 +61,6 @@ class ScoreResult:
     values: np.ndarray  # [N, K] float32 stored (conditioned) rewards; NaN = could not be computed
     errors: list[list[str]]  # [N][K] why a value is NaN ("" where it was computed)
     metrics: dict[str, float]  # rewards/<name>/{mean,std,failure_rate,errors,timeouts,...}
-
-
-@dataclasses.dataclass
-class _Task:
-    rows: list[int]
-    rewards: list[int]  # scored in this order, one call each, by one worker
-    attempt: int = 0  # infra retries used
-
-
-def _worker_main(conn: Connection, payload: bytes) -> None:
-    """A scoring worker: resolves the reward functions once, then scores calls until told to stop."""
-    os.setsid()  # its own process group: a kill reaches everything it started
-    specs, path, cwd = cloudpickle.loads(payload)
-    sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
-    os.chdir(cwd)
-    try:
-        for module in _modules(specs):
-            importlib.import_module(module)
-        fns = [None if spec.from_environment else spec.resolve() for spec in specs]
-    except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
-        conn.send(("failed", f"{type(err).__name__}: {err}"))
-        return
-    conn.send("ready")
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):  # the pool's process ended (a run's end stops its actors): so does this
-            return
-        if msg is None:
-            return
-        k, kwargs = msg
-        n = len(kwargs["completions"])
-        start = time.perf_counter()
-        try:
-            values = to_floats(call_reward(fns[k], **kwargs), n, specs[k].name)
-            kind, error = "", ""
-        except RewardInfraError as err:
-            values, kind, error = None, "infra", f"{type(err).__name__}: {err}"
-        except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
-            values, kind, error = None, "error", f"{type(err).__name__}: {err}"
-        try:
-            conn.send((values, kind, error[:500], time.perf_counter() - start))
-        except OSError:  # BrokenPipeError: the pool is gone
-            return
-
-
-def _proc_stat(pid: int) -> tuple[str, float] | None:
-    """(scheduler state: R running or runnable, S sleeping, D waiting on I/O, ...; user +
-    system CPU seconds) of a process (Linux /proc), None where it cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _modules(specs: Sequence[RewardSpec]) -> list[str]:
-    """The modules a worker scores with: imported before it says it is ready (or by the server
-    it forks from), not at the first call."""
-    modules = ["actors.reward", "gdpo_ray.rewards"]
-    for spec in specs:
-        fn = spec.fn if spec.fn is not None else spec.name
-        if isinstance(fn, str) and ":" in fn:
-            modules.append(fn.removeprefix("verl:").split(":")[0])
-        elif fn == "math_correctness":
-            modules.append("math_verify")
-    return list(dict.fromkeys(modules))
-
-
-def _server(specs: Sequence[RewardSpec]):
-    """A forkserver that has imported the reward modules (spawn where there is none)."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_modules(specs))  # only before the server starts
-    return ctx
-
-
-_MAIN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_script_hidden():
-    """While a worker starts: multiprocessing re-runs the parent's ``__main__`` script in each
-    child (as ``__mp_main__``, for functions pickled by reference from it). A Ray actor's is Ray's
-    ``default_worker.py``, which imports Ray: ~40 MiB and 0.3 s per worker. A worker's function
-    lives in this module, and a reward defined in the script travels by value (cloudpickle), so
-    no child needs the script."""
-    main = sys.modules["__main__"]
-    with _MAIN_LOCK:
-        path = main.__dict__.pop("__file__", None)
-        try:
-            yield
-        finally:
-            if path is not None:
-                main.__file__ = path
-
-
-class _Worker:
-    def __init__(self, ctx, payload: bytes, cwd: str) -> None:
-        try:  # starting a process needs a current directory: Ray may have replaced the job's
-            os.getcwd()  # working-dir copy under this process (the same path, a new copy)
-        except FileNotFoundError:
-            os.chdir(cwd if os.path.isdir(cwd) else "/")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(child, payload), daemon=True)
-        with _main_script_hidden():
-            self.process.start()
-        child.close()
-        self.ready = False
-        self.task: _Task | None = None  # the task whose first reward is being scored
-        self.deadline = self.started = 0.0
-        self.cpu_at_start: float | None = None
-        self.parked = False
-
-    def send(self, task: _Task, kwargs: dict, timeout_s: float) -> None:
-        self.task, self.parked = task, False
-        self.started = time.monotonic()
-        self.deadline = self.started + timeout_s  # one sample's, for a call of several rows too
-        stat = _proc_stat(self.process.pid)
-        self.cpu_at_start = stat[1] if stat else None
-        self.conn.send((task.rewards[0], kwargs))
-
-    def blocked(self, now: float) -> bool:
-        """Waiting (not computing) for at least PARK_AFTER_S since the call started: asleep now
-        (a computing process is runnable, R, even while other processes hold the CPUs) and
-        having used at most half a core meanwhile."""
-        elapsed = now - self.started
-        if elapsed < PARK_AFTER_S or self.cpu_at_start is None:
-            return False
-        stat = _proc_stat(self.process.pid)
-        return stat is not None and stat[0] in "SD" and stat[1] - self.cpu_at_start <= 0.5 * elapsed
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
 
 
 class RewardPool:
@@ -251,7 +104,7 @@ class RewardPool:
         self._startup_failures = 0
         self.parked = 0  # calls parked so far (waiting while others were scored)
 
-    def _new_worker(self) -> _Worker:
+    def _new_worker(self) -> Worker:
         """A worker process: the pool's first is spawned; the others (more workers, stand-ins for
         parked calls, replacements of killed ones) fork from a server that has imported the
         reward modules, started at the first such need (one spawn's time once, then
@@ -260,8 +113,8 @@ class RewardPool:
         if self._ctx is None:
             self._ctx = mp.get_context("spawn")  # the first
         elif self._ctx.get_start_method() == "spawn":
-            self._ctx = _server(self.specs)
-        return _Worker(self._ctx, self._payload, self._cwd)
+            self._ctx = fork_server(self.specs)
+        return Worker(self._ctx, self._payload, self._cwd)
 
     @property
     def names(self) -> list[str]:
@@ -289,7 +142,7 @@ class RewardPool:
             run.take(self.names.index(name), *(dict(given or {}).get(name) or _not_given(n)))
         pending = self._tasks(n, k)
 
-        def start(w: _Worker, task: _Task) -> None:
+        def start(w: Worker, task: Task) -> None:
             rows = task.rows
             kwargs = {c: [v[i] for i in rows] for c, v in columns.items()}
             kwargs |= {"prompts": [prompts[i] for i in rows],
@@ -353,8 +206,8 @@ class RewardPool:
         single = [j for j in scored if j in self._row_by_row]
         batched = [j for j in scored if j not in self._row_by_row]
         size = self.rows_per_call or max(1, math.ceil(n / self.num_workers))
-        tasks = deque(_Task(list(range(i, min(i + size, n))), batched) for i in range(0, n, size) if batched)
-        tasks.extend(_Task([i], single) for i in range(n) if single)
+        tasks = deque(Task(list(range(i, min(i + size, n))), batched) for i in range(0, n, size) if batched)
+        tasks.extend(Task([i], single) for i in range(n) if single)
         return tasks
 
     def _grow(self, pending: deque) -> None:
@@ -373,7 +226,7 @@ class RewardPool:
         for w in extra:
             self._stop(w)
 
-    def _receive(self, worker: _Worker, pending: deque, run: "_Scoring", start) -> None:
+    def _receive(self, worker: Worker, pending: deque, run: "_Scoring", start) -> None:
         try:
             msg = worker.conn.recv()
         except (EOFError, OSError):
@@ -392,11 +245,11 @@ class RewardPool:
         if values is not None:
             run.record(task.rows, j, values, seconds)
         else:
-            self._failed(_Task(task.rows, [j], task.attempt), kind, error, pending, run)
+            self._failed(Task(task.rows, [j], task.attempt), kind, error, pending, run)
         if rest:  # the task's next reward, on the same worker (its caches are warm)
-            start(worker, _Task(task.rows, rest, task.attempt))
+            start(worker, Task(task.rows, rest, task.attempt))
 
-    def _died(self, worker: _Worker, pending: deque, run: "_Scoring") -> None:
+    def _died(self, worker: Worker, pending: deque, run: "_Scoring") -> None:
         worker.process.join(timeout=1.0)  # its pipe closes before it is reaped: wait for the code
         code = worker.process.exitcode
         self._remove(worker)
@@ -411,12 +264,12 @@ class RewardPool:
             return
         task = worker.task
         if task is not None:
-            self._failed(_Task(task.rows, task.rewards[:1], task.attempt), "infra",
+            self._failed(Task(task.rows, task.rewards[:1], task.attempt), "infra",
                          f"reward worker died (exit code {code})", pending, run)
             if task.rewards[1:]:
-                pending.append(_Task(task.rows, task.rewards[1:], task.attempt))
+                pending.append(Task(task.rows, task.rewards[1:], task.attempt))
 
-    def _timed_out(self, worker: _Worker, pending: deque, run: "_Scoring") -> None:
+    def _timed_out(self, worker: Worker, pending: deque, run: "_Scoring") -> None:
         task = worker.task
         self._remove(worker)
         j, seconds = task.rewards[0], self.timeouts[task.rewards[0]]
@@ -424,27 +277,27 @@ class RewardPool:
             self._row_by_row.add(j)
             logger.info("reward %r: a call of %d rows ran over its timeout (%g s); it is scored "
                         "row by row from now on", self.specs[j].name, len(task.rows), seconds)
-        self._failed(_Task(task.rows, task.rewards[:1], task.attempt), "timeout",
+        self._failed(Task(task.rows, task.rewards[:1], task.attempt), "timeout",
                      f"no answer after {seconds:g} s (process tree killed)", pending, run)
         if task.rewards[1:]:  # the rewards after it never started
-            pending.append(_Task(task.rows, task.rewards[1:], task.attempt))
+            pending.append(Task(task.rows, task.rewards[1:], task.attempt))
 
-    def _failed(self, task: _Task, kind: str, error: str, pending: deque, run: "_Scoring") -> None:
+    def _failed(self, task: Task, kind: str, error: str, pending: deque, run: "_Scoring") -> None:
         """One reward of ``task`` failed: rows are isolated, infrastructure is retried."""
         if len(task.rows) > 1:
-            pending.extend(_Task([i], task.rewards, task.attempt) for i in task.rows)
+            pending.extend(Task([i], task.rewards, task.attempt) for i in task.rows)
         elif kind == "infra" and task.attempt < INFRA_RETRIES:
-            pending.append(_Task(task.rows, task.rewards, task.attempt + 1))
+            pending.append(Task(task.rows, task.rewards, task.attempt + 1))
         else:
             attempts = f" ({task.attempt + 1} attempts)" if kind == "infra" else ""
             run.fail(task.rows[0], task.rewards[0], kind, error + attempts)
 
-    def _remove(self, worker: _Worker) -> None:
+    def _remove(self, worker: Worker) -> None:
         worker.kill()
         self._workers.remove(worker)
 
     @staticmethod
-    def _stop(worker: _Worker) -> None:
+    def _stop(worker: Worker) -> None:
         try:
             worker.conn.send(None)
         except OSError:

@@ -1,30 +1,47 @@
-"""Rollout actors: prompts in, complete scored groups out.
+"""The rollout actor: prompts in, complete scored groups out.
 
-A ``RolloutActor`` (a Ray actor) turns prompts into complete groups: apply the chat template,
-generate G completions per prompt with its engine (``hf`` or ``vllm``), score them with the K
-rewards (``actors.reward.RewardPool``, worker processes), and return the groups as ONE Arrow
-record batch (each group G contiguous rows) tagged with the policy version that generated them.
-Every call is a Ray streaming generator (``stream``) whose items come in pairs: a record batch
-(written once into Ray's object store by the actor; the driver only ever holds its reference,
-and waits on it with ``fetch_local=False``), then small metadata (``CallMeta``: per group its
-rewards, errors, lengths, finish reasons and version), all the driver reads. Here a call yields
-one pair; the streaming actor (``actors.streaming``) one per group as it finishes. New weights
-arrive between generations through ``set_weights(version, weights)`` (in flight when streaming).
+A ``RolloutActor`` (a Ray async actor) turns prompts into complete groups: apply the chat
+template, run G rollouts per prompt through the turn loop (``actors.turn_loop``: one state
+machine for single-turn samples and multi-turn rollouts with tools, training's and
+evaluation's) on its engine (``hf``, ``vllm`` or a class of ``actors.engines``), through the
+sampler of the engine's mode (``actors.samplers``: ``batched``, one engine call per round of a
+call's turns; ``streaming``, each turn a request of its own, weights changed in flight), score
+them with the K rewards (``actors.reward.RewardPool``, worker processes) and return them as Arrow
+record batches (each group G contiguous rows) tagged with the policy version that generated them.
+The driver calls ``stream`` (a Ray streaming generator) whose items come in pairs: a record batch
+(written once into Ray's object store by the actor; the driver only ever holds its reference),
+then small metadata (``CallMeta``: per group its rewards, errors, lengths, finish reasons and
+version), all the driver reads. A batched call yields one pair for all its groups; a streaming
+call one per group (or per groups done together) as soon as it is scored, so a group that
+finishes early never waits for a slower one started before it.
+
+New weights arrive through ``set_weights`` (object store) or ``receive_weights`` (a broadcast),
+loaded between calls (batched) or in flight (streaming: fetched and written while the engine
+generates, then the engine pauses with its requests kept, loads them, labels the new version and
+resumes; each token records the version that sampled it, ``response_versions``). A group whose
+oldest token is older than ``max_staleness`` behind the new version can never be trained: it is
+aborted and reported (``CallMeta.aborted``) for the driver to re-issue (``rollout/aborted``).
 The driver's side of the actors is ``actors.rollout_group.RolloutGroup``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
 import itertools
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from actors.engines import SamplingParams, VersionedSample, make_engine
+from actors.engines import SamplingParams, engine_class, make_engine, traits_of
 from actors.prompts import Prompt
-from actors.tool_loop import ToolEnvironment, with_observation
+from actors.samplers import SAMPLERS
+from actors.tool_loop import ToolEnvironment
+from actors.turn_loop import Rollout, TurnLoop
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
 from gdpo_ray.eval.suite import Completion
@@ -42,10 +59,14 @@ class RolloutActor:
 
     Args:
         model_path: a local HF model directory (or anything the engine loads).
-        rewards: the K reward declarations (see ``gdpo_ray.rewards.RewardSpec``).
+        rewards: the K reward declarations (see ``gdpo_ray.rewards.RewardSpec``); None: an actor
+            that only completes prompts (evaluation: ``complete``).
         group_size: G, completions per prompt (>= 2).
         engine: "hf" (CPU default), "vllm", or a "package.module:Class" of the ``mode``'s
-            protocol (``actors.engines.BatchEngine`` here); ``engine_kwargs`` go to it.
+            protocol (``actors.engines``); ``engine_kwargs`` go to it.
+        mode: ``generation.mode``, "batched" or "streaming" (``actors.samplers``).
+        max_staleness: the buffer's: streaming groups that fall further behind a push are
+            aborted in flight.
         sampling: ``SamplingParams`` fields.
         chat_template: apply the tokenizer's chat template to string prompts too (as one user
             message); chat-message prompts always get it.
@@ -64,9 +85,7 @@ class RolloutActor:
             model is shown the tools (``gdpo_ray.environments.tool_prompt``).
     """
 
-    mode = "batched"  # generation.mode: which of an engine's classes, and its protocol
-
-    def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]], group_size: int,
+    def __init__(self, model_path: str, rewards: Sequence[Mapping[str, Any]] | None, group_size: int,
                  engine: str = default("engine"), engine_kwargs: Mapping[str, Any] | None = None,
                  sampling: Mapping[str, Any] | None = None, chat_template: bool = default("chat_template"),
                  max_prompt_tokens: int = default("max_prompt_tokens"),
@@ -74,7 +93,8 @@ class RolloutActor:
                  seed: int = 0, model_files: Any = None, lora: Mapping[str, Any] | None = None,
                  environment: str | None = None, max_turns: int = default("max_turns"),
                  tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None,
-                 tools_in_system_prompt: str = default("tools_in_system_prompt")) -> None:
+                 tools_in_system_prompt: str = default("tools_in_system_prompt"),
+                 mode: str = "batched", max_staleness: int = 0) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -86,18 +106,27 @@ class RolloutActor:
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2; got {group_size}")
         self.group_size, self.chat_template, self.system_prompt = group_size, chat_template, system_prompt
-        self.max_prompt_tokens = max_prompt_tokens
+        self.max_prompt_tokens, self.max_staleness = max_prompt_tokens, max_staleness
         self.sampling = SamplingParams(**dict(sampling or {}))
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
+        engine_kwargs = dict(engine_kwargs or {})
+        slots = traits_of(engine_class(engine, mode)).adapter_slots
+        if lora and slots and mode == "streaming":  # every live adapter version runs in a step
+            engine_kwargs = {slots: max_staleness + 1, **engine_kwargs}
         extra = {"lora": dict(lora)} if lora else {}  # an engine without LoRA need not take it
-        self.engine = make_engine(engine, model_path, mode=self.mode, seed=seed,
-                                  **dict(engine_kwargs or {}), **extra)
+        self.engine = make_engine(engine, model_path, mode=mode, seed=seed, **engine_kwargs, **extra)
+        self.sampler = SAMPLERS[mode](self.engine, group_size, self._admit)
         self.tokenizer = self.engine.tokenizer
         self.tools = None if environment is None else ToolEnvironment(environment, self.tokenizer, max_turns,
                                                                      tool_timeout, tools_in_system_prompt)
-        # no rewards: an actor that only completes prompts (evaluation: ``complete``)
         self.rewards = RewardPool(rewards, num_workers=reward_workers or num_threads) if rewards else None
         self.version, self.channel = 0, None
+        self._open: dict[str, list] = {}  # group_id -> [version its first request entered at or None, task]
+        self._push = asyncio.Lock()
+        self._pending: set[int] = set()  # versions whose push has arrived and not finished
+        self._versions = asyncio.Condition()  # notified at the end of every push
+        self._scorer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="score")
+        self._closed = False
 
     def ready(self) -> str:
         """The id of the Ray node this actor runs on (once it has started)."""
@@ -105,126 +134,244 @@ class RolloutActor:
 
         return ray.get_runtime_context().get_node_id()
 
-    def sleep(self) -> None:
-        """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep
-        mode); the hf engine keeps its weights where they are."""
-        self.engine.sleep()
-
-    def wake_up(self) -> None:
-        self.engine.wake_up()
-
     def policy_version(self) -> int:
         return self.version
 
-    def set_weights(self, version: int, weights: Any) -> dict:
-        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
-        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``), read one at a time,
-        zero-copy. Returns the attestation (``attest``)."""
-        import ray
+    async def settled(self, version: int = 0) -> int:
+        """The version held once every push that has arrived is loaded, and ``version`` at least
+        (calls run concurrently on this async actor, and one may start before a push sent ahead
+        of it: a caller that must see the engine after a push waits here)."""
+        async with self._versions:
+            await self._versions.wait_for(lambda: not self._pending and self.version >= version)
+        return self.version
 
+    def engine_stats(self) -> dict:
+        """Requests in the engine now, its sequence slots, and the pause of every push (s), where
+        the engine counts them (a streaming engine)."""
+        return {key: getattr(self.engine, name) for key, name in
+                (("active", "active"), ("slots", "max_num_seqs"), ("push_pause_s", "pause_s"))
+                if hasattr(self.engine, name)}
+
+    async def sleep(self) -> None:
+        """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep
+        mode); the hf engine keeps its weights where they are."""
+        await self.sampler.sleep()
+
+    async def wake_up(self) -> None:
+        await self.sampler.wake_up()
+
+    # -- weights ---------------------------------------------------------------------------
+
+    async def set_weights(self, version: int, weights: Any) -> dict:
+        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
+        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``, zero-copy). Returns the
+        attestation (``_update``)."""
         from gdpo_ray.weights.buckets import unpack_bucket
         from gdpo_ray.weights.digest import recorded
 
-        sent: dict[str, str] = {}
-        if isinstance(weights, Mapping):
-            self.engine.load_weights(recorded(weights.items(), sent))
-        else:  # one pass over all buckets, fetched lazily (vLLM reloads layer by layer)
-            self.engine.load_weights(recorded(itertools.chain.from_iterable(
-                unpack_bucket(ray.get(ref)) for ref in weights), sent))
-        self.version = int(version)
-        return self.attest(sent)
+        async def load() -> dict[str, str]:
+            if isinstance(weights, Mapping):
+                items = list(weights.items())
+            else:
+                items = [t for b in await asyncio.gather(*weights) for t in unpack_bucket(b)]
+            sent: dict[str, str] = {}
+            await self.sampler.load(recorded(items, sent), version)
+            return sent
 
-    def attest(self, sent: Mapping[str, str]) -> dict:
-        """``{"version", "digests"}``: the version now held and the digests of what the engine
-        holds of every tensor just loaded (``sent``: name -> dtype), read back from the engine,
-        for the driver to compare with the sender's (``actors.attestation``); an engine that
-        cannot read its weights back (NotImplementedError) is reported ``unverified``."""
-        try:
-            return {"version": self.version, "digests": self.engine.weight_digests(sent)}
-        except NotImplementedError as err:  # an engine that cannot read back what it holds
-            return {"version": self.version, "digests": None, "unverified": str(err)}
+        return await self._update(version, load, skip_older=True)
 
-    def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
+    async def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
         """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),
-        proposing what its engine's device allows (gloo on CPU, NCCL on CUDA, vLLM's weight
-        transfer for vllm on CUDA); returns the group's backend."""
+        off the event loop, proposing what its engine's device allows (gloo on CPU, NCCL on CUDA,
+        vLLM's weight transfer for vllm on CUDA); returns the group's backend."""
         from gdpo_ray.weights.channels import open_channel, receiver_backend
 
         if self.channel is not None:
             self.channel.close()
-        self.channel = open_channel(host, port, rank, world_size, receiver_backend(self.engine))
-        self.channel.attach(self.engine)
+        self.channel = await asyncio.get_running_loop().run_in_executor(
+            None, open_channel, host, port, rank, world_size, receiver_backend(self.engine))
+        async with self.sampler.exclusive():
+            joined = self.channel.attach(self.engine)
+            if inspect.isawaitable(joined):  # vLLM's weight transfer: the engine joins the group
+                await joined
         return self.channel.backend
 
-    def receive_weights(self, version: int) -> dict:
-        """Loads one broadcast version into the engine and becomes ``version``; returns the
-        attestation (``attest``)."""
-        sent = self.channel.receive_into(self.engine, version)
-        self.version = int(version)
-        return self.attest(sent)
+    async def receive_weights(self, version: int) -> dict:
+        """One broadcast version into the engine (``actors.samplers``: ``receive``); returns the
+        attestation. A broadcast is a collective: every member takes part, whatever its version."""
+        channel = self.channel
+        return await self._update(version, lambda: self.sampler.receive(channel, version), skip_older=False)
 
-    def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
-                 rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list[list[Completion]]:
+    async def _update(self, version: int, load: Any, skip_older: bool) -> dict:
+        """Runs ``load()`` (which puts ``version`` into the engine and returns what it sent: name
+        -> dtype) as the one push in progress (and, batched, while no call generates), then aborts
+        the groups it left too stale. Returns the attestation ``{"version", "digests"}``: the
+        digests of what the engine holds of every tensor just loaded, read back from the engine,
+        for the driver to compare with the sender's (``actors.attestation``); ``digests`` None
+        where a newer version was held already and this one was skipped; an engine that cannot
+        read its weights back (NotImplementedError) is reported ``unverified``."""
+        self._pending.add(version)  # before any await: a stream call after this one sees it
+        try:
+            async with self._push:
+                if self._closed or (skip_older and version <= self.version):
+                    return {"version": self.version, "digests": None}
+                async with self.sampler.exclusive():
+                    sent = await load()
+                self.version = int(version)
+                oldest = self.version - self.max_staleness
+                for started, task in list(self._open.values()):
+                    if started is not None and started < oldest:
+                        task.cancel()
+                try:
+                    return {"version": self.version, "digests": await self.sampler.digests(sent)}
+                except NotImplementedError as err:
+                    return {"version": self.version, "digests": None, "unverified": str(err)}
+        finally:
+            self._pending.discard(version)
+            async with self._versions:
+                self._versions.notify_all()
+
+    async def _admit(self) -> None:
+        """A group starts decoding only at a version the pushes on their way leave it time to be
+        trained at: the driver pushed version P after its step P, so the group is trained at
+        step P + 1 or later, where it may be at most max_staleness behind P; started at
+        P - max_staleness it would have to make exactly that step, so it waits until the actor
+        is within max(max_staleness - 1, 0) of P (a push lands in a fraction of a step; a fresh
+        actor waits for its first push, from version 0 to the run's)."""
+        slack = max(self.max_staleness - 1, 0)
+        async with self._versions:
+            await self._versions.wait_for(
+                lambda: max(self._pending, default=self.version) - self.version <= slack)
+
+    # -- rollouts --------------------------------------------------------------------------
+
+    async def stream(self, prompts: Sequence[Prompt]) -> AsyncIterator[Any]:
+        """The call the driver makes (``num_returns="streaming"``): pairs of (record batch or
+        None, its metadata), the batch first, so that metadata that arrives vouches for its batch:
+        the scored groups (all at once for a batched call, as they finish for a streaming one;
+        the prompts filtered before generation reported with the first), and one pair per group
+        aborted in flight."""
+        kept, ids, filtered = self.split(prompts)
+        await self._admit()
+        if not kept:
+            yield None
+            yield CallMeta(groups=[], filtered=filtered)
+            return
+        start, version, loop = time.perf_counter(), self.version, asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as generating:
+            await generating.enter_async_context(self.sampler.exclusive())  # batched: no push meanwhile
+            sampler = self.sampler.round(len(kept) * self.group_size)
+            tasks = {}
+            for k, (p, tokens) in enumerate(zip(kept, ids)):
+                entry = self._open[p.group_id] = [None, None]
+                rollouts = [Rollout(k * self.group_size + j, {"prompt": p.prompt, **p.columns}, p.prompt,
+                                    None if self.tools else tokens, entry) for j in range(self.group_size)]
+                entry[1] = task = asyncio.ensure_future(self._loop(sampler, self.sampling).run(rollouts))
+                tasks[task] = (p, rollouts)
+            pending, done_groups = set(tasks), []
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    if not pending:
+                        await generating.aclose()  # generated: a push may load while the call scores
+                    for task in done:
+                        p, rollouts = tasks[task]
+                        self._open.pop(p.group_id, None)
+                        if task.cancelled():
+                            yield None
+                            yield CallMeta(groups=[], filtered=[], aborted=(p.group_id,))
+                        else:
+                            task.result()  # (raises what the loop raised)
+                            done_groups.append((p, rollouts))
+                    if done_groups and (not self.sampler.one_batch or not pending):
+                        done_groups.sort(key=lambda group: group[1][0].key)  # in the call's order
+                        generated = time.perf_counter()
+                        meta, batch = await loop.run_in_executor(self._scorer, self.score, done_groups, version,
+                                                                 filtered, start, generated)
+                        done_groups, filtered = [], []
+                        yield batch
+                        yield meta
+            finally:  # the call itself was cancelled (or the actor is going away)
+                for task in pending:
+                    task.cancel()
+                    self._open.pop(tasks[task][0].group_id, None)
+
+    def _loop(self, sampler: Any, sampling: SamplingParams, logprobs: bool = True) -> TurnLoop:
+        def entered(r: Rollout) -> None:
+            if r.group is not None and r.group[0] is None:
+                r.group[0] = self.version
+
+        return TurnLoop(sampler, self.tokenizer, self.tokenize, self.tools, sampling, logprobs, entered)
+
+    async def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
+        """All of ``prompts``' groups as one batch (the batch call: tests and benchmarks)."""
+        metas, batches = [], []
+        async for item in self.stream(prompts):
+            (batches if len(batches) == len(metas) else metas).append(item)
+        real = [b for b in batches if b is not None]
+        filtered = [f for m in metas for f in m.filtered]
+        if not real:
+            return CallMeta(groups=[], filtered=filtered), None
+        batch = real[0] if len(real) == 1 else pa.Table.from_batches(real).combine_chunks().to_batches()[0]
+        return CallMeta(groups=describe_groups(batch), filtered=filtered, tokens=sum(m.tokens for m in metas),
+                        aborted=tuple(itertools.chain.from_iterable(m.aborted for m in metas)),
+                        timing=metas[-1].timing), batch
+
+    async def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
+                       rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list[list[Completion]]:
         """n completions of each prompt (evaluation: ``sampling`` as ``SamplingParams``' fields,
-        top-p/top-k allowed, no logprobs kept), as ``gdpo_ray.eval.suite.Completion``s. A prompt
+        top-p/top-k allowed, no logprobs kept), as ``gdpo_ray.eval.suite.Completion``s, once the
+        pushes that have arrived are loaded (streaming: beside the groups in flight). A prompt
         over ``max_prompt_tokens`` is not generated: n empty completions with the reason
         "prompt_too_long". With a tool environment, each completion is a multi-turn rollout (its
         instance reset with the prompt and the prompt's ``rows`` entry): its conversation after
         the prompt, its turns and tool calls. ``score``: each completion scored with this actor's
         rewards as training scores a rollout (the environments' columns and the rewards that
         read them included; ``rows``: the dataset columns the rewards take)."""
+        await self.settled()
         sampling = SamplingParams(**dict(sampling))
         rows = [dict(r) for r in rows] if rows is not None else [{} for _ in prompts]
-        ids, fits = self._eval_prompts(prompts)
-        chosen = [i for i in fits for _ in range(n)]
-        if self.tools is not None:
-            started = self.tools.start([{**rows[i], "prompt": prompts[i]} for i in chosen])
-            trajectories = [t for t, _ in started]
-            rollout_prompts = [with_observation(prompts[i], o) for i, (_, o) in zip(chosen, started)]
-            try:
-                self.tools.run(self.engine, [self.tokenize(q, self.tools.schemas_of(t))
-                                             for q, t in zip(rollout_prompts, trajectories)], trajectories, sampling)
-                return self._completions(n, len(prompts), fits, trajectories, rollout_prompts,
-                                         [rows[i] for i in chosen] if score else None)
-            finally:
-                self.tools.release(trajectories)
-        samples = self.engine.generate([ids[i] for i in fits], n, sampling, logprobs=False) if fits else []
-        return self._completions(n, len(prompts), fits, [s for group in samples for s in group],
-                                 [prompts[i] for i in chosen], [rows[i] for i in chosen] if score else None)
+        ids = [self.tokenize(p) for p in prompts]
+        fits = [i for i, t in enumerate(ids) if len(t) <= self.max_prompt_tokens]
+        rollouts = [Rollout(k, {**rows[i], "prompt": prompts[i]}, prompts[i], None if self.tools else ids[i])
+                    for k, i in enumerate(i for i in fits for _ in range(n))]
+        try:
+            async with self.sampler.exclusive():
+                await self._loop(self.sampler.round(len(rollouts)), sampling, logprobs=False).run(rollouts)
+            return await asyncio.get_running_loop().run_in_executor(
+                self._scorer, self._completions, n, len(prompts), fits, rollouts, score)
+        finally:
+            if self.tools is not None:
+                self.tools.release([r.trajectory for r in rollouts])
 
-    def _completions(self, n: int, count: int, fits: Sequence[int], flat: Sequence[Any],
-                     rollout_prompts: Sequence[Any],
-                     rows: Sequence[Mapping[str, Any]] | None) -> list[list[Completion]]:
-        """``complete``'s results: ``flat`` holds n samples (or trajectories) per prompt of
-        ``fits``, in order; ``rows`` (per sample): score them with the rewards."""
+    def _completions(self, n: int, count: int, fits: Sequence[int], rollouts: Sequence[Rollout],
+                     score: bool) -> list[list[Completion]]:
+        """``complete``'s results: ``rollouts`` holds n per prompt of ``fits``, in order; ``score``:
+        scored with the rewards (their rows' columns)."""
         scored = None
-        if rows is not None and flat:
+        if score and rollouts:
             if self.rewards is None:
                 raise ValueError("complete(score=True) on a rollout actor without rewards")
-            columns = {name: [r.get(name) for r in rows] for name in rows[0]}
-            scored = self._scored(rollout_prompts, flat, columns, self.version)
+            names = [name for name in rollouts[0].row if name != "prompt"]
+            columns = {name: [r.row.get(name) for r in rollouts] for name in names}
+            scored = self._scored(rollouts, columns, self.version)
         out = [[Completion("", 0, "prompt_too_long")] * n for _ in range(count)]
         for k, i in enumerate(fits):
-            out[i] = [self._completion(j, flat[j], scored) for j in range(k * n, (k + 1) * n)]
+            out[i] = [self._completion(j, rollouts[j].trajectory, scored) for j in range(k * n, (k + 1) * n)]
         return out
 
-    def _completion(self, j: int, sample: Any, scored: Any) -> Completion:
+    def _completion(self, j: int, t: Any, scored: Any) -> Completion:
         turns = {}
         if self.tools is not None:
-            text, messages = completion_text(sample.messages), sample.messages
-            turns = dict(turns=sample.turns, tool_calls=sample.tool_calls, tool_errors=sample.tool_errors)
+            text, messages = completion_text(t.messages), t.messages
+            turns = dict(turns=t.turns, tool_calls=t.tool_calls, tool_errors=t.tool_errors)
         else:
-            text, messages = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True), None
+            text, messages = t.messages[0]["content"], None
         if scored is not None:
             names = self.rewards.names
             turns |= dict(rewards={name: float(v) for name, v in zip(names, scored.values[j])},
                           reward_errors={name: e for name, e in zip(names, scored.errors[j]) if e})
-        return Completion(text, len(sample.token_ids), sample.finish_reason, messages, **turns)
-
-    def _eval_prompts(self, prompts: Sequence[str | list]) -> tuple[list[list[int]], list[int]]:
-        """(every prompt's token ids, the indices of those within max_prompt_tokens)."""
-        ids = [self.tokenize(p) for p in prompts]
-        return ids, [i for i, t in enumerate(ids) if len(t) <= self.max_prompt_tokens]
+        return Completion(text, len(t.tokens), t.finish_reason, messages, **turns)
 
     def tokenize(self, prompt: str | list, tools: list[dict] | None = None) -> list[int]:
         """The prompt's token ids (chat template with ``tools``, by default the environment's,
@@ -249,100 +396,55 @@ class RolloutActor:
                 ids.append(tokens)
         return kept, ids, filtered
 
-    def generate(self, prompts: Sequence[Prompt]) -> tuple[CallMeta, pa.RecordBatch | None]:
-        """-> (metadata, one record batch of the complete groups)."""
-        start = time.perf_counter()
-        version = self.version
-        kept, ids, filtered = self.split(prompts)
-        if not kept:
-            return CallMeta(groups=[], filtered=filtered), None
-        if self.tools is not None:
-            return self._generate_turns(kept, version, filtered, start)
-        samples = self.engine.generate(ids, self.group_size, self.sampling)
-        return self.score(kept, ids, samples, version, filtered, start, time.perf_counter())
+    # -- scoring ---------------------------------------------------------------------------
 
-    def _generate_turns(self, kept: Sequence[Prompt], version: int, filtered: list[tuple[str, str]],
-                        start: float) -> tuple[CallMeta, pa.RecordBatch]:
-        """Multi-turn rollouts (``actors.tool_loop``): an environment instance per rollout, reset
-        with its row (the whole row, ``prompt`` included, as TRL calls it), the text it returns
-        appended to the rollout's prompt."""
-        g = self.group_size
-        rows = [p for p in kept for _ in range(g)]
-        started = self.tools.start([{"prompt": p.prompt, **p.columns} for p in rows])
-        prompts = [with_observation(p.prompt, observation) for p, (_, observation) in zip(rows, started)]
-        trajectories = [t for t, _ in started]
-        ids = [self.tokenize(prompt, self.tools.schemas_of(t)) for prompt, t in zip(prompts, trajectories)]
-        self.tools.run(self.engine, ids, trajectories, self.sampling)
-        samples = [trajectories[i * g:(i + 1) * g] for i in range(len(kept))]
-        try:
-            return self.score(kept, ids, samples, version, filtered, start, time.perf_counter(), prompts)
-        finally:
-            self.tools.release(trajectories)  # their rewards are read: the instances serve later rollouts
-
-    def stream(self, prompts: Sequence[Prompt]) -> Iterator[Any]:
-        """The call the driver makes (``num_returns="streaming"``): pairs of (record batch or
-        None, its metadata), the batch first, so that metadata that arrives vouches for its batch.
-        Here one pair for the whole call."""
-        meta, batch = self.generate(prompts)
-        yield batch
-        yield meta
-
-    def score(self, kept: Sequence[Prompt], ids: Sequence[list[int]], samples: Sequence[Sequence[Any]],
-              version: int, filtered: list[tuple[str, str]], start: float, generated: float,
-              rollout_prompts: Sequence[Any] | None = None) -> tuple[CallMeta, pa.RecordBatch]:
-        """Scores the G samples of each prompt of ``kept`` and builds their groups: -> (metadata,
-        one record batch). A sample with ``versions`` (streaming) gives each token's policy
+    def score(self, groups: Sequence[tuple[Prompt, Sequence[Rollout]]], version: int,
+              filtered: list[tuple[str, str]], start: float, generated: float) -> tuple[CallMeta, pa.RecordBatch]:
+        """Scores the G rollouts of each group and builds the groups: -> (metadata, one record
+        batch). A rollout whose tokens carry versions (streaming) gives each token's policy
         version; a group's ``policy_version`` is the oldest of its tokens. Multi-turn rollouts
-        (``samples`` of ``actors.tool_loop.Trajectory``): ``rollout_prompts`` and ``ids`` are per
-        rollout (an environment's reset text may differ), the completions their conversations."""
-        flat = [s for group in samples for s in group]
-        g = self.group_size
-        columns = {name: [value for p in kept for value in [p.columns[name]] * g]
-                   for name in kept[0].columns}
-        prompts_in = list(rollout_prompts) if rollout_prompts else [p.prompt for p in kept for _ in range(g)]
-        scored = self._scored(prompts_in, flat, columns, version)
-        groups = []
-        for i, (p, group) in enumerate(zip(kept, samples)):
-            rows = slice(i * g, (i + 1) * g)
-            # per-token versions where the engine knows them (a batch engine's samples: all `version`)
-            versions = [s.versions if _has_versions(s) else None for s in group]
+        keep each rollout's prompt (an environment's reset text may differ) and turns."""
+        flat = [r for _, rollouts in groups for r in rollouts]
+        columns = {name: [p.columns[name] for p, rollouts in groups for _ in rollouts] for name in groups[0][0].columns}
+        scored = self._scored(flat, columns, version)
+        out, g = [], self.group_size
+        for i, (p, rollouts) in enumerate(groups):
+            rows, group = slice(i * g, (i + 1) * g), [r.trajectory for r in rollouts]
+            # per-token versions where the engine knows them (a batch engine's: all `version`)
+            versions = [t.versions if _has_versions(t) else None for t in group]
             known = [v for v in versions if v is not None and len(v)]
             oldest = [int(min(v)) for v in known] + [version] * any(
-                v is None and len(s.token_ids) for v, s in zip(versions, group))
-            turns = None if self.tools is None else self.tools.turns(group, ids[rows])
-            groups.append(GroupData(
-                prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=ids[i * g] if turns else ids[i],
-                response_token_ids=[s.token_ids for s in group],
-                response_logprobs=[s.logprobs for s in group],
-                finish_reasons=[s.finish_reason for s in group],
+                v is None and len(t.tokens) for v, t in zip(versions, group))
+            out.append(GroupData(
+                prompt_id=p.prompt_id, group_id=p.group_id, prompt_token_ids=rollouts[0].prompt_ids,
+                response_token_ids=[t.tokens for t in group], response_logprobs=[t.logprobs for t in group],
+                finish_reasons=[t.finish_reason for t in group],
                 policy_version=min(oldest, default=version),  # of its oldest token
                 response_versions=None if not known else [
-                    v if v is not None else np.full(len(s.token_ids), version, np.int32) for v, s in zip(versions, group)],
-                rewards=scored.values[rows], reward_errors=scored.errors[rows],
-                task_columns=p.columns, turns=turns,
+                    v if v is not None else np.full(len(t.tokens), version, np.int32) for v, t in zip(versions, group)],
+                rewards=scored.values[rows], reward_errors=scored.errors[rows], task_columns=p.columns,
+                turns=None if self.tools is None else self.tools.turns(group, [r.prompt_ids for r in rollouts]),
             ))
-        batch = build_groups(groups, self.rewards.names, self.sampling.metadata())
+        if self.tools is not None:  # their rewards are read: the instances serve later rollouts
+            self.tools.release([r.trajectory for r in flat])
+        batch = build_groups(out, self.rewards.names, self.sampling.metadata())
         timing = CallTiming(generate_s=generated - start, score_s=time.perf_counter() - generated)
-        meta = CallMeta(groups=describe_groups(batch),
-                        filtered=filtered, tokens=sum(len(s.token_ids) for s in flat), timing=timing)
+        meta = CallMeta(groups=describe_groups(batch), filtered=filtered,
+                        tokens=sum(len(r.trajectory.tokens) for r in flat), timing=timing)
         return meta, batch
 
-    def _scored(self, prompts_in: Sequence[Any], flat: Sequence[Any], columns: Mapping[str, list],
-                version: int) -> Any:
-        """The K rewards of the samples ``flat`` (one per entry of ``prompts_in``, the prompt as
-        the rollout saw it), given the dataset ``columns`` (one value per sample): a
+    def _scored(self, rollouts: Sequence[Rollout], columns: Mapping[str, list], version: int) -> Any:
+        """The K rewards of ``rollouts`` given the dataset ``columns`` (one value per rollout): a
         ``RewardPool`` ``ScoreResult``. Completions as TRL passes them: a conversational row's
         prompt is its messages, its completion one assistant message (multi-turn: the assistant
         and tool messages after the prompt); the environments' columns and the rewards that
         read their instances are scored here, where the instances live."""
-        columns = {**columns, "response_length": [len(s.token_ids) for s in flat]}
-        if self.tools is not None:
-            completions = [t.messages for t in flat]
-        else:
-            texts = self.tokenizer.batch_decode([s.token_ids for s in flat], skip_special_tokens=True)
-            completions = [t if isinstance(p, str) else [{"role": "assistant", "content": t}]
-                           for t, p in zip(texts, prompts_in)]
-        ids_out, state = [list(s.token_ids) for s in flat], TrainerState(global_step=version)
+        flat = [r.trajectory for r in rollouts]
+        prompts_in = [r.prompt for r in rollouts]
+        columns = {**columns, "response_length": [len(t.tokens) for t in flat]}
+        completions = [t.messages if self.tools is not None or not isinstance(p, str) else t.messages[0]["content"]
+                       for t, p in zip(flat, prompts_in)]
+        ids_out, state = [list(t.tokens) for t in flat], TrainerState(global_step=version)
         given = None
         if self.tools is not None:  # the environments' columns, and the rewards that read them
             instances = [t.session.instance if t.session else None for t in flat]
@@ -351,15 +453,21 @@ class RolloutActor:
         return self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
                                   trainer_state=state, given=given)
 
-    def shutdown(self) -> None:
-        if self.rewards is not None:
-            self.rewards.close()
-        if self.tools is not None:
-            self.tools.close()
-        self.engine.shutdown()
+    async def shutdown(self) -> None:
+        """Cancels the groups in flight, lets a push in progress finish (no later one starts),
+        then stops the reward workers, the environments and the engine."""
+        self._closed = True
+        for _, task in list(self._open.values()):
+            task.cancel()
+        async with self._push:
+            self._scorer.shutdown(wait=False, cancel_futures=True)
+            if self.rewards is not None:
+                self.rewards.close()
+            if self.tools is not None:
+                self.tools.close()
+            self.engine.shutdown()
 
 
-def _has_versions(sample: Any) -> bool:
-    """A streaming engine's sample (``VersionedSample``), or a multi-turn trajectory of one: the
-    policy version of every token is known."""
-    return isinstance(sample, VersionedSample) or len(getattr(sample, "versions", ())) == len(sample.token_ids) > 0
+def _has_versions(t: Any) -> bool:
+    """A trajectory a streaming engine sampled: the policy version of every token is known."""
+    return len(t.versions) == len(t.tokens) > 0

@@ -1,8 +1,7 @@
 """The driver's side of the rollout actors.
 
-``RolloutGroup`` owns the actors (``actors.rollout.RolloutActor``, or
-``actors.streaming.StreamingRolloutActor`` when ``generation.mode`` is streaming): their number
-and resources (CPUs, GPUs, a custom Ray resource that pins them to rollout nodes) are set apart
+``RolloutGroup`` owns the actors (``actors.rollout.RolloutActor``, batched or streaming as
+``generation.mode`` says): their number and resources (CPUs, GPUs, a custom Ray resource that pins them to rollout nodes) are set apart
 from the learners. It keeps every actor busy with queued calls within the buffer's admission
 bound, moves finished groups into the ``ArrowBuffer``, restarts a dead actor (with the current
 weights) and re-issues its prompts, and ``resize(n)`` adds or removes actors while a run goes on.
@@ -26,7 +25,6 @@ from actors.attestation import PushLedger
 from actors.buffer import ArrowBuffer
 from actors.prompts import Prompt, PromptSource
 from actors.rollout import PromptsExhausted, RolloutActor
-from actors.streaming import StreamingRolloutActor
 from gdpo_ray.batch import CallMeta
 
 logger = logging.getLogger(__name__)
@@ -65,9 +63,9 @@ class RolloutGroup:
     spreads evaluation prompts over the same actors the same way.
 
     Args:
-        actor_kwargs: ``RolloutActor`` arguments, plus ``mode``: "batched" (``RolloutActor``, one
-            batch per call) or "streaming" (``actors.streaming.StreamingRolloutActor``: groups
-            stream out of every call as they finish, weights change in flight).
+        actor_kwargs: ``RolloutActor`` arguments, ``mode`` among them: "batched" (one batch per
+            call) or "streaming" (groups stream out of every call as they finish, weights change
+            in flight; ``max_staleness`` is the buffer's).
         num_actors: how many actors to start.
         prompts, buffer: the run's prompt source and buffer (driver objects); None for a group
             that only evaluates (``complete``).
@@ -89,12 +87,10 @@ class RolloutGroup:
         self._ray = ray
         self._placement_group = placement_group  # colocated: actor i in bundle i
         actor_kwargs = dict(actor_kwargs)
-        self.streaming = actor_kwargs.pop("mode", "batched") == "streaming"
+        self.streaming = actor_kwargs.get("mode", "batched") == "streaming"
         if self.streaming:
-            self._remote = ray.remote(StreamingRolloutActor)
             actor_kwargs["max_staleness"] = buffer.max_staleness
-        else:
-            self._remote = ray.remote(RolloutActor)
+        self._remote = ray.remote(RolloutActor)
         self._options = dict(num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources or {}),
                              max_restarts=0, runtime_env={"env_vars": {
                                  "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",

@@ -1,17 +1,15 @@
-"""Multi-turn rollouts on a batch engine: the model generates, the tools its turn calls run on
-its rollout's environment, their answers are appended as the chat template's tool turn, and the
-model goes on, until it answers without a call, ``max_turns`` turns, or the token budget.
+"""The steps of multi-turn rollouts (``actors.turn_loop`` runs them): the model generates, the
+tools its turn calls run on its rollout's environment, their answers are appended as the chat
+template's tool turn, and the model goes on, until it answers without a call, ``max_turns``
+turns, or the token budget.
 
 Token in, token out: a trajectory is exactly the tokens the policy sampled plus the tool turns'
 tokens (each tool turn tokenized once, on its own); the model's own tokens are never decoded and
 encoded again. ``response_mask`` marks which is which (1: sampled; 0: a tool turn's, whose
 logprob is 0 and which the learners leave out of the loss).
 
-A round generates the next turn of every rollout still going, in one engine call; the calls of
-the rollouts that made some then run on a thread pool, each rollout's in its order, while none
-generates (the batch engine is idle meanwhile). A rollout whose environment has several user
-turns (``next_message``) goes on with the next user message where the model answered without a
-call, until the environment has none left.
+A rollout whose environment has several user turns (``next_message``) goes on with the next
+user message where the model answered without a call, until the environment has none left.
 """
 
 from __future__ import annotations
@@ -21,12 +19,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
-from actors.engines import SamplingParams
 from gdpo_ray.batch import Turns
 from gdpo_ray.environments.session import ToolAnswer, ToolSession
 from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
 from gdpo_ray.rewards import NOT_APPLICABLE
-from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
+from gdpo_ray.tool_format import ToolCall, parse_tool_calls
 from gdpo_ray.environments.tool_prompt import in_system
 from gdpo_ray.environments.tool_turns import ToolTurns
 
@@ -90,30 +87,6 @@ def take_turn(t: Trajectory, sample: Any, budget: int, max_turns: int, tokenizer
     else:
         t.done = True
     return None
-
-
-def run_tool_rollouts(engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
-                      sampling: SamplingParams, max_turns: int, tool_turns: ToolTurns,
-                      pool: ThreadPoolExecutor) -> None:
-    """Runs every trajectory (one per rollout, ``prompt_ids`` its prompt) to its end, in place.
-    ``sampling.max_tokens`` is the budget of a whole trajectory, tool turns included."""
-    budget = sampling.max_tokens
-    while True:
-        going = [i for i, t in enumerate(trajectories) if not t.done]
-        if not going:
-            return
-        room = max(budget - len(trajectories[i].tokens) for i in going)
-        samples = engine.generate([prompt_ids[i] + trajectories[i].tokens for i in going], 1,
-                                  dataclasses.replace(sampling, max_tokens=room))
-        calling, asking = [], []
-        for i, (sample,) in zip(going, samples):
-            step = take_turn(trajectories[i], sample, budget, max_turns, engine.tokenizer)
-            if step is not None:
-                (calling if step[0] == "call" else asking).append((trajectories[i], step[1]))
-        for (t, calls), answers in zip(calling, pool.map(lambda tc: [tc[0].session.call(c) for c in tc[1]], calling)):
-            answered(t, calls, answers, tool_turns, budget)
-        for (t, _), (text, failure) in zip(asking, pool.map(lambda ta: ta[0].session.next_message(), asking)):
-            next_message(t, text, failure, tool_turns, budget)
 
 
 def answered(t: Trajectory, calls: Sequence[Any], answers: Sequence[ToolAnswer], tool_turns: ToolTurns,
@@ -183,12 +156,13 @@ class ToolEnvironment:
         return self.schemas if t.schemas is None else t.schemas
 
     def start(self, rows: Sequence[Mapping[str, Any]]) -> list[tuple[Trajectory, str | None]]:
-        """A fresh instance per row, reset with it: (trajectory, the text ``reset`` returned). An
-        instance that cannot be made or reset gives a trajectory without tools whose
-        environment rewards are NaN with the error."""
-        return list(self.pool.map(self._start, rows))
+        """``start_one`` of each row, on the environments' threads."""
+        return list(self.pool.map(self.start_one, rows))
 
-    def _start(self, row: Mapping[str, Any]) -> tuple[Trajectory, str | None]:
+    def start_one(self, row: Mapping[str, Any]) -> tuple[Trajectory, str | None]:
+        """A fresh (or released) instance reset with ``row``: (trajectory, the text ``reset``
+        returned). An instance that cannot be made or reset gives a trajectory without tools
+        whose environment rewards are NaN with the error."""
         row, name = dict(row), None
         if None not in self.specs:  # TRL's dict form: the row names its class (not passed to reset)
             name = row.pop(ROW_COLUMN, None)
@@ -209,10 +183,6 @@ class ToolEnvironment:
         except Exception as err:  # noqa: BLE001 - the rollout goes on; its environment rewards are NaN
             return Trajectory(None, failed=("error", f"the environment failed to start: {type(err).__name__}: {err}"[:500]),
                               environment=name), None
-
-    def run(self, engine: Any, prompt_ids: Sequence[list[int]], trajectories: Sequence[Trajectory],
-            sampling: SamplingParams) -> None:
-        run_tool_rollouts(engine, prompt_ids, trajectories, sampling, self.max_turns, self.tool_turns, self.pool)
 
     def rewards(self, trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, tuple]:
         """The environments' columns ``names`` over the rollouts, as ``RewardPool.score`` takes them

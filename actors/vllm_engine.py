@@ -44,7 +44,7 @@ import tempfile
 import weakref
 from typing import Any, Iterable, Mapping
 
-from actors.engines import Sample, SamplingParams
+from actors.engines import EngineTraits, Sample, SamplingParams
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
 #: vLLM's allowed max_lora_rank values where it does not say (vllm.config.lora.MaxLoRARanks in 0.32)
@@ -54,6 +54,8 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 class VLLMEngine:
     """``vllm.LLM`` as an ``actors.engines.BatchEngine`` (and, on CUDA, a
     ``gdpo_ray.weights.channels.WeightReceiver``)."""
+
+    traits = EngineTraits(adapter_slots="max_loras")
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
@@ -325,12 +327,12 @@ def write_adapter(path: str, named_tensors: Iterable[tuple[str, Any]], settings:
     import torch
     from safetensors.torch import save_file
 
-    from actors.vllm_worker_ext import is_lora_name
+    from gdpo_ray.lora import is_adapter_tensor
     from gdpo_ray.lora import peft_config
 
     tensors = {}
     for name, t in named_tensors:
-        if not is_lora_name(name):
+        if not is_adapter_tensor(name):
             raise ValueError(f"this vllm engine serves a LoRA adapter (llm.lora): a push carries only "
                              f"the adapter's tensors, named as PEFT saves them (e.g. "
                              f"'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight'); got {name!r}")

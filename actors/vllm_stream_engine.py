@@ -1,7 +1,7 @@
 """The streaming vLLM engine: vLLM's ``AsyncLLM`` (continuous batching), one request per sample.
 
 Requests are added and finish one by one, so the engine stays full while prompts keep
-arriving (``actors.streaming.StreamingRolloutActor`` admits them). Weights change in flight:
+arriving (``actors.rollout.RolloutActor`` admits them). Weights change in flight:
 ``push`` pauses the scheduler keeping every request (``pause_generation(mode="keep")``), loads
 the new weights, labels them with the new policy version (``update_weight_version``: vLLM then
 records, per request, which version sampled each output token: ``weight_versions`` spans of
@@ -34,7 +34,7 @@ is labelled so (``VersionedSample.versions``: that one version throughout). Seve
 are loaded at once: an adapter goes (``remove_lora``, its directory deleted) as soon as it is
 no longer the current one and its last request has ended, aborted included (vLLM's abort is
 sent before the removal). The staleness bound is the actor's: a group whose start version
-falls more than ``max_staleness`` behind a push is cancelled (``actors.streaming``), which
+falls more than ``max_staleness`` behind a push is cancelled (``actors.rollout``), which
 ends its requests and so frees its adapter; the live adapters are therefore at most
 ``max_staleness + 1``. vLLM runs at most ``max_loras`` adapters in one step (a request of
 another waits for a slot, it never borrows one): the streaming actor sets it to
@@ -73,6 +73,7 @@ class AsyncVLLMEngine:
     actor's)."""
 
     check_sampling = VLLMEngine.check_sampling
+    traits = VLLMEngine.traits
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, recompute_kv: bool = True, stat_loggers: list | None = None,

@@ -41,6 +41,8 @@ import logging
 import math
 from typing import Any
 
+from gdpo_ray.lora import is_adapter_tensor
+
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 PROBE_BYTES = 64 << 20  # the identity rows fed through a packed CPU linear at a time
 MOD = 1 << 64  # digests are sums mod 2**64 (gdpo_ray.weights.digest.MOD)
@@ -59,11 +61,6 @@ def quiet_rotary_reload_warning() -> None:
     logger = logging.getLogger(RELOAD_LOGGER)
     if not any(isinstance(f, _RotaryIsComputed) for f in logger.filters):
         logger.addFilter(_RotaryIsComputed())
-
-
-def is_lora_name(name: str) -> bool:
-    """A tensor of a PEFT LoRA adapter, as PEFT saves it (``...q_proj.lora_A.weight``)."""
-    return any(f".{part}" in name for part in ("lora_A.", "lora_B.", "lora_embedding_A", "lora_embedding_B"))
 
 
 class WeightsFromFile:
@@ -86,9 +83,9 @@ class WeightsFromFile:
         which vLLM merged into lora_B; ``lora_path``: the adapter's directory, for a scale
         that is no power of two). See the module docstring."""
         model = self.model_runner.get_model() if hasattr(self.model_runner, "get_model") else self.model_runner.model
-        full = {n: d for n, d in sent.items() if not is_lora_name(n)}
+        full = {n: d for n, d in sent.items() if not is_adapter_tensor(n)}
         held = param_digests(model, full) if full else {}
-        lora = {n: d for n, d in sent.items() if is_lora_name(n)}
+        lora = {n: d for n, d in sent.items() if is_adapter_tensor(n)}
         if lora and lora_id is not None:
             held.update(lora_digests(self.model_runner.lora_manager, model, lora_id, lora_scale, lora,
                                      lora_path))

@@ -8,7 +8,10 @@ K = 4 float32 rewards, contiguous groups, as a training step hands them over) si
       (reshape to [groups, G, K], mean/std over G, weighted sum, batch normalization).
 Every timing is the best of several runs, measured in one process, interleaved.
 
-    python benchmarks/advantages.py [--json]
+    python benchmarks/advantages.py [--json] [--repeats 7] [--smoke]
+
+``--smoke``: one repeat of each timing (the sizes stay: the 1M-row batch is what goes through
+the chunked path, and it takes a second).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from gdpo_ray.advantages import compute_advantages  # noqa: E402
 
 G, K = 16, 4
@@ -72,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
+    args = parse_args(parser, {"repeats": 1})
 
     import torch
 
@@ -103,7 +107,7 @@ def main() -> None:
     results["torch_style_ratio_to_memcpy_1m"] = t_torch / t_copy
 
     if args.json:
-        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+        print(json.dumps({k: round(v, 3) for k, v in results.items()} | {"smoke": args.smoke}))
         return
     print(f"GDPO advantages, G = {G}, K = {K} float32 rewards, contiguous groups (best of runs)")
     print(f"  N = 8,192:     gdpo {t_small * 1e3:8.3f} ms   per-group loop {t_loop * 1e3:9.1f} ms"

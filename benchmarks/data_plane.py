@@ -15,7 +15,9 @@ ends in a learner actor as arrays it can train on. Three ways, timed side by sid
 Keys (``--json``): ratio_to_memcpy (bandwidth of the arrow path over one plain memory copy of
 the same bytes; aim >= 0.4), speedup_vs_tensors (aim >= 3), speedup_vs_pickle (aim >= 10).
 
-    python benchmarks/data_plane.py [--json] [--prompts 512] [--repeats 3]
+    python benchmarks/data_plane.py [--json] [--prompts 512] [--repeats 3] [--smoke]
+
+``--smoke``: 8 prompts, one repeat.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 G, MAX_LEN = 16, 2048
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 
 class Producer:
@@ -170,10 +174,10 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, {"prompts": 8, "repeats": 1})
     r = run(args)
     if args.json:
-        print(json.dumps({k: round(v, 4) for k, v in r.items()}))
+        print(json.dumps({k: round(v, 4) for k, v in r.items()} | {"smoke": args.smoke}))
         return
     print(f"One batch: {args.prompts} prompts x {G} rollouts, {r['payload_mb']:.0f} MB of ids + "
           f"logprobs, two rollout actors -> buffer -> learner (best of {args.repeats})")

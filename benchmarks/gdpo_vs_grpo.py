@@ -16,6 +16,7 @@ mean over seeds, GDPO minus GRPO, and the number of seeds in which GDPO was ahea
 exceed_ratio, where lower is better).
 
     python benchmarks/gdpo_vs_grpo.py [--json] [--seeds 0 1 2] [--steps 40] [--samples 8] [--train-sums 50]
+        [--set KEY=VALUE ...] [--smoke]
 
 Each run takes about a minute and a half on 2 cores (the demo's 40 steps and the eval).
 
@@ -24,6 +25,9 @@ three rewards: the turns' format, the environment's end state ``tool_success``, 
 trained on ``task:tool_arithmetic`` (seed 0), evaluated on the 128 held-out questions of its
 suite (``EVAL_SEED``; any training question left out), generated through the same tool loop:
 avg@n of ``accuracy``, ``format_ratio`` and ``tool_success``.
+
+``--smoke``: seed 0, one step of 2 prompts x 2 per run, one sample on each of 4 held-out sums
+(``--train-sums 96``); with ``--preset agent``, on the first 4 held-out questions.
 """
 
 from __future__ import annotations
@@ -40,15 +44,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ESTIMATORS = ("grpo", "gdpo")
 
+from benchmarks._smoke import parse_args  # noqa: E402
 
-def run(preset: str, estimator: str, seed: int, steps: int, samples: int, train_sums: int) -> dict:
+SMOKE = {"seeds": [0], "steps": 1, "samples": 1, "train_sums": 96,
+         "overrides": ["training.prompts_per_step=2", "training.group_size=2", "training.eval_limit=4"]}
+
+
+def run(preset: str, estimator: str, seed: int, steps: int, samples: int, train_sums: int,
+        overrides: list[str]) -> dict:
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     own = ([f"data.num_prompts={train_sums}", "training.eval_suite=task:addition"] if preset == "demo"
            else ["training.eval_suite=task:tool_arithmetic"])
     config = apply_sections(GDPOConfig(), load_preset(preset, [
-        f"training.estimator={estimator}", f"debugging.seed={seed}", f"training.eval_samples={samples}", *own]))
+        f"training.estimator={estimator}", f"debugging.seed={seed}", f"training.eval_samples={samples}", *own,
+        *overrides]))
     algo = config.build_algo()
     rows = []
     try:
@@ -78,7 +89,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the preset's)")
     parser.add_argument("--samples", type=int, default=8, help="eval completions per sum (n of avg@n)")
     parser.add_argument("--train-sums", type=int, default=50, help="sums trained on; the rest are held out")
-    args = parser.parse_args()
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset override for every run (repeatable), e.g. generation.max_tokens=32")
+    args = parse_args(parser, SMOKE)
 
     import ray
 
@@ -88,8 +101,8 @@ def main() -> None:
     from gdpo_ray.run.presets import load_preset
 
     args.steps = args.steps or load_preset(args.preset)["run"]["steps"]
-    results = {e: [run(args.preset, e, s, args.steps, args.samples, args.train_sums) for s in args.seeds]
-               for e in ESTIMATORS}
+    results = {e: [run(args.preset, e, s, args.steps, args.samples, args.train_sums, args.overrides)
+                   for s in args.seeds] for e in ESTIMATORS}
     ray.shutdown()
     keys = list(results["gdpo"][0])
     mean = {e: {k: float(np.mean([r[k] for r in results[e]])) for k in keys} for e in ESTIMATORS}
@@ -100,7 +113,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({f"{e}_{k}": round(mean[e][k], 4) for e in ESTIMATORS for k in keys}
                          | {f"gdpo_ahead_{k}": ahead[k] for k in keys} | {f"tied_{k}": tied[k] for k in keys}
-                         | {"seeds": len(args.seeds)}))
+                         | {"seeds": len(args.seeds), "smoke": args.smoke}))
         return
     if args.preset == "demo":
         print(f"demo on {args.train_sums} sums, {args.steps} steps, seeds {args.seeds}: eval of the final "

@@ -5,7 +5,9 @@ with one torch thread): logprobs of the responses under logits / T, the GDPO pol
 token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no process
 group and no metrics. Key (``--json``): deepspeed_over_torch (aim >= 0.8).
 
-    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5]
+    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5] [--smoke]
+
+``--smoke``: 2 groups of 2, one timed update each.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 
 class PlainTorch:
@@ -84,13 +88,13 @@ def main() -> None:
     parser.add_argument("--gpus", type=float, default=0,
                         help="the GPU variant: each side's share of a GPU (both actors live at once, "
                              "so 0.5 on a one-GPU machine; 1 needs two GPUs)")
-    args = parser.parse_args()
+    args = parse_args(parser, {"groups": 2, "group_size": 2, "repeats": 1})
 
     import ray
 
     from gdpo_ray.groups import GroupRef
     from gdpo_ray.batch import GroupData, build_groups, group_bounds
-    from gdpo_ray.tiny_model import build_tiny_model
+    from gdpo_ray.models.tiny import build_tiny_model
     from learners.deepspeed_learner import LearnerConfig
     from learners.learner_group import LearnerGroup
 
@@ -129,7 +133,7 @@ def main() -> None:
     results = {"tokens": tokens, "deepspeed_tokens_per_s": ds_tps, "torch_tokens_per_s": torch_tps,
                "deepspeed_over_torch": ds_tps / torch_tps}
     if args.json:
-        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+        print(json.dumps({k: round(v, 3) for k, v in results.items()} | {"smoke": args.smoke}))
         return
     print(f"Update of {args.groups} groups x {args.group_size} ({tokens} response tokens), "
           f"ZeRO-{args.zero_stage}, best of {args.repeats}:")

@@ -13,9 +13,11 @@
    ``--demo-steps`` steps: the format reward's mean over the first and the last 3 steps (aim: a
    rise of at least 0.2), and every push attested.
 
-    python benchmarks/lora.py [--json] [--steps 4] [--demo-steps 40]
+    python benchmarks/lora.py [--json] [--steps 4] [--demo-steps 40] [--preset smollm2_math]
+        [--set KEY=VALUE ...] [--smoke]
 
-About 10 minutes on 2 cores.
+About 10 minutes on 2 cores. ``--smoke``: the demo's model in place of SmolLM2 (``--preset demo``),
+2 steps of each run, each step one prompt x 2 samples of up to 8 tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 LORA = "llm.lora={r: 16, lora_alpha: 32, target_modules: all-linear}"
 DEMO_LORA = "llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}"
@@ -89,7 +93,11 @@ def main() -> None:
     parser.add_argument("--demo-steps", type=int, default=40)
     parser.add_argument("--no-gradient-checkpointing", action="store_true",
                         help="keep every layer's activations in both runs (default: recompute them in both)")
-    args = parser.parse_args()
+    parser.add_argument("--preset", default="smollm2_math", help="the job of full against LoRA")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset override for every run (repeatable), e.g. generation.max_tokens=32")
+    args = parse_args(parser, {"preset": "demo", "steps": 2, "demo_steps": 2, "overrides": [
+        "training.prompts_per_step=1", "training.group_size=2", "generation.max_tokens=8"]})
 
     import ray
 
@@ -97,10 +105,11 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}})
     checkpointing = not args.no_gradient_checkpointing
-    steps = [f"run.steps={args.steps}", f"training.gradient_checkpointing={str(checkpointing).lower()}"]
-    full = run("smollm2_math", steps, args.steps)
-    lora = run("smollm2_math", [*steps, LORA, "training.lr=1e-5"], args.steps)
-    demo = run("demo", [DEMO_LORA, "training.lr=1e-3"], args.demo_steps)
+    steps = [f"run.steps={args.steps}", f"training.gradient_checkpointing={str(checkpointing).lower()}",
+             *args.overrides]
+    full = run(args.preset, steps, args.steps)
+    lora = run(args.preset, [*steps, LORA, "training.lr=1e-5"], args.steps)
+    demo = run("demo", [DEMO_LORA, "training.lr=1e-3", *args.overrides], args.demo_steps)
     ray.shutdown()
     out = {
         "full_trainable": full["trainable"], "lora_trainable": lora["trainable"],
@@ -120,12 +129,13 @@ def main() -> None:
         "demo_lora_format_first": demo["format_first"], "demo_lora_format_last": demo["format_last"],
         "demo_lora_format_rise": demo["format_last"] - demo["format_first"],
         "demo_lora_push_bytes": demo["push_bytes"], "demo_lora_pushes_attested": demo["attested"],
-        "demo_steps": demo["steps"], "gradient_checkpointing": checkpointing,
+        "demo_steps": demo["steps"], "gradient_checkpointing": checkpointing, "preset": args.preset,
+        "smoke": args.smoke,
     }
     if args.json:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}))
         return
-    print(f"SmolLM2-135M-Instruct, smollm2_math, {args.steps} steps each (LoRA r 16, all-linear; "
+    print(f"{args.preset}, {args.steps} steps each (LoRA r 16, all-linear; "
           f"gradient checkpointing {'on' if checkpointing else 'off'} in both)")
     print(f"{'':24}{'full':>14}{'LoRA':>14}{'LoRA/full':>11}  aim")
     for name, key, aim in (("trainable parameters", "trainable", ""), ("push bytes", "push_bytes", "<= 0.05"),

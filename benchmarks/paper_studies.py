@@ -26,9 +26,14 @@ the metrics named ``<metric> at T=1``), where the format ratio saturates at 0.6.
 comparison, all three rewards in {0, 1}: ``benchmarks/gdpo_vs_grpo.py``.)
 
     python benchmarks/paper_studies.py [--json] [--study all|tool_calling|math_length]
-        [--seeds 0 1 2 3 4] [--steps N] [--out runs/paper_studies]
+        [--seeds 0 1 2 3 4] [--steps N] [--out runs/paper_studies] [--set KEY=VALUE ...]
+        [--warm-start-steps N] [--smoke]
 
-About 20 minutes per study on 2 cores (15 runs).
+About 20 minutes per study on 2 cores (15 runs), plus, the first time on a machine, a few minutes
+to build and cache each study's warm-started model. ``--smoke``: both studies, GDPO and GRPO,
+seed 0, one step of 2 prompts x 2, one sample on each of 2 held-out items, each study's model a
+stand-in warm-started for 2 + 2 steps of its recipe (``--warm-start-steps 2``); the models and
+the PNGs in a new temporary folder.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +52,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 METHODS = ("gdpo", "grpo", "grpo_no_std")
+
+from benchmarks._smoke import parse_args  # noqa: E402
+
+SMOKE = {"seeds": [0], "methods": "gdpo,grpo", "steps": 1, "warm_start_steps": 2, "overrides": [
+    "training.prompts_per_step=2", "training.group_size=2", "training.eval_samples=1", "training.eval_limit=2"]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +98,24 @@ def held_out_metrics(study: Study) -> list[tuple[str, bool]]:
     return [(m + label, higher) for label in (SAMPLINGS if study.at_t1 else [""]) for m, higher in study.held_out]
 
 
-def run(study: Study, method: str, seed: int, steps: int | None) -> dict:
+def stand_in_model(study: Study, steps: int, folder: Path) -> str:
+    """The study's warm-started model built in ``folder`` with ``steps`` clean and ``steps``
+    teacher steps of its recipe: the same builder, minutes shorter than the recipe's own."""
+    import importlib
+
+    from gdpo_ray.model_files import WARM_STARTED
+    from gdpo_ray.run.presets import load_preset
+
+    module, builder = WARM_STARTED[load_preset(study.preset)["llm"]["model_path"]]
+    return str(getattr(importlib.import_module(module), builder)(folder, clean_steps=steps, steps=steps))
+
+
+def run(study: Study, method: str, seed: int, steps: int | None, overrides: list[str]) -> dict:
     """One training run and the held-out eval of its final policy."""
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
-    overrides = [f"training.estimator={method}", f"debugging.seed={seed}"]
-    sections = load_preset(study.preset, overrides)
+    sections = load_preset(study.preset, [f"training.estimator={method}", f"debugging.seed={seed}", *overrides])
     steps = steps or sections["run"]["steps"]
     config = apply_sections(GDPOConfig(), sections)
     start = time.perf_counter()
@@ -160,8 +182,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated estimators")
     parser.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
-    parser.add_argument("--out", default="runs/paper_studies", help="folder of the PNGs")
-    args = parser.parse_args()
+    parser.add_argument("--out", help="folder of the PNGs (default runs/paper_studies; under --smoke a new "
+                                      "temporary folder)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a preset override for every run (repeatable), e.g. generation.max_tokens=32")
+    parser.add_argument("--warm-start-steps", type=int,
+                        help="each study's model a stand-in warm-started for N clean + N teacher steps, built in "
+                             "OUT/models (for checking the path; default: the preset's model, its recipe's own)")
+    args = parse_args(parser, SMOKE)
+    args.out = args.out or (tempfile.mkdtemp(prefix="paper-studies-smoke-") if args.smoke else "runs/paper_studies")
 
     import ray
 
@@ -171,10 +200,14 @@ def main() -> None:
     results = {}
     for name in STUDIES if args.study == "all" else [args.study]:
         study = STUDIES[name]
+        overrides = list(args.overrides)
+        if args.warm_start_steps:
+            model = stand_in_model(study, args.warm_start_steps, Path(args.out) / "models")
+            overrides.append(f"llm.model_path={model}")
         runs: dict[str, list] = {}
         for method in args.methods.split(","):
             for seed in args.seeds:
-                r = run(study, method, seed, args.steps)
+                r = run(study, method, seed, args.steps, overrides)
                 runs.setdefault(method, []).append(r)
                 print(f"[{name}] {method} seed {seed}: {r['seconds']:.0f} s, held out "
                       + ", ".join(f"{k} {v:.3f}" for k, v in r["held_out"].items()), file=sys.stderr, flush=True)
@@ -183,7 +216,7 @@ def main() -> None:
             print_summary(name, study, results[name])
     ray.shutdown()
     if args.json:
-        print(json.dumps(results, default=float))
+        print(json.dumps(results | {"smoke": args.smoke}, default=float))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ learner, local Ray), the same seeds and resources, one after the other:
   ``async_efficiency``: that speedup over the ideal (gen + train) / max(gen, train), with gen and
   train the synchronous run's per-step generation+scoring and learner times. Aim >= 0.8.
 
-    python benchmarks/pipeline.py [--json] [--steps 8] [--groups 16] [--group-size 8]
+    python benchmarks/pipeline.py [--json] [--steps 8] [--warmup 2] [--groups 16] [--group-size 8] [--smoke]
+
+``--smoke``: one step of 2 groups of 2 in each mode, no warm-up.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 
 def run(staleness: int, steps: int, warmup: int, groups: int, group_size: int) -> dict:
@@ -63,7 +67,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(parser, {"steps": 1, "warmup": 0, "groups": 2, "group_size": 2})
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -94,7 +98,7 @@ def main() -> None:
         "async_step_s": round(float(overlap["wall"].mean()), 4),
         "groups_per_s_sync": round(sync["groups_per_s"], 3),
         "groups_per_s_async": round(overlap["groups_per_s"], 3),
-        "steps": args.steps, "groups": args.groups, "group_size": args.group_size,
+        "steps": args.steps, "groups": args.groups, "group_size": args.group_size, "smoke": args.smoke,
     }
     if args.json:
         print(json.dumps(out))

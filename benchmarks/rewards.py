@@ -11,7 +11,9 @@ the wall time of a call of ``score`` in which half the rows hang, in timeouts
 (``hang_cost_in_timeouts``: aim about 1; one timeout after another would be the hanging rows'
 count divided by the workers).
 
-    python benchmarks/rewards.py [--json]
+    python benchmarks/rewards.py [--json] [--samples 64] [--repeats 15] [--pool-rows 256] [--timeout-s 2] [--smoke]
+
+``--smoke``: 8 samples, 2 sandboxed runs, 16 pool calls, a timeout of 0.5 s.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._smoke import parse_args  # noqa: E402
 from gdpo_ray import rewards  # noqa: E402
 from gdpo_ray.rewards.sandbox import Limits, run_program  # noqa: E402
 
@@ -132,8 +135,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--samples", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=15, help="sandboxed runs (and bare ones)")
+    parser.add_argument("--pool-rows", type=int, default=256, help="calls through the scoring pool")
+    parser.add_argument("--timeout-s", type=float, default=2.0, help="the hanging reward's timeout")
+    args = parse_args(parser, {"samples": 8, "repeats": 2, "pool_rows": 16, "timeout_s": 0.5})
 
     results: dict[str, float] = {}
     for name, (completions, columns) in samples(args.samples).items():
@@ -144,12 +149,12 @@ def main() -> None:
     results["bare_python_ms"] = bare * 1e3
     results["sandboxed_python_ms"] = boxed * 1e3
     results["sandbox_overhead_ratio"] = boxed / bare
-    overhead, hung = pool_costs(256, 2.0)
+    overhead, hung = pool_costs(args.pool_rows, args.timeout_s)
     results["pool_call_overhead_ms"] = overhead * 1e3
     results["pipe_round_trip_ms"] = pipe_round_trip() * 1e3
     results["hang_cost_in_timeouts"] = hung
     if args.json:
-        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+        print(json.dumps({k: round(v, 3) for k, v in results.items()} | {"smoke": args.smoke}))
         return
     print("Built-in rewards on CPU, one process (samples/s):")
     for key, value in results.items():

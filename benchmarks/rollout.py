@@ -7,12 +7,16 @@ tokens/s over (a)'s (aim >= 0.9): what the framework costs around generation. Th
 locally built tiny one unless ``--model`` names a HF directory. The vllm engine is measured
 where vLLM is installed (``.venv-vllm/bin/python benchmarks/rollout.py``).
 
-    python benchmarks/rollout.py [--json] [--model DIR] [--prompts 16] [--group-size 8] [--device cuda]
+    python benchmarks/rollout.py [--json] [--model DIR] [--prompts 16] [--group-size 8] [--device cuda] [--smoke]
+
+``--smoke``: 2 prompts x 2 completions of up to 8 tokens, one timed call each (hf, and vllm
+where installed: ``.venv-vllm/bin/python benchmarks/rollout.py --smoke``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
@@ -22,6 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 
 def measure(engine: str, model: str, args) -> dict:
@@ -43,7 +49,7 @@ def measure(engine: str, model: str, args) -> dict:
         prompts = source.take(args.prompts)
         ids = [actor.tokenize(p.prompt) for p in prompts]
         actor.engine.generate(ids, args.group_size, sampling)  # warm up both paths
-        actor.generate(source.take(args.prompts))
+        asyncio.run(actor.generate(source.take(args.prompts)))
         raw_tps, actor_tps = [], []
         for _ in range(args.repeats):
             start = time.perf_counter()
@@ -51,10 +57,10 @@ def measure(engine: str, model: str, args) -> dict:
             raw_tps.append(sum(len(s.token_ids) for g in out for s in g) / (time.perf_counter() - start))
             batch_prompts = source.take(args.prompts)
             start = time.perf_counter()
-            meta, _ = actor.generate(batch_prompts)
+            meta, _ = asyncio.run(actor.generate(batch_prompts))
             actor_tps.append(meta.tokens / (time.perf_counter() - start))
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     raw, through = max(raw_tps), max(actor_tps)
     return {f"{engine}_engine_tokens_per_s": raw, f"{engine}_actor_tokens_per_s": through,
             f"{engine}_actor_over_engine": through / raw}
@@ -70,7 +76,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU variant")
-    args = parser.parse_args()
+    args = parse_args(parser, {"prompts": 2, "group_size": 2, "max_tokens": 8, "repeats": 1})
 
     import torch
 
@@ -79,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if model is None:
-            from gdpo_ray.tiny_model import build_tiny_model
+            from gdpo_ray.models.tiny import build_tiny_model
 
             model = str(build_tiny_model(Path(tmp) / "tiny", hidden_size=128, layers=4))
         engines = ["hf"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
@@ -87,7 +93,7 @@ def main() -> None:
         for engine in engines:
             results.update(measure(engine, model, args))
     if args.json:
-        print(json.dumps({k: round(v, 3) for k, v in results.items()}))
+        print(json.dumps({k: round(v, 3) for k, v in results.items()} | {"smoke": args.smoke}))
         return
     print(f"{args.prompts} prompts x {args.group_size} completions, up to {args.max_tokens} tokens")
     for engine in engines:

@@ -5,13 +5,16 @@ the machine::
 
     VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/streaming.py --json
 
+``--smoke``: 2 steps of 2 groups of 2, a model of one layer of width 64, 4 slots, lengths of
+mean 8 up to 32 tokens, a 0.05 s update (``scripts/test-vllm-cpu.sh`` runs it).
+
 Both modes run the framework's own path, one after the other in one invocation: a
 ``RolloutGroup`` of one rollout actor fed from the same prompts into an ``ArrowBuffer``; the
 driver takes B groups per step, marks them trained, "updates" for ``--update-s`` seconds (pumping
 the rollouts, as ``GDPO.training_step`` does while its learners work) and pushes weights (the
 model's own, as a new policy version) every step. ``batched``: ``RolloutActor`` over
 ``vllm.LLM`` (``generation.mode: batched``), one call of B prompts x G samples at a time (two
-queued); ``streaming``: ``StreamingRolloutActor`` over ``AsyncLLM`` (the default on vllm), every
+queued); ``streaming``: ``RolloutActor`` (streaming sampler) over ``AsyncLLM`` (the default on vllm), every
 admitted prompt in the engine at once, groups out as they finish, pushes in flight. The two
 engines here differ from the production ones only in the response lengths: every request's
 ``max_tokens`` is drawn from a lognormal (``--mean``, ``--cv``, clipped to ``--max-tokens``)
@@ -67,6 +70,10 @@ from actors.engines import Sample, SamplingParams  # noqa: E402
 from actors.prompts import PromptSource  # noqa: E402
 from actors.vllm_engine import VLLMEngine  # noqa: E402
 from actors.vllm_stream_engine import AsyncVLLMEngine  # noqa: E402
+from benchmarks._smoke import parse_args  # noqa: E402
+
+SMOKE = {"steps": 2, "hidden_size": 64, "layers": 1, "prompts": 2, "group_size": 2, "slots": 4, "max_tokens": 32,
+         "mean": 8.0, "update_s": 0.05}
 
 
 # --- the workload: long-tailed lengths, the same in both modes -------------------------------
@@ -128,19 +135,20 @@ class LongTailBatchEngine(LongTail, VLLMEngine):
         self.steps = StepLog()
         self.llm.llm_engine.logger_manager = self.steps  # records every step (and logs nothing)
 
-    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Sample]]:
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
+                 logprobs: bool = True) -> list[list[Sample]]:
         from vllm import SamplingParams as VLLMSampling
 
         requests, params = [], []
         for p in prompt_token_ids:
             for _ in range(n):
                 requests.append({"prompt_token_ids": list(p)})
-                params.append(VLLMSampling(temperature=sampling.temperature, logprobs=0, ignore_eos=True,
-                                           max_tokens=self._length(p, sampling.max_tokens)))
+                params.append(VLLMSampling(temperature=sampling.temperature, logprobs=0 if logprobs else None,
+                                           ignore_eos=True, max_tokens=self._length(p, sampling.max_tokens)))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         self.steps.save(self.steps_path)  # after every call: a queued call may outlast shutdown
-        flat = [Sample(list(o.token_ids), [float(s[t].logprob) for t, s in zip(o.token_ids, o.logprobs)],
-                       o.finish_reason) for r in outputs for o in r.outputs]
+        flat = [Sample(list(o.token_ids), [float(s[t].logprob) for t, s in zip(o.token_ids, o.logprobs)]
+                       if logprobs else [], o.finish_reason) for r in outputs for o in r.outputs]
         return [flat[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
 
     def shutdown(self) -> None:
@@ -329,7 +337,7 @@ def main() -> None:
     parser.add_argument("--paper-update-s", type=float, default=80.0)
     parser.add_argument("--paper-pause-s", type=float, default=1.0)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(parser, SMOKE)
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -337,7 +345,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gdpo_ray.tiny_model import build_tiny_model
+    from gdpo_ray.models.tiny import build_tiny_model
     from gdpo_ray.run.cluster import LOCAL_RAY_CONFIG
 
     torch.set_num_threads(1)
@@ -383,6 +391,7 @@ def main() -> None:
         "model_predicts_streaming_over_batched": round(predicted_batched / predicted_streaming, 2),
         "projection": paper,
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "smoke": args.smoke,
     }
     if args.json:
         print(json.dumps(result))

@@ -34,7 +34,10 @@ start-up excess <= 3 s, cold wall <= 1.5, cold PSS <= 2.5, reward gap <= 0.05.
 
 Needs the ``bench`` extra (TRL): ``pip install -c constraints/cpu.txt -e '.[bench]'``.
 
-    python benchmarks/vs_trl.py [--json] [--seeds 3] [--steps 40] [--model demo|smollm2]
+    python benchmarks/vs_trl.py [--json] [--seeds 3] [--steps 40] [--model demo|smollm2] [--no-cold] [--smoke]
+
+``--smoke``: one seed of 5 steps (the fewest with a steady state), each side on one thread (no
+trial of 2), no cold runs: three processes, about a minute. It needs TRL as the benchmark does.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks._smoke import parse_args  # noqa: E402
 
 #: the jobs (--model): the preset, its overrides, the rewards' names; set by set_job
 JOBS = {"demo": ("demo", (), ("format", "correct", "length"), 40),
@@ -87,7 +92,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.set_defaults(thread_counts=(1, 2))  # tried on the first seed, where the faster is kept
+    args = parse_args(parser, {"seeds": 1, "steps": STEADY_FROM + 1, "no_cold": True, "thread_counts": (1,)})
     set_job(args)
     if args.side == "ours":
         return run_ours(args)
@@ -105,7 +111,7 @@ def main() -> None:
 
     def at_best_threads(kind: str, side: str, seed: int, staleness: int = 1) -> None:
         if kind not in best:  # the faster of 1 and 2 threads
-            tried = {n: child(args, side, seed, staleness=staleness, threads=n) for n in (1, 2)}
+            tried = {n: child(args, side, seed, staleness=staleness, threads=n) for n in args.thread_counts}
             best[kind] = min(tried, key=lambda n: tried[n]["s_per_step"])
             runs[kind].append(tried[best[kind]])
             runs[f"{kind}_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
@@ -122,7 +128,7 @@ def main() -> None:
     if not args.no_cold:
         runs["ours_cold"] = [child(args, "ours", 0, staleness=1, cold=True)]
         runs["trl_cold"] = [child(args, "trl", 0, threads=trl_threads, cold=True)]
-    report = summarize(runs, trl_threads) | {"model": args.model, "steps": args.steps}
+    report = summarize(runs, trl_threads) | {"model": args.model, "steps": args.steps, "smoke": args.smoke}
     if args.json:
         print(json.dumps(report))
     else:

@@ -13,7 +13,9 @@ of the model's bytes: nccl_ratio_to_copy_1, nccl_ratio_to_copy_2 and nccl_two_ov
 GPU the learner and actors share it, which NCCL allows from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE);
 with an older NCCL the run reports nccl_skipped.
 
-    python benchmarks/weight_sync.py [--json] [--layers 20] [--hidden 768] [--repeats 3] [--device cuda]
+    python benchmarks/weight_sync.py [--json] [--layers 20] [--hidden 768] [--repeats 3] [--device cuda] [--smoke]
+
+``--smoke``: a model of one layer of width 64, one timed push per path.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._smoke import parse_args  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -41,16 +45,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: the NCCL broadcast against a device-to-device copy")
-    args = parser.parse_args()
+    args = parse_args(parser, {"layers": 1, "hidden": 64, "repeats": 1})
 
-    from gdpo_ray.tiny_model import build_tiny_model
+    from gdpo_ray.models.tiny import build_tiny_model
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     with tempfile.TemporaryDirectory() as tmp:
         model = str(build_tiny_model(Path(tmp) / "m", hidden_size=args.hidden, layers=args.layers))
         results = measure_nccl(args, model) if args.device == "cuda" else measure_cpu(args, model)
     if args.json:
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}))
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results.items()}
+                         | {"smoke": args.smoke}))
     elif args.device == "cuda":
         print_nccl(results, args.repeats)
     else:
@@ -75,6 +80,8 @@ def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, 
 
     def push_weights(transport, rollouts, version):
         rollouts.on_update(version, transport.send(version, rollouts.receivers()).buckets)
+        ray.get([due.ref for due in rollouts.ledger.due])  # every actor's report: it has loaded them
+        rollouts.collect()  # the reports checked against what was sent (attestation)
 
     n = len(rollouts.slots)
     version += 1

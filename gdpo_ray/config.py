@@ -4,10 +4,10 @@ across components live in ``gdpo_ray.run.validation``, the presets in ``gdpo_ray
 
 ``GDPOConfig`` (``gdpo_ray.run.algorithm``) is an RLlib ``AlgorithmConfig``; the fields below are
 its own, set through its builder sections ``.training()``, ``.llm()``, ``.generation()`` and
-``.data()``. RLlib's sections keep their meaning: ``.env_runners(num_env_runners=...)`` is the
-number of rollout actors and their resources, ``.learners(num_learners=...,
-num_gpus_per_learner=...)`` the DeepSpeed learners, ``.training(lr=..., grad_clip=...,
-num_epochs=...)`` RLlib's own optimizer fields.
+``.data()``, and ``backend`` of RLlib's ``.learners()``. RLlib's sections keep their meaning:
+``.env_runners(num_env_runners=...)`` is the number of rollout actors and their resources,
+``.learners(num_learners=..., num_gpus_per_learner=..., backend=...)`` the learners (DeepSpeed or
+FSDP2), ``.training(lr=..., grad_clip=..., num_epochs=...)`` RLlib's own optimizer fields.
 
 A preset (``configs/*.yaml``, shipped as package data) is data only: top-level keys are section
 names (these four, RLlib's sections, and ``run`` for the command line), values are keyword
@@ -64,7 +64,7 @@ FIELDS: dict[str, Field] = {
     "mini_batches": Field("training", 1, "optimizer steps per epoch over a batch", at_least=1),
     "micro_batch_tokens": Field("training", 8192, "padded tokens per micro-batch (gradient accumulation beyond)", at_least=1),
     "gradient_checkpointing": Field("training", False, "recompute each layer's activations in backward instead of keeping them (less learner memory, about a third more update time)"),
-    "zero_stage": Field("training", 2, "DeepSpeed ZeRO stage 0-3", at_least=0, at_most=3),
+    "zero_stage": Field("training", 2, "DeepSpeed ZeRO stage 0-3 (learners.backend=deepspeed; fsdp2 always shards parameters, gradients and optimizer state: ZeRO-3's layout)", at_least=0, at_most=3),
     "precision": Field("training", "fp32", "learner precision: fp32 or bf16"),
     "weight_decay": Field("training", 0.0, "AdamW weight decay"),
     "weight_sync": Field("training", "object_store", "weights to the rollout actors: object_store or broadcast"),
@@ -114,9 +114,11 @@ FIELDS: dict[str, Field] = {
     "tools_in_system_prompt": Field("data", "auto", "where the model is shown the environment's tools: auto (in the system message where the chat template ignores tools=, else the template's way), always, never; the format: docs/environments.md"),
     "system_prompt": Field("data", None, "a system message put before every prompt (a chat-message prompt with its own system message keeps its own; needs llm.chat_template)", "str?"),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
+    # learners (RLlib's section, beside its learner fields below): the training engine
+    "backend": Field("learners", "deepspeed", "the learners' training engine: deepspeed (ZeRO stage training.zero_stage) or fsdp2 (torch's fully_shard), or package.module:Class of a learners.learner.Learner (learners.backend)", fixed_on_resume=True),
 }
 
-SECTIONS = ("training", "llm", "generation", "data")
+SECTIONS = ("training", "llm", "generation", "data")  # GDPO's own builder sections (a field may be of RLlib's)
 
 
 #: RLlib's own fields that GDPO reads, with GDPO's defaults (``GDPOConfig`` sets them)
@@ -128,7 +130,7 @@ RLLIB_FIELDS: dict[str, Field] = {
     "num_env_runners": Field("env_runners", 1, "rollout actors: a number, or a range [min, max] (elastic)", "any"),
     "num_cpus_per_env_runner": Field("env_runners", 1, "CPUs per rollout actor", "number", at_least=0),
     "num_gpus_per_env_runner": Field("env_runners", 0, "GPUs per rollout actor", "number", at_least=0),
-    "num_learners": Field("learners", 1, "DeepSpeed learners (0 counts as 1)", "int", at_least=0),
+    "num_learners": Field("learners", 1, "learners, ranks of one data-parallel group (0 counts as 1)", "int", at_least=0),
     "num_cpus_per_learner": Field("learners", 1, "CPUs per learner", "number", at_least=0),
     "num_gpus_per_learner": Field("learners", 0, "GPUs per learner", "number", at_least=0),
 }
@@ -274,11 +276,6 @@ def check_fields(config: Any) -> None:
     for name in (*FIELDS, *RLLIB_FIELDS):
         if name != "num_env_runners":  # a number or a range: env_runner_range
             check_value(name, getattr(config, name, None))
-
-
-def generation_mode(c: Any) -> str:
-    """``generation.mode``, its default filled in: streaming on vllm, batched otherwise."""
-    return c.mode or ("streaming" if c.engine == "vllm" else "batched")
 
 
 def merge_resources(*bundles: Mapping[str, float]) -> dict:

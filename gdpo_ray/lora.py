@@ -141,6 +141,14 @@ def check_target_modules(settings: Mapping[str, Any] | None, model_path: str | P
                              f"(or use {FIELD}.target_modules={ALL_LINEAR})")
 
 
+def is_adapter_tensor(name: str) -> bool:
+    """Whether a tensor's name is a LoRA adapter's (PEFT's ``lora_A``/``lora_B`` and their
+    embedding forms, as a PEFT model holds them or a saved adapter names them): the one place the
+    system decides it (the engines load such tensors as the adapter, checkpoints and learners
+    keep them as what is trained)."""
+    return any(f".{part}" in name for part in ("lora_A.", "lora_B.", "lora_embedding_A", "lora_embedding_B"))
+
+
 def adapter_key(name: str, adapter_name: str = "default") -> str:
     """A parameter's name in a PEFT model -> its name in a saved adapter (PEFT's
     ``get_peft_model_state_dict``): the adapter's name removed,

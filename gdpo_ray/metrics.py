@@ -25,7 +25,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gdpo_ray.advantages import RESIDUE_ULPS, AdvantageDetails
+from gdpo_ray.advantages import AdvantageDetails
+from gdpo_ray.normalization import RESIDUE_ULPS
 
 
 def not_applicable(errors: Sequence[Sequence[str]] | None, shape: tuple[int, int]) -> np.ndarray:

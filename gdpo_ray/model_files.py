@@ -66,10 +66,10 @@ def local_dir(path: str, shipped: Any | None, cache: str | Path | None = None) -
 
 
 #: the warm-started tiny models, by name: their builder's module and function (built on first use)
-WARM_STARTED = {"demo": ("gdpo_ray.warm_start", "demo_model_dir"),
-                "demo-tools": ("gdpo_ray.warm_start_tools", "tools_model_dir"),
-                "demo-count": ("gdpo_ray.warm_start_count", "count_model_dir"),
-                "demo-agent": ("gdpo_ray.warm_start_agent", "agent_model_dir")}
+WARM_STARTED = {"demo": ("gdpo_ray.models.demo", "demo_model_dir"),
+                "demo-tools": ("gdpo_ray.models.demo_tools", "tools_model_dir"),
+                "demo-count": ("gdpo_ray.models.demo_count", "count_model_dir"),
+                "demo-agent": ("gdpo_ray.models.demo_agent", "agent_model_dir")}
 #: every model a config may name instead of a directory
 BUILT_IN_MODELS = (*WARM_STARTED, "tiny", "smollm2")
 #: the model hub names of the built-in models converted from a hub model: what an exported LoRA
@@ -96,7 +96,7 @@ def check_available(spec: str) -> None:
     """Whether a built-in model can be made here, checked before any actor starts (``GDPOConfig
     .validate``): ``smollm2`` needs its wheel and ``gguf`` until it has been converted once."""
     if spec == "smollm2":
-        from gdpo_ray.pretrained import check_smollm2
+        from gdpo_ray.models.smollm2 import check_smollm2
 
         check_smollm2()
 
@@ -120,13 +120,13 @@ def resolve_model_path(spec: str) -> Path:
         module, builder = WARM_STARTED[spec]
         return getattr(importlib.import_module(module), builder)()
     if spec == "smollm2":
-        from gdpo_ray.pretrained import smollm2_dir
+        from gdpo_ray.models.smollm2 import smollm2_dir
 
         return smollm2_dir()
     if spec == "tiny":
         import tempfile
 
-        from gdpo_ray.tiny_model import build_tiny_model
+        from gdpo_ray.models.tiny import build_tiny_model
 
         target = Path(tempfile.gettempdir()) / "gdpo-ray-tiny-model"
         return target if (target / "config.json").exists() else build_tiny_model(target)

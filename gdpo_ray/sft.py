@@ -21,8 +21,8 @@ ToolTurns`` writes it, out of the loss (as the learners mask tool turns).
 ``supervised_fit`` and ``response_loss`` (teacher forcing, the loss on the masked-in response
 tokens only, a prefix every prompt shares run once in the KV cache) are the project's one
 supervised trainer: ``train`` runs a dataset through them, the demo models' warm starts
-(``gdpo_ray.warm_start``, ``warm_start_tools``, ``warm_start_agent``, ``warm_start_count``) are
-recipes on them.
+(``gdpo_ray.models``: ``demo``, ``demo_tools``, ``demo_agent``, ``demo_count``) are recipes on
+them.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from gdpo_ray.tool_format import tool_call_block
 
 #: one training example: (prompt token ids, response token ids ending with the EOS token), or
 #: with a third list, per response token 1 = in the loss, 0 = context only (a tool turn's tokens)
@@ -54,8 +56,7 @@ def call_block(call: Any) -> str:
             raise ValueError(f"tool call {fn['name']!r}: its arguments are not JSON ({err})") from None
     if not isinstance(arguments, dict):
         raise ValueError(f"tool call {fn['name']!r}: arguments must be an object; got {arguments!r}")
-    call = json.dumps({"name": fn["name"], "arguments": arguments}, ensure_ascii=False)
-    return f"<tool_call>\n{call}\n</tool_call>"
+    return tool_call_block([(fn["name"], arguments)])
 
 
 def assistant_text(message: dict) -> str:

@@ -16,7 +16,7 @@ would name a dataset path (``data.prompts``).
 - ``count`` (the math-with-a-length-limit study): "Count from a to b." for two-digit a and 2-7
   numbers; the answer is the numbers in order, space-separated, in ``<answer>`` (the
   ``exact_answer`` reward). The right answer's own length grows with the count, so a length
-  limit can rule out every right answer to the longer counts (``gdpo_ray.warm_start_count``).
+  limit can rule out every right answer to the longer counts (``gdpo_ray.models.demo_count``).
 - ``tool_arithmetic`` (the ``agent`` preset, multi-turn): "What is 37 times 12?", "What is 37
   plus 12?" or "What is 37 times 12 plus 5?" (10-39, 2-19, then 1-9: every answer below 1,000);
   the answer is the number. ``steps`` (JSON) holds the gold calls, ``[["multiply", 37, 12], ["add",
@@ -39,6 +39,7 @@ import json
 import numpy as np
 
 from gdpo_ray.registry import Registry
+from gdpo_ray.tool_format import tool_call_block
 
 #: name -> fn(n, seed) -> rows
 TASKS: Registry[Callable[[int, int], list[dict[str, Any]]]] = Registry("task")
@@ -167,8 +168,8 @@ def tool_calls(n: int = 64, seed: int = 0) -> list[dict[str, Any]]:
         request, calls = _tool_request(rng)
         if calls:
             names = ", ".join(dict.fromkeys(c["name"] for c in calls))
-            answer = (f"<think>The user's request needs {names}.</think>\n<tool_call>\n"
-                      + "\n".join(json.dumps(c) for c in calls) + "\n</tool_call>")
+            answer = (f"<think>The user's request needs {names}.</think>\n"
+                      + tool_call_block([(c["name"], c["parameters"]) for c in calls], key="parameters"))
         else:
             answer = "<think>No tool is needed.</think>\n<response>You're welcome!</response>"
         rows.append({"id": f"tool-{i}", "ground_truth": answer, "prompt": [
@@ -224,12 +225,12 @@ def tool_arithmetic_demos(n: int = 256, seed: int = 1) -> list[dict[str, Any]]:
 
 @TASKS.register("bfcl_multi_turn")
 def bfcl_multi_turn(n: int = 159, seed: int = 0) -> list[dict[str, Any]]:
-    """BFCL's ``multi_turn_base`` training scenarios (those ``gdpo_ray.environments.bfcl_data.
+    """BFCL's ``multi_turn_base`` training scenarios (those ``gdpo_ray.bfcl.data.
     is_held_out`` leaves in: 159 of 200), in a seeded order, repeated up to ``n`` rows: ``prompt``
     the first user turn, ``bfcl_entry`` the item with its ground truth (JSON) for the
     ``bfcl_multi_turn`` environment. Needs bfcl-eval's data (``pip install --no-deps
     bfcl-eval==2026.3.23``)."""
-    from gdpo_ray.environments.bfcl_data import is_held_out, load_category
+    from gdpo_ray.bfcl.data import is_held_out, load_category
 
     entries = [e for e in load_category("multi_turn_base") if not is_held_out(e["id"])]
     order = np.random.default_rng(seed).permutation(len(entries))

@@ -1,5 +1,6 @@
-"""The learners as a group on Ray: N ``DeepSpeedLearner`` ranks gang-scheduled in one placement
-group, one torch.distributed process group among them, every call fanned out to all ranks.
+"""The learners as a group on Ray: N ranks of the learner class of ``learners.backend``
+(``learners.backend.BACKENDS``: DeepSpeed, FSDP2) gang-scheduled in one placement group, one
+torch.distributed process group among them, every call fanned out to all ranks.
 
 An update's groups are split among the ranks whole and contiguous (``split_groups``), balanced by
 their tokens; the advantages travel with their rows. While an update runs, ``set_threads`` turns
@@ -13,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from gdpo_ray.config import merge_resources
-from learners.deepspeed_learner import DeepSpeedLearner, LearnerConfig
+from learners.backend import learner_class
+from learners.learner import LearnerConfig
 
 
 def split_groups(tokens: Sequence[int], parts: int) -> list[list[int]]:
@@ -46,6 +48,7 @@ class LearnerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ray = ray
+        backend = learner_class(config.backend)  # an unknown one fails before any resource is taken
         bundle = merge_resources({"CPU": num_cpus_per_learner, "GPU": num_gpus_per_learner},
                                  bundle_extra or {})
         # inside a Ray Tune trial the learners take bundles of the trial's own placement group
@@ -64,7 +67,8 @@ class LearnerGroup:
                 f"{PLACEMENT_TIMEOUT_S:g} s: the cluster's free resources are "
                 f"{ray.available_resources()}; ask for less (learners.num_learners, "
                 f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
-        cls = ray.remote(concurrency_groups={"dial": 1})(DeepSpeedLearner)  # set_threads beside an update
+        # the backend's class (set_threads runs beside an update, in the concurrency group "dial")
+        cls = ray.remote(concurrency_groups={"dial": 1})(backend)
         self._updates = 0  # the tickets of the updates: set_threads names the one it is for
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
                             "cuda" if num_gpus_per_learner else "cpu"}}
@@ -105,7 +109,7 @@ class LearnerGroup:
     def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any]:
         """The weights (under LoRA: the adapter) as buckets in the object store: (their
         ObjectRefs, what was sent: ``gdpo_ray.weights.digest.Sent``), from rank 0 (the others
-        take part in the ZeRO-3 gathers)."""
+        take part in the gathers of sharded weights)."""
         return self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
 
     def broadcast_address(self) -> tuple[str, int]:
@@ -136,11 +140,11 @@ class LearnerGroup:
 
     def export_hf(self, path: str, merged: str | None = None) -> None:
         """The policy as a Hugging Face model directory (rank 0 writes it); under LoRA a PEFT
-        adapter directory, and the merged model in ``merged`` (``DeepSpeedLearner.export_hf``)."""
+        adapter directory, and the merged model in ``merged`` (``Learner.export_hf``)."""
         self._on_all(lambda learner: learner.export_hf.remote(path, merged))
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        """The full weights (rank 0's, gathered under ZeRO-3)."""
+        """The full weights (rank 0's, gathered where the backend shards them)."""
         return self._on_all(lambda learner: learner.get_weights.remote())[0]
 
     def shutdown(self) -> None:

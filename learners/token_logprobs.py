@@ -12,7 +12,8 @@ O(slice x V). The same values as log_softmax then gather, up to float rounding.
 ``head_input`` runs a model's forward with its output embedding short-circuited (a forward
 pre-hook hands it no positions) and returns the hidden states it would have projected; ``fused_head``
 says whether a model's logits are exactly its output embedding's product (a probe: no soft cap,
-no scale, no bias, not partitioned by ZeRO-3), else the learner keeps the plain path.
+no scale, no bias, not partitioned by ZeRO-3; under FSDP2 the weight read after the forward, the
+root's gathered one), else the learner keeps the plain path.
 """
 
 from __future__ import annotations
@@ -109,5 +110,8 @@ def fused_head(model: Any, device: Any) -> bool:
     with torch.no_grad():
         logits = model(input_ids=ids).logits.float()
         hidden = head_input(model, head, lambda: model(input_ids=ids))
+        weight = head.weight  # after the forward: FSDP2's root keeps its gathered weight until backward
+        if hasattr(weight, "full_tensor"):  # still a shard (a DTensor): not a product to take here
+            return False
         mine = torch.nn.functional.linear(hidden, weight).float()
     return mine.shape == logits.shape and torch.allclose(mine, logits, rtol=1e-4, atol=1e-4)

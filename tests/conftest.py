@@ -47,7 +47,7 @@ def _ray_in_the_foreground(monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Qwen2 model and its locally trained tokenizer, saved as a HF directory."""
-    from gdpo_ray.tiny_model import build_tiny_model
+    from gdpo_ray.models.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model")))
 

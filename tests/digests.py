@@ -56,14 +56,16 @@ def optimizer_digests(group) -> list[str]:
     return ray.get([learner.__ray_call__.remote(_learner_optimizer) for learner in group.learners])
 
 
-def actor_digest(handle) -> str:
+def actor_digest(handle, version: int = 0) -> str:
     """sha256 of a rollout actor's (hf) engine parameters, comparable with ``learner_digests``."""
     import ray
 
+    ray.get(handle.settled.remote(version), timeout=300)  # the pushes it was sent, loaded
     return ray.get(handle.__ray_call__.remote(_engine_weights))
 
 
-def actor_digests(handles) -> list[str]:
+def actor_digests(handles, version: int = 0) -> list[str]:
     import ray
 
+    ray.get([h.settled.remote(version) for h in handles], timeout=300)  # the pushes they were sent, loaded
     return ray.get([h.__ray_call__.remote(_engine_weights) for h in handles])

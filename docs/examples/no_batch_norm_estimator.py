@@ -3,7 +3,8 @@ normalized in its group, the weighted sum as the advantage).
 
 An estimator takes (rewards [N, K] float64 in contiguous groups, groups, weights [K], eps, ulp)
 and returns an ``EstimatorOutput``; the building blocks (``normalize_in_groups``,
-``cancel_residue``, ``normalize_batch``) and the built-ins are in ``gdpo_ray/advantages.py``.
+``cancel_residue``, ``normalize_batch``) are in ``gdpo_ray/normalization.py``, the built-ins in
+``gdpo_ray/advantages.py``.
 Registering it under a name makes ``training.estimator`` accept that name (the driver computes
 advantages, so importing this module in the driver's process is enough).
 """

@@ -31,8 +31,8 @@ import math
 import threading
 from typing import Any, Callable, Sequence
 
-from gdpo_ray.environments.tool_calls import ToolCall, ToolCallError
 from gdpo_ray.rewards import NOT_APPLICABLE
+from gdpo_ray.tool_format import ToolCall, ToolCallError
 
 #: characters of an exception's text sent back to the model
 ERROR_CHARS = 500

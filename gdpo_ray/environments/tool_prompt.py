@@ -9,7 +9,7 @@ ignores them (SmolLM2's, many base models'), written into the system message.
 - ``never``: only ``tools=`` (a template that ignores it shows the model no tool).
 
 The system message's text (``tools_text``) is this format, with the call format the rollout
-loop parses (``gdpo_ray.environments.tool_calls``: Hermes-style blocks)::
+loop parses (``gdpo_ray.tool_format``: Hermes-style blocks)::
 
     You can call the tools below. Each line between <tools> and </tools> describes one, as a JSON schema.
     <tools>
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 from typing import Any, Sequence
+
+from gdpo_ray.tool_format import tool_call_block
 
 MODES = ("auto", "always", "never")
 
@@ -56,11 +58,9 @@ def tools_text(schemas: Sequence[dict]) -> str:
     writes them) and of the call format (see the module docstring)."""
     lines = [json.dumps(s, ensure_ascii=False) for s in schemas]
     first = _function(schemas[0]) if schemas else {}
-    example = {"name": first.get("name", "tool_name"),
-               "arguments": {k: _example(v) for k, v in
-                             list(((first.get("parameters") or {}).get("properties") or {}).items())[:2]}}
-    return "\n".join([INTRO, "<tools>", *lines, "</tools>", CALL_FORMAT, "<tool_call>",
-                      json.dumps(example, ensure_ascii=False), "</tool_call>", AFTER])
+    example = (first.get("name", "tool_name"),
+               {k: _example(v) for k, v in list(((first.get("parameters") or {}).get("properties") or {}).items())[:2]})
+    return "\n".join([INTRO, "<tools>", *lines, "</tools>", CALL_FORMAT, tool_call_block([example]), AFTER])
 
 
 def _function(schema: dict) -> dict:

@@ -3,7 +3,7 @@
 A multi-turn trajectory is the tokens the policy sampled, each turn ended by its end-of-turn
 token, followed by each tool turn's tokens: the template's text for the tool messages and the
 next assistant header, tokenized once, on its own. The rollout loop (``actors.tool_loop``) and
-the agent warm start (``gdpo_ray.warm_start_agent``) build trajectories with it, so that a
+the agent warm start (``gdpo_ray.models.demo_agent``) build trajectories with it, so that a
 model is trained on exactly the tokens it later sees.
 """
 

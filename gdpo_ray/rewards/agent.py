@@ -4,7 +4,7 @@ A rollout of a tool environment is a conversation (``completions[i]``: the assis
 messages after the prompt, and the user messages of an environment with several user turns). It
 is well formed when, for each user turn, every assistant turn but the last is tool calls that
 parse (``<tool_call>`` blocks, each call a JSON object with a ``name`` and its ``arguments``:
-``gdpo_ray.environments.tool_calls``, as the rollout reads them) and nothing else, and the last
+``gdpo_ray.tool_format.parse_tool_calls``, as the rollout reads them) and nothing else, and the last
 is the reply without a call: the final answer in ``<answer>…</answer>`` and nothing else
 (``answer_tag``; None: any text without a call): 1, else 0. A plain string completion is one
 assistant turn.
@@ -16,8 +16,7 @@ import re
 from typing import Any
 
 from gdpo_ray.rewards.adapters import RewardFn
-
-_CALLS_ONLY = re.compile(r"\s*(?:<tool_call>.*?</tool_call>\s*)+", re.DOTALL)
+from gdpo_ray.tool_format import OPEN, ToolCallError, only_tool_calls, parse_tool_calls
 
 
 def tool_turn_format(answer_tag: str | None = "answer") -> RewardFn:
@@ -25,7 +24,7 @@ def tool_turn_format(answer_tag: str | None = "answer") -> RewardFn:
     parse and the last is only the answer in ``<answer_tag>`` (None: any text without a call),
     else 0."""
     final = (re.compile(rf"\s*<{answer_tag}>[^<]*</{answer_tag}>\s*") if answer_tag
-             else re.compile(r"(?s)(?!.*<tool_call>).*"))
+             else re.compile(rf"(?s)(?!.*{OPEN}).*"))
 
     def tool_turn_format(prompts, completions, **_columns) -> list[float]:
         return [float(all(_well_formed(turns, final) for turns in _user_turns(c))) for c in completions]
@@ -47,13 +46,10 @@ def _user_turns(completion: Any) -> list[list[str]]:
 
 
 def _well_formed(turns: list[str], final: re.Pattern) -> bool:
-    # imported here: the parser reads blocks with gdpo_ray.rewards.toolrl, whose package imports this
-    from gdpo_ray.environments.tool_calls import ToolCallError, parse_tool_calls
-
     if not turns or not final.fullmatch(turns[-1]):
         return False
     for turn in turns[:-1]:
         calls = parse_tool_calls(turn)
-        if not _CALLS_ONLY.fullmatch(turn) or not calls or any(isinstance(c, ToolCallError) for c in calls):
+        if not only_tool_calls(turn) or not calls or any(isinstance(c, ToolCallError) for c in calls):
             return False
     return True

@@ -4,14 +4,13 @@ Ground truth: the gold output text (ToolRL's data: ``<think>…</think>\\n<tool_
 line}\\n</tool_call>`` and/or ``<response>…</response>``), or a JSON list of calls
 ``[{"name": ..., "parameters": {...}}, ...]`` (a tool-call-only answer).
 
-Model output is hostile input: every scan here is linear in its length (no regex that
-backtracks over it), and a call that is not JSON, or nests lists and objects deeper than
-``MAX_DEPTH``, is ``Unparsable`` (correctness -3), never an exception of another kind.
+The calls are read as ``gdpo_ray.tool_format.calls_in`` reads them (linear in the output's
+length): a call that is not JSON, or nests lists and objects deeper than its ``MAX_DEPTH``, is
+``Unparsable`` (correctness -3), never an exception of another kind.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from typing import Any
@@ -19,26 +18,19 @@ from typing import Any
 import numpy as np
 
 from gdpo_ray.rewards.adapters import completion_text
+from gdpo_ray.tool_format import CLOSE, OPEN, Unparsable, calls_in
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>")
-#: the deepest nesting of lists and objects a call may have (the call object is level 1, its
-#: parameters level 2): deeper, it is unparsable, as the matching and checkers recurse over it
-MAX_DEPTH = 100
-
-
-class Unparsable(ValueError):
-    """Tool calls that are not one JSON call object per line (or a JSON list of them)."""
+_TAGS = ("<think>", "</think>", OPEN, CLOSE, "<response>", "</response>")
 
 
 def _gold_parts(ground_truth: Any) -> tuple[bool, bool]:
     """(has tool calls, has a response) in the gold answer."""
-    if isinstance(ground_truth, str) and "<tool_call>" not in ground_truth and ground_truth.lstrip()[:1] == "[":
+    if isinstance(ground_truth, str) and OPEN not in ground_truth and ground_truth.lstrip()[:1] == "[":
         return True, False
     if isinstance(ground_truth, list):
         return True, False
     text = str(ground_truth)
-    return "<tool_call>" in text, "<response>" in text
+    return OPEN in text, "<response>" in text
 
 
 def _format_parts(ground_truth: Any) -> tuple[str, set[str]]:
@@ -46,8 +38,8 @@ def _format_parts(ground_truth: Any) -> tuple[str, set[str]]:
     has_call, has_response = _gold_parts(ground_truth)
     parts, tags = [r"<think>.*?</think>"], set()
     if has_call:
-        parts.append(r"<tool_call>\n.*?\n</tool_call>")
-        tags |= {"<tool_call>", "</tool_call>"}
+        parts.append(rf"{OPEN}\n.*?\n{CLOSE}")
+        tags |= {OPEN, CLOSE}
     if has_response:
         parts.append(r"<response>.*?</response>")
         tags |= {"<response>", "</response>"}
@@ -73,80 +65,6 @@ def format_matches(completion: str, ground_truth: Any, strict: bool = False) -> 
     # the counts first: with each required tag once, the pattern's lazy parts cannot backtrack
     # over the text quadratically
     return counts_ok and re.fullmatch(pattern, text, re.DOTALL) is not None
-
-
-def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether ``value`` nests lists and dicts at most ``limit`` levels deep (iteratively: it
-    may be as deep as the JSON parser allows)."""
-    stack = [(value, 1)]
-    while stack:
-        v, level = stack.pop()
-        if isinstance(v, (list, tuple, dict)):
-            if level > limit:
-                return False
-            stack.extend((c, level + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return True
-
-
-def parse_calls(block: str) -> list[tuple[str, dict]]:
-    """One JSON object per non-empty line: {"name": str, "parameters" | "arguments": dict}."""
-    calls = []
-    for line in block.strip().splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as err:  # RecursionError: nested past the parser's limit
-            raise Unparsable(f"not JSON: {line[:80]!r}") from err
-        if not depth_ok(obj):
-            raise Unparsable(f"nested deeper than {MAX_DEPTH} levels: {line[:80]!r}")
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            raise Unparsable(f"not a call object with a name: {line[:80]!r}")
-        params = obj.get("parameters", obj.get("arguments", {}))
-        if not isinstance(params, dict):
-            raise Unparsable(f"parameters are not an object: {line[:80]!r}")
-        calls.append((obj["name"], params))
-    return calls
-
-
-def tool_call_blocks(text: str) -> list[str]:
-    """The contents of the <tool_call>…</tool_call> blocks: each opening tag with the first
-    closing tag after it, left to right (``re.findall(r"<tool_call>(.*?)</tool_call>", text,
-    re.DOTALL)``, without its quadratic search when closing tags are missing)."""
-    out, start = [], text.find(_OPEN)
-    while start != -1:
-        end = text.find(_CLOSE, start + len(_OPEN))
-        if end == -1:  # no closing tag after this opening one, so none after any later one
-            break
-        out.append(text[start + len(_OPEN):end])
-        start = text.find(_OPEN, end + len(_CLOSE))
-    return out
-
-
-def _list_calls(values: list) -> list[tuple[str, dict]]:
-    try:
-        lines = [json.dumps(c) for c in values]
-    except (TypeError, ValueError, RecursionError) as err:
-        raise Unparsable(f"not a list of JSON call objects: {str(values)[:80]!r}") from err
-    return parse_calls("\n".join(lines))
-
-
-def calls_in(text_or_calls: Any) -> list[tuple[str, dict]] | None:
-    """Calls of a gold answer or a completion; None when there is no tool-call block.
-    Raises ``Unparsable`` (and nothing else) when the calls do not parse."""
-    if isinstance(text_or_calls, list):
-        return _list_calls(text_or_calls)
-    text = str(text_or_calls)
-    if "<tool_call>" not in text and text.lstrip()[:1] == "[":
-        try:
-            values = json.loads(text)
-        except (ValueError, RecursionError) as err:
-            raise Unparsable(f"not a JSON list of calls: {text[:80]!r}") from err
-        return _list_calls(values)
-    blocks = tool_call_blocks(text)
-    if not blocks:
-        return None
-    return [call for block in blocks for call in parse_calls(block)]
 
 
 def same_value(a: Any, b: Any) -> bool:

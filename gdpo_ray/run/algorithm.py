@@ -7,14 +7,16 @@
    advantage, ``informative_groups``, and refills);
 2. advantages: GDPO advantages over the step's B groups, on the driver, from the groups'
    metadata (rewards, errors, lengths travel beside each payload: the driver never reads one);
-3. update: the DeepSpeed learners' policy update (the rollout group is pumped meanwhile, so
-   generation for the next step overlaps learning when max_staleness >= 1);
+3. update: the learners' policy update (DeepSpeed or FSDP2: ``learners.backend``; the rollout
+   group is pumped meanwhile, so generation for the next step overlaps learning when
+   max_staleness >= 1);
 4. push_weights: new weights (version + 1) to every rollout actor; too-stale groups re-issued;
 5. metrics: per-step metrics into ``self.metrics``, prompts marked trained, and the automatic
    checkpoint every ``checkpoint_every`` steps.
 
 RLlib's own machinery (env runners, RLModules, its LearnerGroup) is not built: ``setup`` sets the
-attributes the base class reads and builds gdpo-ray's actors instead.
+attributes the base class reads and builds gdpo-ray's actors instead. Checkpoints and recovery
+from a dead learner: ``gdpo_ray.run.algorithm_state.GDPOState``.
 """
 
 from __future__ import annotations
@@ -36,17 +38,16 @@ from gdpo_ray.completion_log import CompletionLog
 from gdpo_ray.data import load_prompts
 from gdpo_ray.environments.spec import with_environment_columns
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
-from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, quiet, validation
-from gdpo_ray.run.checkpoints import prune_checkpoints, save_atomically, verify_checkpoint
+from gdpo_ray.run.algorithm_state import GDPOState
+from gdpo_ray.run.checkpoints import prune_checkpoints
 from gdpo_ray.run.cluster import ensure_ray
 from gdpo_ray.run.presets import section_settings
-from gdpo_ray.run.rllib_base import Algorithm, AlgorithmConfig, Checkpointable, NotProvided
+from gdpo_ray.run.rllib_base import Algorithm, AlgorithmConfig, NotProvided
 from gdpo_ray.run.sampling import take_groups
-from gdpo_ray.weights.digest import engine_variants
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,13 @@ class GDPOConfig(AlgorithmConfig):
         super().training(**kwargs)
         return _section(self, "training", ours)
 
+    def learners(self, **kwargs: Any) -> "GDPOConfig":
+        """RLlib's learner settings (``num_learners``, ``num_gpus_per_learner``, ...) and GDPO's
+        ``backend`` (deepspeed or fsdp2: ``learners.backend``)."""
+        ours = {k: kwargs.pop(k) for k in list(kwargs) if k in fields.section_fields("learners")}
+        super().learners(**kwargs)
+        return _section(self, "learners", ours)
+
     def llm(self, **kwargs: Any) -> "GDPOConfig":
         """The policy model: ``model_path``, ``chat_template``, ``max_prompt_tokens``."""
         return _section(self, "llm", kwargs)
@@ -139,30 +147,33 @@ class GDPOConfig(AlgorithmConfig):
 
     @property
     def learner_config(self):
-        from learners.deepspeed_learner import LearnerConfig
+        from actors.engines import digest_variants
+        from learners.learner import LearnerConfig
 
         return LearnerConfig(
-            model_path=self.model_path, zero_stage=self.zero_stage, precision=self.precision,
+            model_path=self.model_path, backend=self.backend, zero_stage=self.zero_stage, precision=self.precision,
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
             loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
-            threads_alone=self.threads_alone, lora=lora_settings(self.lora),
+            threads_alone=self.threads_alone, lora=self.lora,
             base_model_name=model_files.hub_name(self.model_path),
-            digest_variants=engine_variants(self.engine, self.engine_kwargs))
+            digest_variants=digest_variants(self.engine, self.mode, self.engine_kwargs))
 
     @property
     def rollout_actor_kwargs(self) -> dict:
+        from actors.engines import generation_mode
+
         return dict(model_path=self.model_path, rewards=list(self.rewards), group_size=self.group_size,
-                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=fields.generation_mode(self),
+                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=generation_mode(self.engine, self.mode),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     system_prompt=self.system_prompt,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
-                    num_threads=self.num_threads, seed=self.seed or 0, lora=lora_settings(self.lora),
+                    num_threads=self.num_threads, seed=self.seed or 0, lora=self.lora,
                     **fields.environment_settings(self))  # data.tool_environment: multi-turn rollouts
 
 
-class GDPO(Algorithm):
+class GDPO(GDPOState, Algorithm):
     """The GDPO algorithm (see the module docstring for the phases)."""
 
     @classmethod
@@ -424,98 +435,3 @@ class GDPO(Algorithm):
                    **self._pushed, "weights/attested": float(self.rollouts.ledger.attested),
                    "learner_recoveries": float(self.counters["learner_recoveries"])}
         return values
-
-    # ---------------------------------------------------------------------------------------
-    # faults
-
-    def _recover(self, err: Exception) -> None:
-        """A learner died: new learners, then the last checkpoint (or the start) restored."""
-        logger.warning("a learner died (%s); recovering from %s", err,
-                       self._last_checkpoint or "the start of the run")
-        self.counters["learner_recoveries"] += 1
-        # events that happened stay counted (the restored state predates some of them)
-        events = (self.counters["learner_recoveries"], dict(self.rollouts.stats),
-                  self.buffer.dropped_stale)
-        self.rollouts.ledger.drop_due()  # the restored weights go out to every actor, checked
-        try:
-            self.learners.shutdown()
-        except Exception:  # noqa: BLE001 - some of them are dead already
-            pass
-        self._start_learners()
-        if self._last_checkpoint:
-            self.restore_from_path(self._last_checkpoint)
-        else:
-            self.rollouts.discard_in_flight()
-            self.set_state(self._initial_state)
-            self._push_weights(self.policy_version)
-        self.counters["learner_recoveries"], stats, self.buffer.dropped_stale = events
-        self.rollouts.stats.update(stats)
-
-    # ---------------------------------------------------------------------------------------
-    # checkpoints: the driver's state (prompts, buffer, counters) in RLlib's state file, the
-    # learners' DeepSpeed checkpoint (model, optimizer, scheduler, RNG, step) beside it
-
-    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        in_buffer = self.buffer.group_ids()
-        return {"policy_version": self.policy_version, "iteration": self.iteration,
-                "prompts": self.prompts.state_dict(in_buffer=in_buffer),
-                "buffer": self.buffer.state_dict(), "counters": dict(self.counters),
-                "rollout_stats": dict(self.rollouts.stats) if getattr(self, "rollouts", None) else {}}
-
-    def set_state(self, state: dict) -> None:
-        self.policy_version = state["policy_version"]
-        self._iteration = state["iteration"]
-        self.prompts.load_state_dict(state["prompts"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.counters = dict(state["counters"])
-        if getattr(self, "rollouts", None) and state.get("rollout_stats"):
-            self.rollouts.stats.update(state["rollout_stats"])
-
-    def get_checkpointable_components(self) -> list:
-        return []
-
-    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
-        """A checkpoint, atomically (``checkpoints.save_atomically``): the driver's state in
-        RLlib's files, the learners' DeepSpeed checkpoint in ``learner/``."""
-        def write(aside: pathlib.Path) -> None:
-            Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
-                                        use_msgpack=use_msgpack)
-            self.learners.save_checkpoint(str(aside / "learner"))
-
-        final = path or tempfile.mkdtemp(prefix="gdpo-ckpt-")
-        return save_atomically(final, write, f"policy_version {self.policy_version}")
-
-    @classmethod
-    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "GDPO":
-        """A GDPO from a checkpoint; every file is verified against the checkpoint's manifest
-        before any actor starts (``checkpoints.verify_checkpoint``)."""
-        _verify(path, filesystem)
-        return super().from_checkpoint(path, filesystem=filesystem, verified=True, **kwargs)
-
-    def restore_from_path(self, path, *args, verified: bool = False, **kwargs) -> None:
-        """The checkpoint's state (verified first, unless it just was), then its weights out."""
-        if not verified:
-            _verify(path, kwargs.get("filesystem"))
-        self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
-        Checkpointable.restore_from_path(self, path, *args, **kwargs)
-        self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
-        self._last_checkpoint = str(path)  # a learner's death goes back here, not to the start
-        self._push_weights(self.policy_version)
-
-    def export_policy(self, path: str) -> str:
-        """The current policy as a Hugging Face model directory (from_pretrained / vLLM); under
-        LoRA a PEFT adapter directory, and the merged model beside it in ``<path>-merged``."""
-        merged = f"{str(path).rstrip('/')}-merged" if lora_settings(self.config.lora) else None
-        self.learners.export_hf(str(path), merged)
-        return str(path)
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-
-
-def _verify(path: Any, filesystem: Any) -> None:
-    """A local checkpoint's files against its manifest (ValueError naming what differs)."""
-    if filesystem is None and isinstance(path, (str, pathlib.Path)) and "://" not in str(path):
-        for warning in verify_checkpoint(str(path), what="restoring"):
-            logger.warning(warning)

@@ -21,12 +21,12 @@ import uuid
 from typing import Any, Callable
 
 from gdpo_ray import config as fields
-from gdpo_ray.lora import describe, flow, lora_settings
+from gdpo_ray.lora import describe, flow, is_adapter_tensor, lora_settings
 
 #: written last into a checkpoint: only a directory holding it is a complete checkpoint
 COMPLETE_MARKER = "gdpo_checkpoint_complete"
 #: written before the marker: {"files": {relative path: {"size": bytes, "sha256": hex}}}, every
-#: file of the checkpoint (RLlib's state and constructor pickles, the learners' DeepSpeed files)
+#: file of the checkpoint (RLlib's state and constructor pickles, the learners' files)
 MANIFEST = "gdpo_manifest.json"
 
 
@@ -201,6 +201,10 @@ def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
     for name, old, new in changes:
         if name == "lora":
             raise ValueError(f"--resume {checkpoint}: {_lora_change(old, new)}")
+        if name == "backend":
+            raise ValueError(f"--resume {checkpoint}: learners.backend was {_as_resumed(name, old)!r} and is "
+                             f"{new!r} now; the learners' checkpoint is in its backend's format: set "
+                             f"learners.backend={_as_resumed(name, old)} (or start a new run)")
         if name in fields.RESUME_FIXED:
             section = (fields.FIELDS | fields.RLLIB_FIELDS)[name].section
             raise ValueError(f"--resume {checkpoint}: {section}.{name} was {old!r} "
@@ -210,7 +214,10 @@ def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:
 
 
 def _as_resumed(name: str, value: Any) -> Any:
-    """A field's value as a resume compares it: ``llm.lora`` normalized, the others as given."""
+    """A field's value as a resume compares it: ``llm.lora`` normalized, ``learners.backend``
+    deepspeed where a checkpoint predates the field, the others as given."""
+    if name == "backend":
+        return value or "deepspeed"
     if name == "lora":
         try:
             return lora_settings(value)
@@ -246,23 +253,18 @@ def saved_config(checkpoint: str) -> dict:
 
 
 def export_checkpoint_policy(checkpoint: str, out: str) -> str:
-    """A checkpoint's policy as a Hugging Face model directory ``out``: the learners' DeepSpeed
-    state (any ZeRO stage, gathered to fp32 by DeepSpeed's ``zero_to_fp32``) in the run's base
-    model (its config, tokenizer and dtype: bf16 stays bf16); under ``llm.lora`` the adapter merged into it."""
+    """A checkpoint's policy as a Hugging Face model directory ``out``: the learners' saved
+    weights, full and in float32 (read by the run's backend, ``learners.backend``: DeepSpeed's
+    ``zero_to_fp32`` for any ZeRO stage, FSDP2's distributed checkpoint), in the run's base model
+    (its config, tokenizer and dtype: bf16 stays bf16); under ``llm.lora`` the adapter merged into it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learners.deepspeed_env import import_deepspeed
-
-    import_deepspeed()  # without its autotuner's MLflow import
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
     from gdpo_ray.model_files import resolve_model_path
+    from learners.backend import learner_class
 
     saved = saved_config(checkpoint)
     base, lora = resolve_model_path(saved["model_path"]), lora_settings(saved.get("lora"))
-    weights = get_fp32_state_dict_from_zero_checkpoint(str(pathlib.Path(checkpoint) / "learner"),
-                                                       exclude_frozen_parameters=bool(lora))
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     if lora:  # the checkpoint holds the adapter alone (the base weights are the model's files)
         from peft import get_peft_model
@@ -270,9 +272,11 @@ def export_checkpoint_policy(checkpoint: str, out: str) -> str:
         from gdpo_ray.lora import peft_config
 
         model = get_peft_model(model, peft_config(lora))
+    backend = learner_class(_as_resumed("backend", saved.get("backend")))
+    weights = backend.checkpoint_weights(str(pathlib.Path(checkpoint) / "learner"), model, bool(lora))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if lora:
-        missing = [k for k in missing if "lora_" in k]
+        missing = [k for k in missing if is_adapter_tensor(k)]
     missing = sorted(set(missing) - set(getattr(model, "_tied_weights_keys", None) or ()))
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint}: its weights do not fit the base model {base} "

@@ -112,7 +112,7 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     rollout_only = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
     report = _score_samples(specs, source, available, sample_rows, rollout_only)
     report.weights = [s.weight for s in specs]
-    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"]
+    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"] + learner_notes(c)
     _PASSED.add(fingerprint(c))
     return report
 
@@ -154,13 +154,22 @@ def check_model(spec: Any) -> None:
 
 
 def check_lora(c: Any) -> None:
-    """``llm.lora`` (checked by itself in ``validation.check``) targets modules the model has."""
-    from gdpo_ray.lora import check_target_modules, lora_settings
+    """``llm.lora`` (checked and normalized by ``validation.check``) targets modules the model has."""
+    from gdpo_ray.lora import check_target_modules
     from gdpo_ray.model_files import resolve_model_path
 
-    settings = lora_settings(c.lora)
-    if settings is not None:
-        check_target_modules(settings, resolve_model_path(c.model_path))
+    if c.lora is not None:
+        check_target_modules(c.lora, resolve_model_path(c.model_path))
+
+
+def learner_notes(c: Any) -> list[str]:
+    """What the learners do that the config does not say: under ``learners.backend=fsdp2``,
+    ``training.zero_stage`` (a DeepSpeed setting, 2 in the presets) does not apply."""
+    if c.backend != "fsdp2":
+        return []
+    return [f"learners.backend=fsdp2: training.zero_stage ({c.zero_stage}) does not apply; FSDP2 shards "
+            f"parameters, gradients and optimizer state over the {max(1, c.num_learners)} learner(s) "
+            f"(ZeRO-3's layout), gathering each layer's weights for its forward and backward"]
 
 
 def check_environment_rows(c: Any, source: Any) -> None:
@@ -257,7 +266,7 @@ def _render_with_tools(c: Any, tokenizer: Any) -> None:
 def context_length(spec: Any) -> int | None:
     """The model's context length (positions), where its config says it (None: unknown)."""
     if spec in BUILT_IN_MODELS and spec != "smollm2":
-        from gdpo_ray.tiny_model import MAX_POSITIONS
+        from gdpo_ray.models.tiny import MAX_POSITIONS
 
         return MAX_POSITIONS
     config = Path(str(spec)).expanduser() / "config.json"

@@ -6,9 +6,8 @@ actors. One class per transport, chosen once from ``training.weight_sync`` (``TR
     close()                               # forgets the connection (rebuilt at the next send)
 
 Every transport sends from a ``learners.learner_group.LearnerGroup`` to the actors of an
-``actors.rollout_group.RolloutGroup`` (``receivers()``: handles of ``RolloutActor`` or
-``StreamingRolloutActor``, whose ``set_weights`` / ``join_broadcast`` / ``receive_weights`` are
-the receiving side).
+``actors.rollout_group.RolloutGroup`` (``receivers()``: handles of ``RolloutActor``, whose
+``set_weights`` / ``join_broadcast`` / ``receive_weights`` are the receiving side).
 
 and ``push_weights(transport, rollouts, version)`` is the one way a version goes out (after an
 update, a learner recovery, a restore): dead actors replaced first (no new work is started: a

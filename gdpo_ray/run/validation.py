@@ -1,6 +1,7 @@
 """The checks of a config across components: the estimator, the rewards, the engine and its
-sampling, the weight transport, the eval suite, the resources. They run when a ``GDPOConfig`` is
-validated, before any actor starts; each error names the field, the value, the rule and the fix.
+sampling, the weight transport, the learners' backend, the eval suite, the resources. They run
+when a ``GDPOConfig`` is validated, before any actor starts; each error names the field, the
+value, the rule and the fix.
 The checks of each value by itself are the field table's (``gdpo_ray.config.check_value``).
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from actors.engines import SamplingParams, engine_class
+from actors.engines import SamplingParams, engine_class, generation_mode
 from gdpo_ray import config as fields
 from gdpo_ray.advantages import ESTIMATORS
 from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
@@ -17,13 +18,14 @@ from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.rewards import RewardSpec, check_specs
 from gdpo_ray.run.transports import TRANSPORTS
+from learners.backend import learner_class
 
 
 def check(config: Any) -> None:
     """Every rule on the fields of a ``GDPOConfig``; raises ValueError naming field, value and fix."""
     c = config
     fields.check_fields(c)
-    lora_settings(c.lora)  # its keys and values; the model's module names: preflight.check_lora
+    c.lora = lora_settings(c.lora)  # checked and normalized, once: the rest of the run reads c.lora
     if c.estimator not in ESTIMATORS:
         raise ValueError(f"estimator {c.estimator!r} is not one of {ESTIMATORS.names()}; "
                          "use .training(estimator='gdpo')")
@@ -40,6 +42,7 @@ def check(config: Any) -> None:
         raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
     if c.precision not in ("fp32", "bf16"):
         raise ValueError(f"training.precision must be 'fp32' or 'bf16'; got {c.precision!r}")
+    learner_class(c.backend)  # learners.backend: a known name (or a Learner's module:Class)
     if c.model_path is None:
         raise ValueError("no policy model: use .llm(model_path='path/to/hf_model') (or 'demo', "
                          "'tiny', 'smollm2')")
@@ -148,12 +151,12 @@ def _check_eval(c: Any) -> None:
 def _check_engine(c: Any) -> None:
     """The engine's class for the generation mode, checked against the mode's protocol, and
     the sampling it must do with exact logprobs."""
-    mode = fields.generation_mode(c)
+    mode = generation_mode(c.engine, c.mode)
     if mode not in ("streaming", "batched"):
         raise ValueError(f"generation.mode must be 'streaming' or 'batched'; got {c.mode!r}")
     cls = engine_class(c.engine, mode)
     cls.check_sampling(SamplingParams(**fields.sampling_params(c)))
-    if lora_settings(c.lora) and not _takes(cls, "lora"):
+    if c.lora and not _takes(cls, "lora"):
         raise ValueError(f"llm.lora trains a LoRA adapter, and generation.engine {c.engine!r} "
                          f"({cls.__module__}.{cls.__qualname__}) cannot serve one: its __init__ takes "
                          f"no lora= argument (the PEFT settings; see actors.engines.BatchEngine); use "

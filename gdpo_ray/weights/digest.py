@@ -77,14 +77,6 @@ def recorded(named_tensors: Iterable[tuple[str, Any]], into: dict) -> Iterator[t
         yield name, tensor
 
 
-def engine_variants(engine: str, engine_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
-    """The lower precisions rollout engines of ``generation.engine`` may hold a float32 push in:
-    none for the hf engine in float32 (its default), else every one of ``VARIANTS``."""
-    if engine == "hf" and str(engine_kwargs.get("dtype", "float32")).removeprefix("torch.") == "float32":
-        return ()
-    return VARIANTS
-
-
 def rounded_digests(tensor: Any, dtype: str, variants: Iterable[str]) -> dict[str, int]:
     """For a float32 tensor (torch, or raw uint8 bytes as numpy/torch), the digest of it rounded
     to each of ``variants`` and back to float32: what an engine holding it in that precision

@@ -13,7 +13,7 @@ from gdpo_ray.eval.suites import make_suite
 def demo_rollouts(ray_cluster):
     """One rollout actor of the demo's policy, without rewards, in the group that schedules it."""
     from actors.rollout_group import RolloutGroup
-    from gdpo_ray.warm_start import demo_model_dir
+    from gdpo_ray.models.demo import demo_model_dir
 
     rollouts = RolloutGroup(dict(model_path=str(demo_model_dir()), rewards=None, group_size=2,
                                  max_prompt_tokens=8192), num_actors=1, prompts=None, buffer=None)
@@ -118,7 +118,7 @@ def test_an_actor_killed_during_an_eval_is_replaced_and_its_prompts_completed(ra
     """Evaluation is scheduled by the RolloutGroup, so it survives a dead actor as training
     does: the actor dies after the first call returns; a fresh one completes the rest."""
     from actors.rollout_group import RolloutGroup
-    from gdpo_ray.warm_start import demo_model_dir
+    from gdpo_ray.models.demo import demo_model_dir
 
     rollouts = RolloutGroup(dict(model_path=str(demo_model_dir()), rewards=None, group_size=2),
                             num_actors=1, prompts=None, buffer=None, prompts_per_call=1, calls_per_actor=1)

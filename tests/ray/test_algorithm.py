@@ -78,7 +78,7 @@ def test_steps_metrics_staleness_overlap_and_prompt_accounting(ray_cluster, monk
         assert learner_digest(algo) != start
         actor = algo.rollouts.slots[0].handle
         assert ray_cluster.get(actor.policy_version.remote()) == 3
-        assert actor_digest(actor) == learner_digest(algo)
+        assert actor_digest(actor, algo.rollouts.version) == learner_digest(algo)
         # overlap (max_staleness = 1): after the first step, every step trains groups that the
         # policy one version older sampled while the step before it was being learned (whether
         # they finish during that update or just after it is a race: groups_during_update)
@@ -160,7 +160,7 @@ def test_weight_sync_survives_a_dead_rollout_actor(ray_cluster, sync, when, monk
         assert [r["step"] for r in results] == [2, 3]
         assert results[-1]["rollout/actor_restarts"] >= 1
         # every rollout actor (the replacement too) holds the learner's weights
-        digests = actor_digests(algo.rollouts.receivers())
+        digests = actor_digests(algo.rollouts.receivers(), algo.rollouts.version)
         assert set(digests) == {learner_digest(algo)}
         assert_every_prompt_accounted_for(algo, trained=12)
     finally:
@@ -190,7 +190,7 @@ def test_colocated_layout_shares_the_learners_bundles(ray_cluster):
         assert algo.learners.pg.bundle_specs == [{"CPU": 2.0}]
         assert algo.rollouts._placement_group is algo.learners.pg
         actor = algo.rollouts.slots[0].handle
-        assert actor_digest(actor) == learner_digest(algo)
+        assert actor_digest(actor, algo.rollouts.version) == learner_digest(algo)
     finally:
         algo.stop()
     assert [r["step"] for r in results] == [1.0, 2.0] and results[-1]["staleness/max"] == 0
@@ -239,7 +239,7 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
         assert restored.buffer.group_ids() == saved["buffered"]
         assert restored.prompts.state_dict(saved["buffered"]) == saved["prompts"]
         actor = restored.rollouts.slots[0].handle
-        assert actor_digest(actor) == saved["digest"]
+        assert actor_digest(actor, restored.rollouts.version) == saved["digest"]
         result = restored.train()
         assert result["step"] == 3
         p = restored.prompts

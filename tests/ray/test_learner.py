@@ -162,7 +162,7 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
             learners.update(fixed_batch, ADV)
         weights = learners.get_weights()  # rank 0 gathers the ZeRO-3 shards
         rollouts.set_weights(1, ray_cluster.put(weights))
-        after = actor_digests(rollouts.receivers())
+        after = actor_digests(rollouts.receivers(), rollouts.version)
         greedy_after = ray_cluster.get([s.handle.__ray_call__.remote(actor_greedy, prompts, 8)
                                         for s in rollouts.slots])
         learner_digest = learner_digests(learners)[0]
@@ -308,7 +308,7 @@ def test_bucketed_push_under_zero3(ray_cluster, tiny_model_dir, fixed_batch):
     try:
         learners.update(fixed_batch, ADV)
         peak = push_weights(ObjectStoreTransport(learners, bucket), rollouts, version=1).peak_bytes
-        after = actor_digests(rollouts.receivers())
+        after = actor_digests(rollouts.receivers(), rollouts.version)
         versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
         learner_digest = learner_digests(learners)[0]
     finally:
@@ -397,7 +397,7 @@ def test_broadcast_push_over_gloo(ray_cluster, tiny_model_dir, fixed_batch):
             pushed = push_weights(transport, rollouts, version)
             peak = pushed.peak_bytes
             assert pushed.buckets is None and transport.backend == "gloo"
-            after = actor_digests(rollouts.receivers())
+            after = actor_digests(rollouts.receivers(), rollouts.version)
             versions = ray_cluster.get([s.handle.policy_version.remote() for s in rollouts.slots])
             digests.append((after, versions, learner_digests(learners)[0]))
     finally:

@@ -231,11 +231,11 @@ def test_a_push_in_flight_records_each_tokens_policy_and_its_logprobs(tiny_model
 
 
 def streaming_actor(ray, model_dir, num_gpus: float | None = None, **kwargs):
-    from actors.streaming import StreamingRolloutActor
+    from actors.rollout import RolloutActor
 
     num_gpus = (0.3 if gpu_share() else 0) if num_gpus is None else num_gpus
-    return ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=num_gpus).remote(
-        model_path=model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
+    return ray.remote(RolloutActor).options(num_cpus=1, num_gpus=num_gpus).remote(
+        mode="streaming", model_path=model_dir, rewards=[{"name": "short", "fn": "length", "params": {"limit": 8}}],
         group_size=2, engine="vllm", sampling={"max_tokens": 450}, max_prompt_tokens=512,
         engine_kwargs={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, **gpu_share()},
         **kwargs)
@@ -311,12 +311,12 @@ def test_streaming_multi_turn_rollouts_run_tools_and_score_with_the_environment(
     calls on the environments' threads, the next turn); the group's record has the turn columns
     and the environment's columns; evaluation runs the same loop without logprobs."""
     from actors.prompts import Prompt
-    from actors.streaming import StreamingRolloutActor
+    from actors.rollout import RolloutActor
 
     ray = ray_cluster
     call = '<tool_call>\n{"name": "add", "arguments": {"value": 3}}\n</tool_call>'
-    actor = ray.remote(StreamingRolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
-        model_path=tiny_model_dir, rewards=[{"name": "state", "fn": "environment"},
+    actor = ray.remote(RolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
+        mode="streaming", model_path=tiny_model_dir, rewards=[{"name": "state", "fn": "environment"},
                                             {"name": "short", "fn": "length", "params": {"limit": 40}}],
         group_size=2, engine="tests.ray.streaming_scripted:FirstTurnStreaming", sampling={"max_tokens": 240},
         max_prompt_tokens=256, environment="tests.unit.trl_style_environments:Calculator", max_turns=3,

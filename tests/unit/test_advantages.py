@@ -10,11 +10,11 @@ import torch
 
 from gdpo_ray.advantages import (
     ESTIMATORS,
-    RESIDUE_ULPS,
     compute_advantage_details,
     compute_advantages,
     informative_groups,
 )
+from gdpo_ray.normalization import RESIDUE_ULPS
 
 getcontext().prec = 50  # the plain-loop reference's decimal arithmetic
 
@@ -534,7 +534,8 @@ def test_grpo_rejects_infinite_rewards_too():
 def test_a_new_estimator_is_one_registered_function(monkeypatch):
     """An estimator written in the public building blocks: only the first reward, normalized in
     its group, no batch normalization."""
-    from gdpo_ray.advantages import ESTIMATORS, EstimatorOutput, normalize_in_groups
+    from gdpo_ray.advantages import ESTIMATORS, EstimatorOutput
+    from gdpo_ray.normalization import normalize_in_groups
 
     def first_only(rewards, groups, weights, eps, ulp):
         norm = normalize_in_groups(rewards[:, :1], groups, use_std=True, eps=eps)

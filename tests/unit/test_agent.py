@@ -2,17 +2,18 @@
 start's trajectories, token for token those the rollout loop builds."""
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from actors.turn_loop import run_batched
+
 from gdpo_ray.environments.arithmetic import Arithmetic
 from gdpo_ray.environments.spec import load_environment
 from gdpo_ray.eval.suite import Completion
+from gdpo_ray.models.demo_agent import ENVIRONMENT, RECIPE, call_text, teacher_turns
 from gdpo_ray.rewards import get
 from gdpo_ray.tasks import tool_arithmetic
-from gdpo_ray.warm_start_agent import ENVIRONMENT, RECIPE, call_text, teacher_turns
 
 CALL = call_text("multiply", 37, 12)
 
@@ -107,7 +108,7 @@ def test_the_warm_start_trains_on_the_tokens_the_rollout_loop_builds(tmp_path):
     from actors.engines import SamplingParams
     from actors.tool_loop import ToolEnvironment, with_observation
     from gdpo_ray.environments.tool_turns import ToolTurns
-    from gdpo_ray.warm_start_agent import build_untrained, prompt_ids, trajectory_example
+    from gdpo_ray.models.demo_agent import build_untrained, prompt_ids, trajectory_example
     from tests.unit.scripted_engine import ScriptedEngine
 
     rows, schemas = build_untrained(tmp_path, RECIPE | {"rows": 32})
@@ -117,8 +118,7 @@ def test_the_warm_start_trains_on_the_tokens_the_rollout_loop_builds(tmp_path):
     tools = ToolEnvironment(ENVIRONMENT, engine.tokenizer, 4, 5)
     (trajectory, observation), = tools.start([row])
     ids = prompt_ids(engine.tokenizer, with_observation(row["prompt"], observation), schemas)
-    with ThreadPoolExecutor(2):
-        tools.run(engine, [ids], [trajectory], SamplingParams(max_tokens=200))
+    run_batched(engine, tools, [ids], [trajectory], SamplingParams(max_tokens=200))
     prompt, target, mask = trajectory_example(ids, turns, engine.tokenizer, ToolTurns(engine.tokenizer))
     assert prompt == ids and trajectory.tokens == target and trajectory.mask == mask
     assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == [a for _, (_, a) in turns[:2]]

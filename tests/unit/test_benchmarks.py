@@ -45,9 +45,35 @@ def test_every_project_name_a_benchmark_imports_exists(script):
     assert missing_names(script) == []
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_benchmark_compiles(script):
+    """Compiled, not only parsed: ``ast.parse`` accepts what only the compiler refuses (an import
+    above ``from __future__ import annotations``). Each script's run: tests/e2e/test_benchmarks_smoke.py."""
+    compile(script.read_text(), str(script), "exec")
+
+
 def test_the_check_finds_a_moved_name_inside_a_function(tmp_path):
     script = tmp_path / "old.py"
     script.write_text("import os\n\ndef main():\n    from gdpo_ray.run.train import LOCAL_RAY_CONFIG_OLD, TrainingRun\n"
                       "    from gdpo_ray.nowhere import x\n")
     assert missing_names(script) == ["old.py:4: gdpo_ray.run.train has no LOCAL_RAY_CONFIG_OLD",
                                      "old.py:5: no module gdpo_ray.nowhere"]
+
+
+def test_smoke_settings_are_defaults_that_a_given_flag_overrides():
+    import argparse
+
+    from benchmarks._smoke import parse_args
+
+    def parse(*argv):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--steps", type=int, default=40)
+        parser.add_argument("--seeds", type=int, default=3)
+        return parse_args(parser, {"steps": 1, "seeds": 1, "thread_counts": (1,)}, list(argv))
+
+    plain = parse("--steps", "5")
+    assert (plain.smoke, plain.steps, plain.seeds, hasattr(plain, "thread_counts")) == (False, 5, 3, False)
+    smoke = parse("--smoke")
+    assert (smoke.smoke, smoke.steps, smoke.seeds, smoke.thread_counts) == (True, 1, 1, (1,))
+    for argv in (("--smoke", "--steps", "5"), ("--steps", "5", "--smoke")):
+        assert (parse(*argv).steps, parse(*argv).seeds) == (5, 1)

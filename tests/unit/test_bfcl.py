@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-bfcl = pytest.importorskip("gdpo_ray.eval.bfcl")
+bfcl = pytest.importorskip("gdpo_ray.bfcl.single_turn")
 if __import__("importlib").util.find_spec("bfcl_eval") is None:
     pytest.skip("needs bfcl-eval's data: pip install --no-deps bfcl-eval==2026.3.23", allow_module_level=True)
 
@@ -363,7 +363,8 @@ def test_each_sample_keeps_the_checkers_reason(suite):
         (0.0, f"simple_function_checker:wrong_func_name (called triangle_area, not {area})"),
         (0.0, "simple_function_checker:wrong_count (2 calls, the answer has 1)"),
         (0.0, "ast_decoder:decoder_failed (neither JSON nor Python call syntax: The area is 25.)"),
-        (0.0, "ast_decoder:decoder_failed (<tool_call> block does not parse: not JSON: 'not json')")]
+        (0.0, "ast_decoder:decoder_failed (<tool_call> block does not parse: the tool call is not valid JSON: "
+              "'not json')")]
     play = "spotify.play"
     swapped = f"[{play}(artist='Maroon 6', duration=15), {play}(artist='Taylor Swift', duration=20)]"
     assert reasons("parallel_0", [swapped]) == [

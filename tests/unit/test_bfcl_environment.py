@@ -4,9 +4,9 @@ every reward and BFCL's verdict; the eval reads its conversation back into BFCL'
 and scores it as the checker does; a policy that goes wrong is scored as the checker scores the
 same trajectory."""
 
+import asyncio
 import inspect
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,16 +15,17 @@ if __import__("importlib").util.find_spec("bfcl_eval") is None:
 
 from actors.engines import SamplingParams  # noqa: E402
 from actors.tool_loop import ToolEnvironment  # noqa: E402
-from gdpo_ray.environments.bfcl_apis import ApiState, parse_call  # noqa: E402
-from gdpo_ray.environments.bfcl_check import check  # noqa: E402
-from gdpo_ray.environments.bfcl_multi_turn import BfclMultiTurn, added_functions_message, schema_of  # noqa: E402
-from gdpo_ray.eval import bfcl_multi_turn as mt  # noqa: E402
+from actors.turn_loop import run_batched  # noqa: E402
+from gdpo_ray.bfcl import multi_turn_suite as mt  # noqa: E402
+from gdpo_ray.bfcl.apis import ApiState, parse_call  # noqa: E402
+from gdpo_ray.bfcl.multi_turn_check import check  # noqa: E402
+from gdpo_ray.bfcl.multi_turn_env import BfclMultiTurn, added_functions_message, schema_of  # noqa: E402
 from gdpo_ray.eval.suite import Completion, EvalItem  # noqa: E402
 from gdpo_ray.model_files import resolve_model_path  # noqa: E402
-from gdpo_ray.warm_start_agent import CHAT_TEMPLATE as TOOLS_TEMPLATE  # noqa: E402
+from gdpo_ray.models.demo_agent import CHAT_TEMPLATE as TOOLS_TEMPLATE  # noqa: E402
 from tests.unit.scripted_engine import ScriptedEngine  # noqa: E402
 
-ENV = "gdpo_ray.environments.bfcl_multi_turn:BfclMultiTurn"
+ENV = "gdpo_ray.bfcl.multi_turn_env:BfclMultiTurn"
 
 
 def tool_message(entry, calls):
@@ -54,9 +55,8 @@ def play(entry, script, max_turns=100):
     assert observation is None and trajectory.session is not None, trajectory.failed
     text = engine.tokenizer.apply_chat_template(entry["question"][0], add_generation_prompt=True, tokenize=False,
                                                 tools=tools.schemas_of(trajectory))
-    with ThreadPoolExecutor(1):
-        tools.run(engine, [engine.tokenizer(text, add_special_tokens=False)["input_ids"]], [trajectory],
-                  SamplingParams(max_tokens=200_000))
+    run_batched(engine, tools, [engine.tokenizer(text, add_special_tokens=False)["input_ids"]], [trajectory],
+                SamplingParams(max_tokens=200_000))
     rewards = dict(zip(["state", "response", "valid"],
                        [v for v, _, _ in trajectory.session.rewards(["state", "response", "valid"], "get_rewards")]))
     tools.close()
@@ -125,7 +125,7 @@ def test_the_environment_on_its_own():
 
 
 def test_the_training_rows_are_the_scenarios_eval_does_not_hold_out():
-    from gdpo_ray.environments.bfcl_data import is_held_out
+    from gdpo_ray.bfcl.data import is_held_out
     from gdpo_ray.tasks import task_rows
 
     rows = task_rows("task:bfcl_multi_turn")
@@ -153,11 +153,11 @@ def test_eval_generation_through_a_rollout_actor_reads_the_conversation_back(sui
     # the tiny model's ChatML template ignores tools: one that lists them, so the check below sees them
     actor.tokenizer.chat_template = TOOLS_TEMPLATE
     try:
-        (done,) = actor.complete([item.prompt], 1, {"max_tokens": 200_000}, rows=[suite.environment_row(item)])[0]
+        (done,) = asyncio.run(actor.complete([item.prompt], 1, {"max_tokens": 200_000}, rows=[suite.environment_row(item)]))[0]
         text, tokens, reason, messages = done.text, done.tokens, done.finish_reason, done.messages
         contexts = actor.engine.contexts
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     assert reason == "stop" and tokens > 0 and "<tool_call>" in text
     assert suite.score(item, [Completion(text, tokens, reason, messages)]) == [{"accuracy": 1.0, "reason": ""}]
     schemas = [schema_of(d) for d in item.reference.tools]

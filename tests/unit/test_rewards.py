@@ -484,7 +484,7 @@ def test_toolrl_calls_nested_to_max_depth_still_parse():
 
 def test_scans_of_model_output_are_linear():
     """400 KB of unclosed tags and boxes: each scan finishes (they were quadratic: minutes)."""
-    from gdpo_ray.rewards.toolrl import calls_in
+    from gdpo_ray.tool_format import calls_in
     from tests.hang import hang_guard
 
     gold = tool_output(call("f", a=1))
@@ -528,7 +528,7 @@ def test_linear_scans_equal_the_plain_ones_on_random_text():
     their tokens."""
     import random
 
-    from gdpo_ray.rewards.toolrl import tool_call_blocks
+    from gdpo_ray.tool_format import tool_call_blocks
 
     rng = random.Random(0)
     box = ["\\boxed", "{", "}", " ", "x", "\\boxedx", "\n"]

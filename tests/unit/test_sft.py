@@ -2,6 +2,7 @@
 (the same prompt, tool turns out of the loss), TRL's layouts read, bad rows named, and a short
 fit that lowers the loss and writes a model directory ``llm.model_path`` takes."""
 
+import asyncio
 import json
 import re
 
@@ -34,10 +35,10 @@ def test_a_demonstration_is_the_rollout_the_loop_would_record(tiny_model_dir):
                          environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096,
                          system_prompt="Be brief.")
     try:
-        _, batch = actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3})])
+        _, batch = asyncio.run(actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3})]))
         tokenizer = sft.Tokenizer(actor.tokenizer, "Be brief.", load_environment(SPEC).schemas, actor.tools.in_system)
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     row = conversation_row("Put 3 in memory.The memory starts at 0.")  # with reset's text, as the rollout's
     prompt, response, mask = tokenizer.example(row)
     assert prompt == batch.column("prompt_token_ids").to_pylist()[0]
@@ -60,7 +61,7 @@ def test_trl_layouts_and_tool_calls(tiny_model_dir):
         {"type": "function", "function": {"name": "add", "arguments": '{"value": 3}'}}, CALL]})
     block = '<tool_call>\n{"name": "add", "arguments": {"value": 3}}\n</tool_call>'
     assert text == f"Let me add.\n{block}\n{block}"
-    from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
+    from gdpo_ray.tool_format import ToolCall, parse_tool_calls
 
     assert parse_tool_calls(text) == [ToolCall("add", {"value": 3})] * 2  # the loop reads what SFT writes
     # a later user turn is context, as the environment's next message is

@@ -1,15 +1,16 @@
-"""The multi-turn loop (actors/tool_loop.py) on a scripted engine: what a policy that calls
+"""The multi-turn loop (actors/turn_loop.py, actors/tool_loop.py) on a scripted engine: what a policy that calls
 tools produces, token for token. The engine here replays fixed token ids (the sampled tokens a
 policy could have produced, including a non-canonical tokenization); everything else is real:
 the tiny model's tokenizer and chat template, the environment, the parser, the sessions."""
 
-from concurrent.futures import ThreadPoolExecutor
+import asyncio
 from pathlib import Path
 
 import pytest
 
 from actors.engines import Sample, SamplingParams
-from actors.tool_loop import Trajectory, run_tool_rollouts
+from actors.tool_loop import ToolEnvironment, Trajectory
+from actors.turn_loop import run_batched
 from gdpo_ray.environments.tool_turns import ToolTurns
 from gdpo_ray.environments.session import ToolSession
 from gdpo_ray.environments.spec import load_environment
@@ -34,6 +35,15 @@ class ScriptedEngine:
             eos = ids[-1] == self.tokenizer.eos_token_id
             out.append([Sample(ids, [-0.5] * len(ids), "stop" if eos else "length")])
         return out
+
+
+def run_tool_rollouts(engine, prompt_ids, ts, sampling, max_turns, tokenizer):
+    """The turn loop over trajectories whose sessions are reset already, on a batched round."""
+    tools = ToolEnvironment(SPEC, tokenizer, max_turns, 5.0)
+    try:
+        run_batched(engine, tools, prompt_ids, ts, sampling)
+    finally:
+        tools.close()
 
 
 def chars(tokenizer, text):
@@ -72,8 +82,7 @@ def test_a_trajectory_is_the_sampled_tokens_and_the_tool_turns_never_re_tokenize
     engine = ScriptedEngine(tokenizer, [prompt], [[turn1, turn2]])
     (t,) = trajectories(1)
     turns = ToolTurns(tokenizer)
-    with ThreadPoolExecutor(2) as pool:
-        run_tool_rollouts(engine, [prompt], [t], SamplingParams(max_tokens=200), 4, turns, pool)
+    run_tool_rollouts(engine, [prompt], [t], SamplingParams(max_tokens=200), 4, tokenizer)
     tool_turn = tokenizer("\n<|im_start|>tool\nmemory = 3<|im_end|>\n<|im_start|>assistant\n",
                           add_special_tokens=False)["input_ids"]
     assert turns.ids([("add", "memory = 3")]) == tool_turn
@@ -106,11 +115,10 @@ def test_rollouts_end_on_an_answer_max_turns_or_the_budget_and_errors_are_counte
     ]
     engine = ScriptedEngine(tokenizer, prompts, scripts)
     ts = trajectories(4)
-    with ThreadPoolExecutor(2) as pool:
-        run_tool_rollouts(engine, prompts[:3], ts[:3], SamplingParams(max_tokens=2000), 3, ToolTurns(tokenizer), pool)
-        tool_turn = len(ToolTurns(tokenizer).ids([("add", "memory = 1")]))
-        budget = 3 * len(good) + 2 * tool_turn + 5  # room for 3 turns and 2 tool turns, not a third
-        run_tool_rollouts(engine, prompts[3:], ts[3:], SamplingParams(max_tokens=budget), 9, ToolTurns(tokenizer), pool)
+    run_tool_rollouts(engine, prompts[:3], ts[:3], SamplingParams(max_tokens=2000), 3, tokenizer)
+    tool_turn = len(ToolTurns(tokenizer).ids([("add", "memory = 1")]))
+    budget = 3 * len(good) + 2 * tool_turn + 5  # room for 3 turns and 2 tool turns, not a third
+    run_tool_rollouts(engine, prompts[3:], ts[3:], SamplingParams(max_tokens=budget), 9, tokenizer)
     assert [(t.turns, t.tool_calls, t.tool_errors, t.finish_reason) for t in ts] == [
         (2, 1, 0, "stop"), (3, 4, 4, "stop"), (1, 0, 0, "stop"), (3, 3, 0, "length")]  # max_turns: the 3rd turn's calls do not run
     assert ts[1].messages[1]["content"].startswith("Error: there is no tool 'launch'")
@@ -164,9 +172,9 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
     try:
         prompts = [Prompt("0", 0, 0, 0, [{"role": "user", "content": "Put 3 in memory."}], {"target": 3}),
                    Prompt("1", 1, 0, 0, "Put 5 in memory.", {"target": 5})]
-        meta, batch = actor.generate(prompts)
+        meta, batch = asyncio.run(actor.generate(prompts))
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     tok = actor.tokenizer
     assert batch.column("num_turns").to_pylist() == [2] * 4
     assert batch.column("num_tool_calls").to_pylist() == [1] * 4
@@ -199,11 +207,11 @@ def test_evaluation_completes_and_scores_rollouts_as_training_does(tiny_model_di
     actor = scripted_actor(tiny_model_dir)
     try:
         prompts = ["Put 3 in memory.", "Put 5 in memory.", "x" * 5000]  # the third: over max_prompt_tokens
-        done = actor.complete(prompts, 2, {"max_tokens": 200}, rows=[{"target": 3}, {"target": 5}, {"target": 1}],
-                              score=True)
-        unscored = actor.complete(prompts[:1], 1, {"max_tokens": 200}, rows=[{"target": 3}])
+        done = asyncio.run(actor.complete(prompts, 2, {"max_tokens": 200}, rows=[{"target": 3}, {"target": 5}, {"target": 1}],
+                              score=True))
+        unscored = asyncio.run(actor.complete(prompts[:1], 1, {"max_tokens": 200}, rows=[{"target": 3}]))
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     assert [len(d) for d in done] == [2, 2, 2]
     first, other, skipped = done[0][0], done[1][1], done[2][0]
     assert (first.turns, first.tool_calls, first.tool_errors) == (2, 1, 0)
@@ -237,8 +245,8 @@ def test_a_template_without_tools_shows_them_in_the_system_message(tiny_model_di
         text = actor.tokenizer.decode(actor.tokenize("Put 3 in memory."))
         plain = never.tokenizer.decode(never.tokenize("Put 3 in memory."))
     finally:
-        actor.shutdown()
-        never.shutdown()
+        asyncio.run(actor.shutdown())
+        asyncio.run(never.shutdown())
     system = text.split("<|im_end|>")[0]
     assert system.startswith("<|im_start|>system\nBe brief.\n\nYou can call the tools below.")
     for schema in load_environment(SPEC).schemas:  # every name and its whole schema
@@ -262,10 +270,10 @@ def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_
                          environment="tests.unit.trl_style_environments:Fragile", max_turns=4, tool_timeout=5,
                          max_prompt_tokens=4096)
     try:
-        meta, batch = actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3, "broken": False}),
-                                      Prompt("1", 1, 0, 0, "Put 3 in memory.", {"target": 3, "broken": True})])
+        meta, batch = asyncio.run(actor.generate([Prompt("0", 0, 0, 0, "Put 3 in memory.", {"target": 3, "broken": False}),
+                                      Prompt("1", 1, 0, 0, "Put 3 in memory.", {"target": 3, "broken": True})]))
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     values = batch.column("rewards").flatten().to_numpy().reshape(4, 2)
     errors = batch.column("reward_errors").to_pylist()
     assert values[:2].tolist() == [[1.0, 1.0], [1.0, 1.0]]
@@ -290,9 +298,7 @@ def multi_turn_logprobs_match_a_forward_pass(engine, model_dir, atol):
     prompt = tok(tok.apply_chat_template([{"role": "user", "content": "Put 3 in memory."}], add_generation_prompt=True,
                                          tokenize=False), add_special_tokens=False)["input_ids"]
     ts = trajectories(2)
-    with ThreadPoolExecutor(2) as pool:
-        run_tool_rollouts(scripted, [prompt, prompt], ts, SamplingParams(temperature=0.8, max_tokens=160), 2,
-                          ToolTurns(tok), pool)
+    run_tool_rollouts(scripted, [prompt, prompt], ts, SamplingParams(temperature=0.8, max_tokens=160), 2, tok)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     for t in ts:
         assert t.turns == 2 and t.tool_calls == 1 and t.mask.count(0) > 0
@@ -342,7 +348,7 @@ def test_a_template_that_does_not_list_the_tools_gets_them_in_the_system_message
     from transformers import AutoTokenizer
 
     from gdpo_ray.run.preflight import check_tool_template
-    from gdpo_ray.warm_start_agent import CHAT_TEMPLATE
+    from gdpo_ray.models.demo_agent import CHAT_TEMPLATE
 
     def config(path, mode="auto", max_prompt_tokens=4096):
         return SimpleNamespace(tool_environment=SPEC, model_path=path, tools_in_system_prompt=mode,
@@ -388,10 +394,10 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
                          max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
     try:
         made_at_start = Counted.made  # the class is checked once, as TRL probes its factory
-        batches = [actor.generate([Prompt("0", 0, e, 0, "Put 3 in memory.", {"target": 3}),
-                                   Prompt("1", 1, e, 0, "Put 3 in memory.", {"target": 5})])[1] for e in range(3)]
+        batches = [asyncio.run(actor.generate([Prompt("0", 0, e, 0, "Put 3 in memory.", {"target": 3}),
+                                   Prompt("1", 1, e, 0, "Put 3 in memory.", {"target": 5})]))[1] for e in range(3)]
     finally:
-        actor.shutdown()
+        asyncio.run(actor.shutdown())
     assert Counted.made - made_at_start == 4  # 4 rollouts at a time, 12 rollouts in all
     for b in batches:  # every reuse starts from reset's state: the same rewards each time
         np.testing.assert_array_equal(b.column("rewards").flatten().to_numpy(), [1, 1, 0, 0])
@@ -399,7 +405,7 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
 
 def test_an_instance_that_hung_is_not_reused(tokenizer):
     from actors.tool_loop import ToolEnvironment
-    from gdpo_ray.environments.tool_calls import ToolCall
+    from gdpo_ray.tool_format import ToolCall
     from tests.unit.trl_style_environments import Sleepy
 
     env = ToolEnvironment("tests.unit.trl_style_environments:Sleepy", tokenizer, max_turns=2, timeout_s=0.2)

@@ -4,9 +4,9 @@ lengths the study's limit is set from, and the cache."""
 import numpy as np
 import pytest
 
-from gdpo_ray import warm_start_count
+from gdpo_ray.models import demo_count
+from gdpo_ray.models.demo_count import RECIPE, TAGS, slip, teacher_response
 from gdpo_ray.rewards import get
-from gdpo_ray.warm_start_count import RECIPE, TAGS, slip, teacher_response
 
 exact = get("exact_answer")
 SMALL = dict(hidden_size=32, clean_steps=2, steps=1, batch_size=2)
@@ -40,11 +40,11 @@ def test_a_right_count_of_k_numbers_takes_3k_plus_2_tokens_and_the_limit_binds(t
 
     from gdpo_ray.model_files import resolve_model_path
     from gdpo_ray.run.preflight import check_model, context_length
-    from gdpo_ray.tiny_model import MAX_POSITIONS
-    from gdpo_ray.warm_start import response_ids
+    from gdpo_ray.models.tiny import MAX_POSITIONS
+    from gdpo_ray.models.warm_start import response_ids
 
     monkeypatch.setenv("GDPO_RAY_CACHE", str(tmp_path))
-    monkeypatch.setattr(warm_start_count, "RECIPE", RECIPE | SMALL)
+    monkeypatch.setattr(demo_count, "RECIPE", RECIPE | SMALL)
     path = resolve_model_path("demo-count")
     assert path.parent == tmp_path and path.name.startswith("demo-count-")
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -54,7 +54,7 @@ def test_a_right_count_of_k_numbers_takes_3k_plus_2_tokens_and_the_limit_binds(t
         assert len(response_ids(tokenizer, answer)) == 3 * k + 2
         assert len(response_ids(tokenizer, "<think></think>" + answer)) == 3 * k + 4
     assert len(response_ids(tokenizer, "<think>count up</think><answer>52 53 54</answer>")) == 15
-    monkeypatch.setattr(warm_start_count, "_warm_start", lambda *a: pytest.fail("built twice"))
+    monkeypatch.setattr(demo_count, "_warm_start", lambda *a: pytest.fail("built twice"))
     assert resolve_model_path("demo-count") == path  # cached
     check_model("demo-count")  # a built-in name for the start-up checks and for eval
     assert context_length("demo-count") == MAX_POSITIONS

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gdpo_ray import warm_start, warm_start_tools
+from gdpo_ray.models import demo, demo_tools, warm_start
+from gdpo_ray.models.demo_tools import NEXT_TOOL, RECIPE, TAGS, slip, teacher_response, wrong_arguments
 from gdpo_ray.rewards import get
 from gdpo_ray.sft import response_loss
 from gdpo_ray.tasks import tool_calls
-from gdpo_ray.warm_start_tools import NEXT_TOOL, RECIPE, TAGS, slip, teacher_response, wrong_arguments
 
 fmt, correct = get("toolrl_format"), get("toolrl_correctness")
 #: rows of task:tool_calls (seed 0) with every kind of request
@@ -30,7 +30,7 @@ def answer(calls):
 
 
 def gold_of(kind):
-    from gdpo_ray.rewards.toolrl import calls_in
+    from gdpo_ray.tool_format import calls_in
 
     for row in ROWS:
         calls = calls_in(row["ground_truth"]) or []
@@ -114,7 +114,7 @@ def tool_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
     path = tmp_path_factory.mktemp("tools")
-    warm_start_tools.build_untrained(path, RECIPE | {"hidden_size": 32})
+    demo_tools.build_untrained(path, RECIPE | {"hidden_size": 32})
     return path, AutoTokenizer.from_pretrained(path)
 
 
@@ -150,7 +150,7 @@ def test_the_tokenizer_is_cut_into_pieces_as_it_was_trained(tool_tokenizer):
     from tokenizers import Tokenizer
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from gdpo_ray.tiny_model import QWEN2_PATTERN
+    from gdpo_ray.models.tiny import QWEN2_PATTERN
 
     assert QWEN2_PATTERN == PRETOKENIZE_REGEX
     path, tok = tool_tokenizer
@@ -172,7 +172,7 @@ def test_the_default_tiny_tokenizer_is_unchanged(tiny_model_dir):
 
 def test_the_demos_cache_key_is_unchanged(tmp_path):
     built = []
-    path = warm_start.cached_model("demo-addition", warm_start.RECIPE, lambda p, r: built.append(p), tmp_path)
+    path = warm_start.cached_model("demo-addition", demo.RECIPE, lambda p, r: built.append(p), tmp_path)
     assert path == tmp_path / "demo-addition-bea00c087ac9" and len(built) == 1  # the docs' numbers come from it
 
 
@@ -210,18 +210,18 @@ def test_demo_tools_is_built_once_then_read_from_the_cache(tmp_path, monkeypatch
 
     from gdpo_ray.model_files import resolve_model_path
     from gdpo_ray.run.preflight import check_model, context_length
-    from gdpo_ray.tiny_model import MAX_POSITIONS
+    from gdpo_ray.models.tiny import MAX_POSITIONS
 
     monkeypatch.setenv("GDPO_RAY_CACHE", str(tmp_path))
-    monkeypatch.setattr(warm_start_tools, "RECIPE", RECIPE | SMALL)
+    monkeypatch.setattr(demo_tools, "RECIPE", RECIPE | SMALL)
     path = resolve_model_path("demo-tools")
     assert path.parent == tmp_path and path.name.startswith("demo-tools-")
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # renamed into place, nothing left
     assert all(len(AutoTokenizer.from_pretrained(path)(t, add_special_tokens=False)["input_ids"]) == 1
                for t in TAGS)
-    monkeypatch.setattr(warm_start_tools, "_warm_start", lambda *a: pytest.fail("built twice"))
+    monkeypatch.setattr(demo_tools, "_warm_start", lambda *a: pytest.fail("built twice"))
     assert resolve_model_path("demo-tools") == path  # cached
-    monkeypatch.setattr(warm_start_tools, "RECIPE", RECIPE | SMALL | {"p_format": 0.25})
+    monkeypatch.setattr(demo_tools, "RECIPE", RECIPE | SMALL | {"p_format": 0.25})
     with pytest.raises(pytest.fail.Exception, match="built twice"):  # another recipe, another model
         resolve_model_path("demo-tools")
     check_model("demo-tools")  # a built-in name for the start-up checks

@@ -8,7 +8,7 @@ a space, so a right answer of k numbers takes 3k + 2 tokens (``<answer>``, ``</a
 end of turn): with the study's limit of 14 tokens the counts of 5 to 7 numbers (half the items)
 cannot be right and short, a count of 4 only without a ``<think>`` block, 2 or 3 with a short one.
 
-The teacher, as for the demo (``gdpo_ray.warm_start``), is mediocre in ways the model can
+The teacher, as for the demo (``gdpo_ray.models.demo``), is mediocre in ways the model can
 represent per prompt: ``clean_steps`` of right counts (the model learns to count and to stop),
 then ``steps`` in which the count is right only ``p_correct`` of the time (else one slip: it
 stops a number early, goes one number past the end, or leaves out a number in the middle);
@@ -23,7 +23,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gdpo_ray.warm_start import Example, cached_model, chat_prompt_ids, response_ids, supervised_fit
+from gdpo_ray.models.warm_start import cached_model, chat_prompt_ids, response_ids
+from gdpo_ray.sft import Example, supervised_fit
 
 #: the recipe (the cache key)
 RECIPE = dict(hidden_size=128, layers=2, vocab_size=512, clean_steps=1200, steps=150, batch_size=64,
@@ -79,7 +80,7 @@ def _warm_start(path: Path, recipe: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gdpo_ray.tasks import count
-    from gdpo_ray.tiny_model import QWEN2_PATTERN, build_tiny_model
+    from gdpo_ray.models.tiny import QWEN2_PATTERN, build_tiny_model
 
     rows = count()
     corpus = ["system user assistant", " ".join(THOUGHT_WORDS), "0 1 2 3 4 5 6 7 8 9"]

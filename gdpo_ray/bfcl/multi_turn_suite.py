@@ -1,6 +1,6 @@
 """``bfcl:multi_turn_<base|miss_func|miss_param|long_context>``: BFCL v4's multi-turn categories
 (200 items each, as ``bfcl-eval`` 2026.3.23 ships them), scored by BFCL's multi-turn checker's
-rules, reimplemented here over ``gdpo_ray.environments.bfcl_apis`` (BFCL's own API classes,
+rules, reimplemented here over ``gdpo_ray.bfcl.apis`` (BFCL's own API classes,
 with model calls parsed, never evaluated). ``tests/unit/test_bfcl_multi_turn.py`` proves every
 verdict and reason equal to bfcl-eval's own ``multi_turn_checker`` (``scripts/test-bfcl-checker.sh``).
 
@@ -27,7 +27,7 @@ judged as BFCL's eval runner and ``multi_turn_checker`` judge it (``check``):
 4. the first failure is the verdict's reason; a trajectory that passes every turn is valid.
 
 Generation (``gdpo-ray eval POLICY --suite bfcl:multi_turn_base``) runs through the tool loop
-with the ``bfcl_multi_turn`` environment (``gdpo_ray.environments.bfcl_multi_turn``), as BFCL's
+with the ``bfcl_multi_turn`` environment (``gdpo_ray.bfcl.multi_turn_env``), as BFCL's
 function-calling mode runs a model: the item's first turn is the prompt, its tools (BFCL's
 function docs) go to the chat template as ``tools=``, each call runs on the item's APIs, each
 later turn's message follows the model's answer without a call (a ``miss_func`` turn that adds
@@ -40,7 +40,7 @@ by the same checker. ``BFCLMultiTurn.max_turns`` bounds the model turns of a who
 stopped before its last turn is ``force_terminated``.
 
 Split: ``multi_turn_base`` trains on some scenarios and holds the rest out
-(``gdpo_ray.environments.bfcl_data``: ``is_held_out``, ``HELD_OUT_RULE``; ``task:bfcl_multi_turn``
+(``gdpo_ray.bfcl.data``: ``is_held_out``, ``HELD_OUT_RULE``; ``task:bfcl_multi_turn``
 is the training side); the four categories are variants of the same 200 scenarios (item
 ``multi_turn_<category>_<n>`` is scenario n), so the split is by scenario number.
 ``bfcl:multi_turn_base`` evaluates the held-out items only; ``bfcl:<category>:all`` every item,
@@ -53,11 +53,12 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from gdpo_ray.environments.bfcl_apis import call_string, tool_docs
-from gdpo_ray.environments.bfcl_check import check
-from gdpo_ray.environments.bfcl_data import HELD_OUT_RULE, is_held_out, load_category
-from gdpo_ray.environments.bfcl_multi_turn import added_functions_message
+from gdpo_ray.bfcl.apis import call_string, tool_docs
+from gdpo_ray.bfcl.data import HELD_OUT_RULE, is_held_out, load_category
+from gdpo_ray.bfcl.multi_turn_check import check
+from gdpo_ray.bfcl.multi_turn_env import added_functions_message
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
+from gdpo_ray.tool_format import ToolCall, parse_tool_calls
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 SPLITS = ("held_out", "train", "all")
@@ -93,8 +94,6 @@ def result_of(messages: Sequence[Mapping[str, Any]]) -> list[list[list[str]]]:
     """A generated conversation (after the prompt) in BFCL's result layout: a turn per user
     message and one before the first, a step per assistant message, its calls as BFCL's
     function-calling handlers write them (a call that does not parse is left out)."""
-    from gdpo_ray.environments.tool_calls import ToolCall, parse_tool_calls
-
     result: list[list[list[str]]] = [[]]
     for m in messages:
         if m.get("role") == "user":
@@ -126,7 +125,7 @@ class BFCLMultiTurn(Suite):
 
     metrics = ("accuracy",)
     max_tokens = 4096  # a whole conversation: every turn's calls, tool answers and replies
-    environment = "gdpo_ray.environments.bfcl_multi_turn:BfclMultiTurn"
+    environment = "gdpo_ray.bfcl.multi_turn_env:BfclMultiTurn"
     max_turns = 100
 
     def __init__(self, category: str, split: str | None = None, length_limit: int | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Each rollout is one BFCL item (its ``bfcl_entry``: the prompt entry with ``ground_truth``, a JSON
 string in a dataset row, ``task:bfcl_multi_turn``): the tools are the methods of the item's
-involved classes (BFCL's own executable APIs, from its initial configuration, ``bfcl_apis``),
+involved classes (BFCL's own executable APIs, from its initial configuration, ``apis``),
 described by BFCL's function docs (``tool_schemas``); a call runs as BFCL runs it, written as
 BFCL's function-calling handlers write it (``call_string``), parsed, never evaluated. The
 conversation has the item's user turns: when the model answers without a call, the next turn's
@@ -11,7 +11,7 @@ and the added functions' docs, one JSON per line, since the tools the prompt lis
 change mid-conversation), until the last turn is answered.
 
 Rewards (``get_rewards``), against the gold trajectory, as BFCL's checker compares
-(``bfcl_check``): ``state`` and ``response``, the shares of the item's turns with ground-truth
+(``multi_turn_check``): ``state`` and ``response``, the shares of the item's turns with ground-truth
 calls whose state check and whose response check pass (every such turn checked, so a
 trajectory that goes wrong late keeps the credit of its first turns), and ``valid``, BFCL's
 verdict on the whole trajectory (1 or 0: the eval's accuracy). The calls of each user turn are
@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gdpo_ray.environments.bfcl_apis import ApiState, call_string, tool_docs
-from gdpo_ray.environments.bfcl_check import check, turn_checks
+from gdpo_ray.bfcl.apis import ApiState, call_string, tool_docs
+from gdpo_ray.bfcl.multi_turn_check import check, turn_checks
 
 
 def added_functions_message() -> str:

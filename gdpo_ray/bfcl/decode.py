@@ -1,11 +1,11 @@
 """The calls of a BFCL completion, in any of the forms a model answers in, as BFCL's checker
-takes them: a list of ``{name: {param: value}}`` (``gdpo_ray.eval.bfcl``).
+takes them: a list of ``{name: {param: value}}`` (``gdpo_ray.bfcl.single_turn``).
 
 Read in this order (``read_calls``):
 
 1. ``<tool_call>`` blocks anywhere in the completion (the ``tool_calling`` preset's format, the
    one the suite's prompt asks for): one JSON call per line, ``{"name", "parameters" |
-   "arguments"}`` (``gdpo_ray.rewards.toolrl.calls_in``). A completion with a ``<tool_call>`` tag
+   "arguments"}`` (``gdpo_ray.tool_format.calls_in``). A completion with a ``<tool_call>`` tag
    is read in this form only.
 2. Otherwise the response: the text after the last ``</think>`` (as BFCL's handlers of reasoning
    models cut it), stripped, a leading ```` ```json ```` or ```` ```python ```` fence tag dropped
@@ -25,7 +25,7 @@ Read in this order (``read_calls``):
      attribute, a string repeated) does not decode.
 
 A completion that is none of these has no calls (``NotACall``, with the reason). Decoded
-calls that nest lists and dicts past ``toolrl.MAX_DEPTH`` do not decode either, so the
+calls that nest lists and dicts past ``tool_format.MAX_DEPTH`` do not decode either, so the
 checker's recursion stays bounded; every step is linear in the completion's length.
 """
 
@@ -35,6 +35,8 @@ import ast
 import json
 import operator
 from typing import Any
+
+from gdpo_ray.tool_format import CLOSE, MAX_DEPTH, OPEN, Unparsable, calls_in, depth_ok
 
 #: the JSON call objects read: (the name's key, the arguments' key)
 JSON_CALL_KEYS = (("name", "arguments"), ("name", "parameters"), ("function", "parameters"))
@@ -61,15 +63,13 @@ def response_of(text: str) -> str:
 
 def read_calls(text: str) -> list[dict]:
     """The completion's calls in the checker's input shape; raises ``NotACall``."""
-    from gdpo_ray.rewards.toolrl import MAX_DEPTH, Unparsable, calls_in, depth_ok
-
-    if "<tool_call>" in text:
+    if OPEN in text:
         try:
             calls = calls_in(text)
         except Unparsable as err:
-            raise NotACall(f"<tool_call> block does not parse: {err}") from None
+            raise NotACall(f"{OPEN} block does not parse: {err}") from None
         if calls is None:
-            raise NotACall("<tool_call> without a closing </tool_call>")
+            raise NotACall(f"{OPEN} without a closing {CLOSE}")
         return [{name: args} for name, args in calls]
     body = response_of(text)
     try:

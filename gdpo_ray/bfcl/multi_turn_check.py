@@ -1,6 +1,6 @@
-"""BFCL's multi-turn checker's rules (``check``), reimplemented over ``bfcl_apis`` (BFCL's own
+"""BFCL's multi-turn checker's rules (``check``), reimplemented over ``apis`` (BFCL's own
 API classes, model calls parsed, never evaluated); proven equal to bfcl-eval's own checker by
-``tests/unit/test_bfcl_multi_turn.py``. The rules, as ``gdpo_ray.eval.bfcl_multi_turn`` lists
+``tests/unit/test_bfcl_multi_turn.py``. The rules, as ``gdpo_ray.bfcl.multi_turn_suite`` lists
 them: the result's layout (per user turn a list of steps, each a list of call strings), empty
 steps dropped, then turn by turn the model's and the ground truth's calls run on their own
 states; a turn with ground-truth calls needs a model step, equal public state and every
@@ -16,7 +16,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from gdpo_ray.environments.bfcl_apis import ApiState
+from gdpo_ray.bfcl.apis import ApiState
 
 
 @dataclasses.dataclass(frozen=True)

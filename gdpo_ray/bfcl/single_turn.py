@@ -8,7 +8,7 @@ the item's function docs, each description ending with BFCL's " Note that the pr
 is in Python 3 syntax.", placed before the item's own system message as BFCL places its own;
 then the item's turn. Completions are read in that format (``<tool_call>`` with one JSON call
 per line, ``{"name", "parameters" | "arguments"}``) and in BFCL's own output forms (Python call
-syntax in brackets, JSON call objects or lists, either in a fenced block: ``bfcl_decode``), and
+syntax in brackets, JSON call objects or lists, either in a fenced block: ``decode``), and
 converted to the checker's input, a list of ``{name: {param: value}}``.
 
 Scoring is BFCL's, reimplemented here (``ast_valid``, ``relevance_valid``) because its own
@@ -54,10 +54,11 @@ import math
 import re
 from typing import Any, Mapping, Sequence
 
-from gdpo_ray.environments.bfcl_data import load_category
-from gdpo_ray.eval.bfcl_decode import NotACall, read_calls
+from gdpo_ray.bfcl.data import load_category
+from gdpo_ray.bfcl.decode import NotACall, read_calls
 from gdpo_ray.eval.report import nanmean
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite
+from gdpo_ray.tool_format import in_block
 
 NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")
 LIVE_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
@@ -268,7 +269,7 @@ def relevance_valid(calls: Any, category: str) -> bool:
 # --- completions ------------------------------------------------------------------------------
 
 def decode(completion: str) -> list[dict] | None:
-    """The calls of a completion as the checker's input (``gdpo_ray.eval.bfcl_decode``: a
+    """The calls of a completion as the checker's input (``gdpo_ray.bfcl.decode``: a
     ``<tool_call>`` block, JSON calls or Python call syntax, fenced or not); None when none
     decode."""
     try:
@@ -312,7 +313,7 @@ def prompt_of(item: Mapping[str, Any]) -> list[dict]:
     return messages
 
 
-_CALL_FORMAT = "<think></think>\n<tool_call>\n{}\n</tool_call>"
+_CALL_FORMAT = "<think></think>\n" + in_block("{}")
 _RESPONSE_FORMAT = "<think></think>\n<response></response>"
 
 

@@ -3,7 +3,7 @@
 The ``agent`` preset trains a policy in a multi-turn tool environment
 (``gdpo_ray.environments.arithmetic``: ``add`` and ``multiply``) on ``task:tool_arithmetic``
 ("What is 37 times 12 plus 5?"). A random tiny model never calls a tool, so, as for the demo
-(``gdpo_ray.warm_start``), it is first fitted to a deliberately mediocre teacher whose mistakes
+(``gdpo_ray.models.demo``), it is first fitted to a deliberately mediocre teacher whose mistakes
 are slips the model can represent per prompt:
 
 - no call (``1 - p_call`` of the time): the teacher answers at once with the question's first
@@ -33,8 +33,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gdpo_ray.tiny_model import CHATML
-from gdpo_ray.warm_start import Example, cached_model, fit_on_prompts, response_ids
+from gdpo_ray.models.tiny import CHATML
+from gdpo_ray.models.warm_start import cached_model, fit_on_prompts, response_ids
+from gdpo_ray.sft import Example
+from gdpo_ray.tool_format import tool_call_block
 
 #: the recipe (the cache key); ``rows``: the task's rows the teacher answers (seed ``seed``)
 RECIPE = dict(hidden_size=128, layers=2, vocab_size=512, rows=2048, clean_steps=1200, steps=150,
@@ -60,7 +62,7 @@ OTHER_TOOL = {"add": "multiply", "multiply": "add"}
 
 
 def call_text(tool: str, a: int, b: int) -> str:
-    return "<tool_call>\n" + json.dumps({"name": tool, "arguments": {"a": a, "b": b}}) + "\n</tool_call>"
+    return tool_call_block([(tool, {"a": a, "b": b})])
 
 
 def teacher_turns(steps: list[list], rng: np.random.Generator, p_call: float, p_tool: float,
@@ -131,7 +133,7 @@ def build_untrained(path: Path, recipe: dict) -> tuple[list[dict], list[dict]]:
 
     from gdpo_ray.environments.spec import load_environment
     from gdpo_ray.tasks import tool_arithmetic
-    from gdpo_ray.tiny_model import QWEN2_PATTERN, build_tiny_model
+    from gdpo_ray.models.tiny import QWEN2_PATTERN, build_tiny_model
 
     rows = tool_arithmetic(recipe["rows"], recipe["seed"])
     schemas = list(load_environment(ENVIRONMENT).schemas)

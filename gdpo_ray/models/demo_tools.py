@@ -2,7 +2,7 @@
 
 The tool-calling study in miniature needs a policy whose two rewards, ``toolrl_format`` ({0, 1})
 and ``toolrl_correctness`` ([-3, 3]), both start well below their maximum. As for the demo
-(``gdpo_ray.warm_start``), the tiny model is fitted to a deliberately mediocre teacher, whose
+(``gdpo_ray.models.demo``), the tiny model is fitted to a deliberately mediocre teacher, whose
 mistakes are slips the model can represent per prompt:
 
 - format: the gold answer's layout (``<think>…</think>``, a newline, then the ``<tool_call>``
@@ -26,13 +26,14 @@ cut differently at run time than in training.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from gdpo_ray.warm_start import Example, cached_model, chat_prompt_ids, fit_on_prompts, response_ids
+from gdpo_ray.models.warm_start import cached_model, chat_prompt_ids, fit_on_prompts, response_ids
+from gdpo_ray.sft import Example
+from gdpo_ray.tool_format import calls_in, in_block, tool_call_block
 
 #: the recipe (the cache key); ``rows``: the task's rows the teacher answers (seed ``seed``)
 RECIPE = dict(hidden_size=128, layers=2, vocab_size=1024, rows=1024, clean_steps=480, steps=120,
@@ -79,19 +80,16 @@ def slip(calls: list[tuple[str, dict]], rng: np.random.Generator) -> list[tuple[
 def teacher_response(gold: str, rng: np.random.Generator, p_format: float, p_correct: float) -> str:
     """One response of the mediocre teacher to the request whose gold answer is ``gold`` (a
     ``task:tool_calls`` ground truth): see the module docstring."""
-    from gdpo_ray.rewards.toolrl import calls_in
-
     calls = calls_in(gold)
     if calls:
         if rng.random() >= p_correct:
             calls = slip(calls, rng)
         thought = f"The user's request needs {', '.join(dict.fromkeys(name for name, _ in calls))}."
-        block = "<tool_call>\n" + "\n".join(
-            json.dumps({"name": name, "parameters": params}) for name, params in calls) + "\n</tool_call>"
+        block = tool_call_block(calls, key="parameters")
         wrong_block = f"{block}\n<response>{EXTRA_REPLY}</response>"
     else:
         thought, reply = "No tool is needed.", "You're welcome!"
-        block, wrong_block = f"<response>{reply}</response>", f"<tool_call>\n{reply}\n</tool_call>"
+        block, wrong_block = f"<response>{reply}</response>", in_block(reply)
     if rng.random() < p_format:
         return f"<think>{thought}</think>\n{block}"
     return block if rng.random() < 0.5 else f"<think>{thought}</think>\n{wrong_block}"
@@ -129,7 +127,7 @@ def build_untrained(path: Path, recipe: dict) -> list[dict[str, Any]]:
     """The tool tokenizer and a random model of ``recipe`` in ``path``; returns the task's rows
     the teacher answers (the tokenizer is trained on their texts)."""
     from gdpo_ray.tasks import tool_calls
-    from gdpo_ray.tiny_model import QWEN2_PATTERN, build_tiny_model
+    from gdpo_ray.models.tiny import QWEN2_PATTERN, build_tiny_model
 
     rows = tool_calls(recipe["rows"], recipe["seed"])
     build_tiny_model(path, hidden_size=recipe["hidden_size"], layers=recipe["layers"],

@@ -1,0 +1,178 @@
+"""The reward scoring pool's worker processes (``actors.reward.RewardPool`` runs them).
+
+A worker (``worker_main``) resolves the reward functions once, then scores one reward call at a
+time, calling each function as TRL does (``gdpo_ray.rewards.call_reward``), and sends back the
+values or the failure (``error``: the reward raised; ``infra``: ``RewardInfraError``). It leads
+its own session, so that a kill (``Worker.kill``) reaches its whole process tree. The pool's
+first worker is spawned; the others fork from a server that has imported the reward modules
+(``fork_server``), so a new one starts in milliseconds.
+
+A call that has run ``PARK_AFTER_S`` while its worker sleeps (not runnable) and used at most half
+a core meanwhile waits on something (``Worker.blocked``): the pool parks it (the pool's module
+docstring).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Sequence
+
+import cloudpickle
+
+from gdpo_ray.rewards import RewardInfraError, RewardSpec, call_reward, to_floats
+
+#: a call waiting this long with an idle worker is parked (see the module docstring)
+PARK_AFTER_S = 0.05
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclasses.dataclass
+class Task:
+    """Rows to score with rewards, one call per reward, by one worker."""
+
+    rows: list[int]
+    rewards: list[int]  # scored in this order, one call each, by one worker
+    attempt: int = 0  # infra retries used
+
+
+def worker_main(conn: Connection, payload: bytes) -> None:
+    """A scoring worker: resolves the reward functions once, then scores calls until told to stop."""
+    os.setsid()  # its own process group: a kill reaches everything it started
+    specs, path, cwd = cloudpickle.loads(payload)
+    sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
+    os.chdir(cwd)
+    try:
+        for module in preloaded_modules(specs):
+            importlib.import_module(module)
+        fns = [None if spec.from_environment else spec.resolve() for spec in specs]
+    except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
+        conn.send(("failed", f"{type(err).__name__}: {err}"))
+        return
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the pool's process ended (a run's end stops its actors): so does this
+            return
+        if msg is None:
+            return
+        k, kwargs = msg
+        n = len(kwargs["completions"])
+        start = time.perf_counter()
+        try:
+            values = to_floats(call_reward(fns[k], **kwargs), n, specs[k].name)
+            kind, error = "", ""
+        except RewardInfraError as err:
+            values, kind, error = None, "infra", f"{type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
+            values, kind, error = None, "error", f"{type(err).__name__}: {err}"
+        try:
+            conn.send((values, kind, error[:500], time.perf_counter() - start))
+        except OSError:  # BrokenPipeError: the pool is gone
+            return
+
+
+def _proc_stat(pid: int) -> tuple[str, float] | None:
+    """(scheduler state: R running or runnable, S sleeping, D waiting on I/O, ...; user +
+    system CPU seconds) of a process (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def preloaded_modules(specs: Sequence[RewardSpec]) -> list[str]:
+    """The modules a worker scores with: imported before it says it is ready (or by the server
+    it forks from), not at the first call."""
+    modules = ["actors.reward_worker", "gdpo_ray.rewards"]
+    for spec in specs:
+        fn = spec.fn if spec.fn is not None else spec.name
+        if isinstance(fn, str) and ":" in fn:
+            modules.append(fn.removeprefix("verl:").split(":")[0])
+        elif fn == "math_correctness":
+            modules.append("math_verify")
+    return list(dict.fromkeys(modules))
+
+
+def fork_server(specs: Sequence[RewardSpec]):
+    """A forkserver that has imported the reward modules (spawn where there is none)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(preloaded_modules(specs))  # only before the server starts
+    return ctx
+
+
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_script_hidden():
+    """While a worker starts: multiprocessing re-runs the parent's ``__main__`` script in each
+    child (as ``__mp_main__``, for functions pickled by reference from it). A Ray actor's is Ray's
+    ``default_worker.py``, which imports Ray: ~40 MiB and 0.3 s per worker. A worker's function
+    lives in this module, and a reward defined in the script travels by value (cloudpickle), so
+    no child needs the script."""
+    main = sys.modules["__main__"]
+    with _MAIN_LOCK:
+        path = main.__dict__.pop("__file__", None)
+        try:
+            yield
+        finally:
+            if path is not None:
+                main.__file__ = path
+
+
+class Worker:
+    def __init__(self, ctx, payload: bytes, cwd: str) -> None:
+        try:  # starting a process needs a current directory: Ray may have replaced the job's
+            os.getcwd()  # working-dir copy under this process (the same path, a new copy)
+        except FileNotFoundError:
+            os.chdir(cwd if os.path.isdir(cwd) else "/")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=worker_main, args=(child, payload), daemon=True)
+        with _main_script_hidden():
+            self.process.start()
+        child.close()
+        self.ready = False
+        self.task: Task | None = None  # the task whose first reward is being scored
+        self.deadline = self.started = 0.0
+        self.cpu_at_start: float | None = None
+        self.parked = False
+
+    def send(self, task: Task, kwargs: dict, timeout_s: float) -> None:
+        self.task, self.parked = task, False
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout_s  # one sample's, for a call of several rows too
+        stat = _proc_stat(self.process.pid)
+        self.cpu_at_start = stat[1] if stat else None
+        self.conn.send((task.rewards[0], kwargs))
+
+    def blocked(self, now: float) -> bool:
+        """Waiting (not computing) for at least PARK_AFTER_S since the call started: asleep now
+        (a computing process is runnable, R, even while other processes hold the CPUs) and
+        having used at most half a core meanwhile."""
+        elapsed = now - self.started
+        if elapsed < PARK_AFTER_S or self.cpu_at_start is None:
+            return False
+        stat = _proc_stat(self.process.pid)
+        return stat is not None and stat[0] in "SD" and stat[1] - self.cpu_at_start <= 0.5 * elapsed
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()

@@ -1,0 +1,112 @@
+"""What a GDPO run saves and restores, and how it recovers from a dead learner: the ``GDPO``
+algorithm's state methods (``GDPOState``, a base of ``gdpo_ray.run.algorithm.GDPO``).
+
+A checkpoint holds the driver's state (policy version, prompts, buffer, counters) in RLlib's
+state file and the learners' own checkpoint (model, optimizer, RNG, step, in their backend's
+format: ``learners.backend``) in ``learner/``, written atomically
+(``gdpo_ray.run.checkpoints.save_atomically``) and verified against its manifest before a
+restore. A learner's death restores the last checkpoint (or the start) on new learners.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import tempfile
+from typing import Any
+
+from gdpo_ray.run.checkpoints import save_atomically, verify_checkpoint
+from gdpo_ray.run.rllib_base import Checkpointable
+
+logger = logging.getLogger(__name__)
+
+
+class GDPOState:
+    """``GDPO``'s state: recovery, ``get_state`` / ``set_state``, checkpoints, the policy's export
+    (it reads the algorithm's ``learners``, ``rollouts``, ``prompts``, ``buffer``, ``counters``)."""
+
+    def _recover(self, err: Exception) -> None:
+        """A learner died: new learners, then the last checkpoint (or the start) restored."""
+        logger.warning("a learner died (%s); recovering from %s", err,
+                       self._last_checkpoint or "the start of the run")
+        self.counters["learner_recoveries"] += 1
+        # events that happened stay counted (the restored state predates some of them)
+        events = (self.counters["learner_recoveries"], dict(self.rollouts.stats),
+                  self.buffer.dropped_stale)
+        self.rollouts.ledger.drop_due()  # the restored weights go out to every actor, checked
+        try:
+            self.learners.shutdown()
+        except Exception:  # noqa: BLE001 - some of them are dead already
+            pass
+        self._start_learners()
+        if self._last_checkpoint:
+            self.restore_from_path(self._last_checkpoint)
+        else:
+            self.rollouts.discard_in_flight()
+            self.set_state(self._initial_state)
+            self._push_weights(self.policy_version)
+        self.counters["learner_recoveries"], stats, self.buffer.dropped_stale = events
+        self.rollouts.stats.update(stats)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        in_buffer = self.buffer.group_ids()
+        return {"policy_version": self.policy_version, "iteration": self.iteration,
+                "prompts": self.prompts.state_dict(in_buffer=in_buffer),
+                "buffer": self.buffer.state_dict(), "counters": dict(self.counters),
+                "rollout_stats": dict(self.rollouts.stats) if getattr(self, "rollouts", None) else {}}
+
+    def set_state(self, state: dict) -> None:
+        self.policy_version = state["policy_version"]
+        self._iteration = state["iteration"]
+        self.prompts.load_state_dict(state["prompts"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.counters = dict(state["counters"])
+        if getattr(self, "rollouts", None) and state.get("rollout_stats"):
+            self.rollouts.stats.update(state["rollout_stats"])
+
+    def get_checkpointable_components(self) -> list:
+        return []
+
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """A checkpoint, atomically (``checkpoints.save_atomically``): the driver's state in
+        RLlib's files, the learners' checkpoint in ``learner/``."""
+        def write(aside: pathlib.Path) -> None:
+            Checkpointable.save_to_path(self, str(aside), state=state, filesystem=filesystem,
+                                        use_msgpack=use_msgpack)
+            self.learners.save_checkpoint(str(aside / "learner"))
+
+        final = path or tempfile.mkdtemp(prefix="gdpo-ckpt-")
+        return save_atomically(final, write, f"policy_version {self.policy_version}")
+
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> Any:
+        """A GDPO from a checkpoint; every file is verified against the checkpoint's manifest
+        before any actor starts (``checkpoints.verify_checkpoint``)."""
+        _verify(path, filesystem)
+        return super().from_checkpoint(path, filesystem=filesystem, verified=True, **kwargs)
+
+    def restore_from_path(self, path, *args, verified: bool = False, **kwargs) -> None:
+        """The checkpoint's state (verified first, unless it just was), then its weights out."""
+        if not verified:
+            _verify(path, kwargs.get("filesystem"))
+        self.rollouts.discard_in_flight()  # the restored prompt state re-issues what was in flight
+        Checkpointable.restore_from_path(self, path, *args, **kwargs)
+        self.learners.load_checkpoint(str(pathlib.Path(path) / "learner"))
+        self._last_checkpoint = str(path)  # a learner's death goes back here, not to the start
+        self._push_weights(self.policy_version)
+
+    def export_policy(self, path: str) -> str:
+        """The current policy as a Hugging Face model directory (from_pretrained / vLLM); under
+        LoRA a PEFT adapter directory, and the merged model beside it in ``<path>-merged``."""
+        merged = f"{str(path).rstrip('/')}-merged" if self.config.lora else None
+        self.learners.export_hf(str(path), merged)
+        return str(path)
+
+
+def _verify(path: Any, filesystem: Any) -> None:
+    """A local checkpoint's files against its manifest (ValueError naming what differs)."""
+    if filesystem is None and isinstance(path, (str, pathlib.Path)) and "://" not in str(path):
+        for warning in verify_checkpoint(str(path), what="restoring"):
+            logger.warning(warning)
