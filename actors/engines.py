@@ -28,11 +28,11 @@ starts. This module imports nothing else of ``actors``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from typing import Any, Iterable, Mapping, Protocol
 
 from gdpo_ray.config import check_value, default
+from gdpo_ray.registry import import_path
 from gdpo_ray.weights.channels import AsyncWeightReceiver, WeightReceiver
 
 
@@ -293,10 +293,7 @@ def engine_class(kind: str, mode: str = "batched") -> type:
     if not sep:
         raise ValueError(f"unknown engine {kind!r}; known: {', '.join(ENGINES)} (or "
                          f"'package.module:Class' of an actors.engines.{protocol.__name__})")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"engine {kind!r}: cannot import {path}: {err}") from None
+    cls = import_path(path, f"engine {kind!r}")
     short = mismatch(cls, protocol)
     if not short and any(callable(getattr(cls, m, None)) for m in protocol_members(receiver)[0]):
         protocol, short = receiver, mismatch(cls, receiver)  # it offers the weight transfer: all of it

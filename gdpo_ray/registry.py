@@ -1,12 +1,14 @@
 """A small name -> object registry for interchangeable math (advantage estimators, rewards).
 
 Registries are filled at import time, so every Ray worker that imports the module sees the same
-entries. A failed lookup lists what exists.
+entries. A failed lookup lists what exists. ``import_path`` resolves what a user names as
+``package.module:Name`` instead (an engine, a learner backend).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import importlib
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -44,3 +46,13 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def import_path(path: str, what: str) -> Any:
+    """The object ``package.module:Name`` names, imported; ValueError ``"<what>: cannot import
+    <path>: <why>"`` where it cannot be."""
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{what}: cannot import {path}: {err}") from None

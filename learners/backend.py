@@ -35,8 +35,9 @@ between ranks): not where each forward is a collective over the ranks.
 from __future__ import annotations
 
 import abc
-import importlib
 from typing import Any, Iterable, Iterator
+
+from gdpo_ray.registry import import_path
 
 #: ``learners.backend`` -> the learner class (``module:Class``), imported where it runs
 BACKENDS = {"deepspeed": "learners.deepspeed_learner:DeepSpeedLearner",
@@ -51,10 +52,7 @@ def learner_class(backend: str) -> type:
     if not sep:
         raise ValueError(f"learners.backend must be one of {', '.join(BACKENDS)} (or 'package.module:Class' "
                          f"of a learners.learner.Learner); got {backend!r}; e.g. learners.backend=fsdp2")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"learners.backend {backend!r}: cannot import {path}: {err}") from None
+    cls = import_path(path, f"learners.backend {backend!r}")
     abstract = sorted(getattr(cls, "__abstractmethods__", ()))
     if not (isinstance(cls, type) and issubclass(cls, LearnerBackend) and callable(getattr(cls, "update", None))) \
             or abstract:
