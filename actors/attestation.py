@@ -1,8 +1,11 @@
 """Attestation of weight pushes: no rollout actor goes on sampling from weights it was not sent.
 
 For every push the sender records what it sent (``gdpo_ray.weights.digest.Sent``: each tensor's
-digest, dtype and bucket); every rollout actor, once its engine has loaded the version, reports
-the digests of what the engine holds (``RolloutActor.attest``, read back from the engine). The
+digest, dtype, shape and bucket); every rollout actor, once its engine has loaded the version,
+reports the digests of what the engine holds (``RolloutActor.attest``, read back from the engine).
+A digest depends on every element's value and position and on the tensor's row length, so an
+engine holding the right values in the wrong places (rows permuted or reversed, a transpose, q/k/v
+shards swapped in a fused tensor, signs swapped within a +x/-x pair) is caught too. The
 ``PushLedger`` (held by the ``RolloutGroup``, fed by the transports) compares them as the
 reports arrive, without waiting for them: the rollout actors keep generating. A push is
 attested once every actor it went to has reported matching digests (``attested``: the metric
@@ -140,7 +143,7 @@ class PushLedger:
         if report.get("version") != version:
             raise WeightPushFailed(f"{label} reports version {report.get('version')} after loading "
                                    f"version {version}; {WHAT_TO_CHECK}")
-        wrong = compare(sent.digests, report["digests"], sent.rounded)
+        wrong = compare(sent.digests, report["digests"], sent.rounded, sent.shapes)
         if wrong:
             first = wrong[0].split(":")[0].split("+")[0].split(" ")[0]
             where = f" (bucket {sent.buckets[first]} of {sent.count})" if first in sent.buckets else ""

@@ -150,8 +150,9 @@ class BatchEngine(Protocol):
         """What the engine holds now, for the attestation of a push: for each pushed tensor
         name (``sent``: name -> the dtype it was sent in) the digest
         (``gdpo_ray.weights.digest.digest_as``) of the tensor the engine actually computes with,
-        read back from it, not the bytes it was given; tensors it holds fused into one under
-        their names joined by ``digest.FUSED``."""
+        read back from it, not the bytes it was given; tensors it holds fused into one (laid end
+        to end) under their names joined by ``digest.FUSED`` in the order it holds them (the
+        digest counts every element's position)."""
 
     def sleep(self) -> None:
         """Frees its accelerator memory while colocated learners update (a no-op where none)."""

@@ -1,9 +1,9 @@
 """The reward scoring pool a rollout actor uses: worker processes, timeouts, kills, retries, NaN.
 
 Rewards never run in the trainer or rollout process. Worker processes (``actors.reward_worker``:
-the first spawned; any other forked from a server that has imported the reward modules, so a
-new one starts in milliseconds; each the leader of its own session, so that its whole process
-tree can be killed) score tasks of (rows, rewards), one reward call at a time, calling each function as TRL does
+forked from a server that has imported the reward modules, so a new one starts in milliseconds;
+each the leader of its own session, so that its whole process tree can be killed) score tasks
+of (rows, rewards), one reward call at a time, calling each function as TRL does
 (``gdpo_ray.rewards.call_reward``).
 
 Every (row, reward) that cannot be scored is NaN with its error text, of one of three classes
@@ -24,6 +24,14 @@ waits (sleeps, a socket, a judge server), is parked: it no longer counts against
 the next task, so blocked calls time out side by side. Calls that compute (and rewards that run
 programs in a sandbox, which bound their own time) are never parked: CPU-bound hangs cost one
 timeout per worker.
+
+No worker outlives the pool, whatever its rewards do: a worker whose call timed out is killed
+with every process it started (``gdpo_ray.reaper.kill_tree``: its session, its group, their
+descendants) and replaced; ``close`` kills the busy workers at once and stops the idle ones; and
+the pool's reaper (``gdpo_ray.reaper.Reaper``, a small detached process told of every worker)
+kills every worker left when the pool's process ends without ``close`` (a Ray actor killed at
+the end of a run while a reward sleeps: its workers and their children would otherwise be left
+running, owned by init).
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from collections import deque
 from multiprocessing.connection import wait
@@ -43,10 +51,9 @@ import cloudpickle
 import numpy as np
 
 from actors.reward_worker import PARK_AFTER_S, Task, Worker, fork_server
-from gdpo_ray.environments.session import Hung, run_with_timeout
-from gdpo_ray.rewards import (NOT_APPLICABLE, RewardSpec, TrainerState, apply_conditions, call_reward, check_specs,
-                              failure_kind, takes_environments, to_floats)
-from gdpo_ray.rewards.adapters import ENVIRONMENTS
+from gdpo_ray.reaper import Reaper
+from gdpo_ray.rewards import (NOT_APPLICABLE, RewardSpec, TrainerState, apply_conditions, check_specs,
+                              failure_kind, takes_environments)
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +95,7 @@ class RewardPool:
         fns = check_specs(self.specs)
         self.timeouts = [None if fn is None else spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
         # columns not scored here (``score``'s ``given``): an environment's own (``fn: environment``),
-        # and the rewards that read its instances, called in the rollout actor (``score_local``)
+        # and the rewards that read its instances, called where the instances live (``local``)
         self.environment_columns = [s.name for s, fn in zip(self.specs, fns) if fn is None]
         self.local = {s.name: fn for s, fn in zip(self.specs, fns) if fn is not None and takes_environments(fn)}
         self.given = [*self.environment_columns, *self.local]
@@ -99,22 +106,29 @@ class RewardPool:
         self._row_by_row = {j for j, fn in enumerate(fns) if hasattr(fn, "min_timeout_s")}
         self._cwd = os.getcwd()
         self._payload = cloudpickle.dumps((self.specs, list(sys.path), self._cwd))
-        self._ctx = None  # the fork server, started when a second worker is first needed
-        self._workers = [self._new_worker() for _ in range(num_workers)]
+        self._ctx = fork_server(self.specs)
+        self._lock = threading.Lock()  # close() may come from another thread than score()
+        self._closed = False
+        self._reaper = Reaper()
+        self._workers: list[Worker] = []
+        for _ in range(num_workers):
+            self._add_worker()
         self._startup_failures = 0
         self.parked = 0  # calls parked so far (waiting while others were scored)
 
-    def _new_worker(self) -> Worker:
-        """A worker process: the pool's first is spawned; the others (more workers, stand-ins for
-        parked calls, replacements of killed ones) fork from a server that has imported the
-        reward modules, started at the first such need (one spawn's time once, then
-        milliseconds each). A pool of one worker that is never killed has no server: one
-        process of the reward modules' imports (~50 MiB) fewer."""
-        if self._ctx is None:
-            self._ctx = mp.get_context("spawn")  # the first
-        elif self._ctx.get_start_method() == "spawn":
-            self._ctx = fork_server(self.specs)
-        return Worker(self._ctx, self._payload, self._cwd)
+    def _add_worker(self) -> Worker:
+        """A worker process, in the pool and on its reaper's list, forked from the process's fork
+        server, which has imported the reward modules (started at the pool's first worker: one
+        spawn's time once, then milliseconds each). Never a child of the pool's own process: Ray
+        kills a killed actor's children before the reaper can look, and a worker killed so
+        would leave the processes that left its session to init."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the reward pool was closed while it was scoring")
+            worker = Worker(self._ctx, self._payload, self._cwd)
+            self._reaper.add(worker.process.pid)
+            self._workers.append(worker)
+        return worker
 
     @property
     def names(self) -> list[str]:
@@ -151,6 +165,8 @@ class RewardPool:
             w.send(task, kwargs, self.timeouts[task.rewards[0]])
 
         while pending or any(w.task for w in self._workers):
+            if self._closed:
+                raise RuntimeError("the reward pool was closed while it was scoring")
             for w in self._workers:
                 if pending and w.ready and w.task is None:
                     start(w, pending.popleft())
@@ -161,8 +177,16 @@ class RewardPool:
             if pending and any(not w.parked and self.parkable[w.task.rewards[0]] for w in busy):
                 wake.append(now + PARK_AFTER_S / 2)  # look again for calls that only wait
             conns = [w.conn for w in busy] + [w.conn for w in self._workers if not w.ready]
-            for conn in wait(conns, timeout=max(0.0, min(wake) - now) if wake else None):
-                self._receive(next(w for w in self._workers if w.conn is conn), pending, run, start)
+            try:
+                ready = wait(conns, timeout=max(0.0, min(wake) - now) if wake else None)
+            except (OSError, ValueError):  # a pipe closed under it: by close(), from another thread
+                if self._closed:
+                    raise RuntimeError("the reward pool was closed while it was scoring") from None
+                raise
+            for conn in ready:
+                worker = next((w for w in self._workers if w.conn is conn), None)
+                if worker is not None:  # None: close() took it meanwhile (the loop's next turn raises)
+                    self._receive(worker, pending, run, start)
             now = time.monotonic()
             for w in [w for w in self._workers if w.task is not None]:
                 if now >= w.deadline:
@@ -170,34 +194,12 @@ class RewardPool:
                 elif pending and not w.parked and self.parkable[w.task.rewards[0]] and w.blocked(now):
                     w.parked = True
                     self.parked += 1
-        self._shrink()
+        self._settle()
         for j, spec in enumerate(self.specs):
             if run.timeouts[j]:
                 logger.warning("reward %r timed out on %d of %d rows (timeout_s %g, process "
                                "trees killed)", spec.name, run.timeouts[j], n, self.timeouts[j])
         return run.result(self.specs)
-
-    def score_local(self, environments: Sequence[Any], prompts: Sequence[Any], completions: Sequence[Any],
-                    columns: Mapping[str, Sequence[Any]], completion_ids: Sequence[Sequence[int]],
-                    trainer_state: TrainerState) -> dict[str, "GivenColumn"]:
-        """The rewards that read the rollouts' environment instances (TRL's ``environments=``,
-        aligned with the completions; None where an environment failed to start), called here,
-        where the instances live, each within its timeout; for ``score``'s ``given``. A call that
-        raises or runs over makes its column NaN on every row, with the error."""
-        n, out = len(completions), {}
-        kwargs = {**columns, "prompts": list(prompts), "completions": list(completions),
-                  "completion_ids": list(completion_ids), "trainer_state": trainer_state,
-                  ENVIRONMENTS: list(environments)}
-        for name, fn in self.local.items():
-            timeout = self.timeouts[self.names.index(name)]
-            try:
-                values = to_floats(run_with_timeout(lambda: call_reward(fn, **kwargs), timeout), n, name)
-                out[name] = (values, [""] * n, [""] * n)
-            except Hung:
-                out[name] = ([math.nan] * n, ["timeout"] * n, [f"did not return within {timeout:g} s"] * n)
-            except Exception as err:  # noqa: BLE001 - recorded as the reward's error
-                out[name] = ([math.nan] * n, ["error"] * n, [f"{type(err).__name__}: {err}"[:500]] * n)
-        return out
 
     def _tasks(self, n: int, k: int) -> deque:
         """The calls of one score: rewards scored row by row get a task per row, the others
@@ -217,14 +219,19 @@ class RewardPool:
         working = sum(1 for w in self._workers if not w.parked)
         want = min(len(pending), self.num_workers - working,
                    self.num_workers + MAX_PARKED - len(self._workers))
-        self._workers += [self._new_worker() for _ in range(max(0, want))]
+        for _ in range(max(0, want)):
+            self._add_worker()
 
-    def _shrink(self) -> None:
-        """Back to ``num_workers`` after a call of ``score`` (idle extra workers stop)."""
+    def _settle(self) -> None:
+        """Back to ``num_workers`` after a call of ``score``: idle extra workers stop, killed
+        ones are replaced (the next call starts at once)."""
+        if self._closed:
+            return
         extra = self._workers[self.num_workers:]
         self._workers = self._workers[:self.num_workers]
-        for w in extra:
-            self._stop(w)
+        self._stop_all(extra)
+        while len(self._workers) < self.num_workers:
+            self._add_worker()
 
     def _receive(self, worker: Worker, pending: deque, run: "_Scoring", start) -> None:
         try:
@@ -260,7 +267,7 @@ class RewardPool:
                 raise RuntimeError(f"reward workers keep dying at start (exit code {code}); "
                                    "their traceback is on stderr")
             if len(self._workers) < self.num_workers:
-                self._workers.append(self._new_worker())
+                self._add_worker()
             return
         task = worker.task
         if task is not None:
@@ -293,30 +300,42 @@ class RewardPool:
             run.fail(task.rows[0], task.rewards[0], kind, error + attempts)
 
     def _remove(self, worker: Worker) -> None:
+        """Kills ``worker`` and every process it started."""
         worker.kill()
-        self._workers.remove(worker)
+        self._reaper.discard(worker.process.pid)
+        if worker in self._workers:
+            self._workers.remove(worker)
 
-    @staticmethod
-    def _stop(worker: Worker) -> None:
-        try:
-            worker.conn.send(None)
-        except OSError:
-            pass
-        worker.process.join(timeout=2)
-        if worker.process.is_alive():
-            worker.kill()
+    def _stop_all(self, workers: Sequence[Worker], grace_s: float = 2.0) -> None:
+        """Ends ``workers``: a busy one (a call running, perhaps forever) is killed at once; an
+        idle one is told to stop, and killed if it has not within ``grace_s`` (all of them
+        together: a hundred parked workers cost one grace, not a hundred); then what any of them
+        left running in its session (a reward's background process) is killed."""
+        idle = []
+        for w in workers:
+            if w.task is None:
+                try:
+                    w.conn.send(None)
+                    idle.append(w)
+                    continue
+                except (OSError, ValueError):
+                    pass
+            w.kill()
+            self._reaper.discard(w.process.pid)
+        deadline = time.monotonic() + grace_s
+        for w in idle:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            w.kill()
+            self._reaper.discard(w.process.pid)
 
     def close(self) -> None:
-        workers, self._workers = self._workers, []
-        for w in workers:
-            try:
-                w.conn.send(None)
-            except OSError:
-                pass
-        for w in workers:
-            w.process.join(timeout=2)
-            if w.process.is_alive():
-                w.kill()
+        """Ends every worker (``_stop_all``), then the reaper, which kills any worker left (one
+        started by a ``score`` running on another thread meanwhile). ``score`` raises after it."""
+        with self._lock:
+            self._closed = True
+            workers, self._workers = self._workers, []
+        self._stop_all(workers)
+        self._reaper.close()
 
     def __enter__(self) -> "RewardPool":
         return self

@@ -2,10 +2,13 @@
 
 A worker (``worker_main``) resolves the reward functions once, then scores one reward call at a
 time, calling each function as TRL does (``gdpo_ray.rewards.call_reward``), and sends back the
-values or the failure (``error``: the reward raised; ``infra``: ``RewardInfraError``). It leads
-its own session, so that a kill (``Worker.kill``) reaches its whole process tree. The pool's
-first worker is spawned; the others fork from a server that has imported the reward modules
-(``fork_server``), so a new one starts in milliseconds.
+values or the failure (``error``: the reward raised, anything but ``KeyboardInterrupt``:
+``SystemExit``, ``GeneratorExit`` and math-verify's ``TimeoutException`` are BaseExceptions, and
+the reward's failure on its rows all the same; ``infra``: ``RewardInfraError``). It leads its own
+session, so that a kill (``Worker.kill``: ``gdpo_ray.reaper.kill_tree``) reaches everything it
+started; where the pool's process ends without closing it, the pool's reaper kills it so.
+Workers fork from the process's fork server, which has imported the reward modules
+(``gdpo_ray.forks.fork_context``), so a new one starts in milliseconds.
 
 A call that has run ``PARK_AFTER_S`` while its worker sleeps (not runnable) and used at most half
 a core meanwhile waits on something (``Worker.blocked``): the pool parks it (the pool's module
@@ -14,21 +17,19 @@ docstring).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
-import multiprocessing as mp
 import os
-import signal
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Sequence
 
 import cloudpickle
 
-from gdpo_ray.rewards import RewardInfraError, RewardSpec, call_reward, to_floats
+from gdpo_ray.forks import fork_context, leader_of_own_group, starting
+from gdpo_ray.reaper import kill_tree, start_time
+from gdpo_ray.rewards import RewardInfraError, RewardSpec, call_reward, failure_text, to_floats
 
 #: a call waiting this long with an idle worker is parked (see the module docstring)
 PARK_AFTER_S = 0.05
@@ -46,7 +47,7 @@ class Task:
 
 def worker_main(conn: Connection, payload: bytes) -> None:
     """A scoring worker: resolves the reward functions once, then scores calls until told to stop."""
-    os.setsid()  # its own process group: a kill reaches everything it started
+    leader_of_own_group()
     specs, path, cwd = cloudpickle.loads(payload)
     sys.path[:] = path  # the pool's, now (the fork server has those of when it started)
     os.chdir(cwd)
@@ -54,8 +55,10 @@ def worker_main(conn: Connection, payload: bytes) -> None:
         for module in preloaded_modules(specs):
             importlib.import_module(module)
         fns = [None if spec.from_environment else spec.resolve() for spec in specs]
-    except Exception as err:  # noqa: BLE001 - reported to the pool, which raises it
-        conn.send(("failed", f"{type(err).__name__}: {err}"))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - SystemExit at import too: the pool raises it
+        conn.send(("failed", failure_text(err)))
         return
     conn.send("ready")
     while True:
@@ -72,11 +75,13 @@ def worker_main(conn: Connection, payload: bytes) -> None:
             values = to_floats(call_reward(fns[k], **kwargs), n, specs[k].name)
             kind, error = "", ""
         except RewardInfraError as err:
-            values, kind, error = None, "infra", f"{type(err).__name__}: {err}"
-        except Exception as err:  # noqa: BLE001 - any failure of the reward is recorded
-            values, kind, error = None, "error", f"{type(err).__name__}: {err}"
+            values, kind, error = None, "infra", failure_text(err)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # noqa: BLE001 - SystemExit, GeneratorExit, ...: the reward's failure
+            values, kind, error = None, "error", failure_text(err)
         try:
-            conn.send((values, kind, error[:500], time.perf_counter() - start))
+            conn.send((values, kind, error, time.perf_counter() - start))
         except OSError:  # BrokenPipeError: the pool is gone
             return
 
@@ -106,32 +111,9 @@ def preloaded_modules(specs: Sequence[RewardSpec]) -> list[str]:
 
 
 def fork_server(specs: Sequence[RewardSpec]):
-    """A forkserver that has imported the reward modules (spawn where there is none)."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(preloaded_modules(specs))  # only before the server starts
-    return ctx
-
-
-_MAIN_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_script_hidden():
-    """While a worker starts: multiprocessing re-runs the parent's ``__main__`` script in each
-    child (as ``__mp_main__``, for functions pickled by reference from it). A Ray actor's is Ray's
-    ``default_worker.py``, which imports Ray: ~40 MiB and 0.3 s per worker. A worker's function
-    lives in this module, and a reward defined in the script travels by value (cloudpickle), so
-    no child needs the script."""
-    main = sys.modules["__main__"]
-    with _MAIN_LOCK:
-        path = main.__dict__.pop("__file__", None)
-        try:
-            yield
-        finally:
-            if path is not None:
-                main.__file__ = path
+    """The process's fork server, its preload widened with the reward modules (spawn where there
+    is none)."""
+    return fork_context(preloaded_modules(specs))
 
 
 class Worker:
@@ -142,9 +124,10 @@ class Worker:
             os.chdir(cwd if os.path.isdir(cwd) else "/")
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=worker_main, args=(child, payload), daemon=True)
-        with _main_script_hidden():
+        with starting():
             self.process.start()
         child.close()
+        self.started_at = start_time(self.process.pid)  # with the pid, names this process
         self.ready = False
         self.task: Task | None = None  # the task whose first reward is being scored
         self.deadline = self.started = 0.0
@@ -170,9 +153,10 @@ class Worker:
         return stat is not None and stat[0] in "SD" and stat[1] - self.cpu_at_start <= 0.5 * elapsed
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        """Kills the worker and every process it started (``kill_tree``), and reaps it."""
+        if self.process.pid is not None:
+            kill_tree(self.process.pid, self.started_at)
+        if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
         self.conn.close()

@@ -40,12 +40,13 @@ import pyarrow as pa
 from actors.engines import SamplingParams, engine_class, make_engine, traits_of
 from actors.prompts import Prompt
 from actors.samplers import SAMPLERS
-from actors.tool_loop import ToolEnvironment
+from actors.tool_loop import ToolEnvironment, preloaded_modules
 from actors.turn_loop import Rollout, TurnLoop
 from gdpo_ray.batch import CallMeta, CallTiming, GroupData, build_groups
 from gdpo_ray.config import default
 from gdpo_ray.eval.suite import Completion
 from gdpo_ray.environments.tool_prompt import render_prompt
+from gdpo_ray.forks import fork_context
 from gdpo_ray.groups import describe_groups
 from gdpo_ray.rewards import TrainerState, completion_text
 
@@ -117,9 +118,15 @@ class RolloutActor:
         self.engine = make_engine(engine, model_path, mode=mode, seed=seed, **engine_kwargs, **extra)
         self.sampler = SAMPLERS[mode](self.engine, group_size, self._admit)
         self.tokenizer = self.engine.tokenizer
-        self.tools = None if environment is None else ToolEnvironment(environment, self.tokenizer, max_turns,
-                                                                     tool_timeout, tools_in_system_prompt)
+        if environment is not None:  # before the reward pool starts the fork server they share
+            fork_context(preloaded_modules(environment))
         self.rewards = RewardPool(rewards, num_workers=reward_workers or num_threads) if rewards else None
+        self.tools = None
+        if environment is not None:
+            specs = self.rewards.specs if self.rewards else []
+            self.tools = ToolEnvironment(environment, self.tokenizer, max_turns, tool_timeout, tools_in_system_prompt,
+                                         readers=[s for s in specs if s.name in self.rewards.local],
+                                         floors={s.name: s.floor or 0.0 for s in specs})
         self.version, self.channel = 0, None
         self._open: dict[str, list] = {}  # group_id -> [version its first request entered at or None, task]
         self._push = asyncio.Lock()
@@ -218,6 +225,8 @@ class RolloutActor:
                 async with self.sampler.exclusive():
                     sent = await load()
                 self.version = int(version)
+                if self.tools is not None:  # a new step: environments that could not start are tried again
+                    self.tools.new_step()
                 oldest = self.version - self.max_staleness
                 for started, task in list(self._open.values()):
                     if started is not None and started < oldest:
@@ -447,9 +456,12 @@ class RolloutActor:
         ids_out, state = [list(t.tokens) for t in flat], TrainerState(global_step=version)
         given = None
         if self.tools is not None:  # the environments' columns, and the rewards that read them
-            instances = [t.session.instance if t.session else None for t in flat]
             given = self.tools.rewards(flat, self.rewards.environment_columns)
-            given |= self.rewards.score_local(instances, prompts_in, completions, columns, ids_out, state)
+            rows = [{**{name: [values[i]] for name, values in columns.items()}, "prompts": [prompts_in[i]],
+                     "completions": [completions[i]], "completion_ids": [ids_out[i]], "trainer_state": state}
+                    for i in range(len(flat))]
+            limits = {name: self.rewards.timeouts[self.rewards.names.index(name)] for name in self.rewards.local}
+            given |= self.tools.read(flat, rows, limits)
         return self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
                                   trainer_state=state, given=given)
 

@@ -15,23 +15,30 @@ user message where the model answered without a call, until the environment has 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.batch import Turns
-from gdpo_ray.environments.session import ToolAnswer, ToolSession
+from gdpo_ray.environments.process import EnvironmentProcess, Raised, Session, Stopped, payload_of, started
+from gdpo_ray.environments.session import ToolAnswer
 from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
-from gdpo_ray.rewards import NOT_APPLICABLE
-from gdpo_ray.tool_format import ToolCall, parse_tool_calls
 from gdpo_ray.environments.tool_prompt import in_system
 from gdpo_ray.environments.tool_turns import ToolTurns
+from gdpo_ray.forks import fork_context
+from gdpo_ray.reaper import Reaper
+from gdpo_ray.rewards import NOT_APPLICABLE
+from gdpo_ray.tool_format import ToolCall, parse_tool_calls
+
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class Trajectory:
     """One rollout's tokens after the prompt and what happened in it."""
 
-    session: ToolSession | None  # None: the environment failed to start (its rewards are NaN)
+    session: Session | None  # None: the environment failed to start (its rewards are NaN), or released
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     mask: list[int] = dataclasses.field(default_factory=list)  # 1: sampled by the policy
@@ -41,7 +48,7 @@ class Trajectory:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0  # failed calls of any kind, timeouts included
-    tool_timeouts: int = 0
+    tool_timeouts: int = 0  # calls killed at generation.tool_timeout
     failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
     schemas: list[dict] | None = None  # this rollout's tools, where they depend on its row
     environment: str | None = None  # its class's name in TRL's dict form (None: the one class)
@@ -123,28 +130,47 @@ def next_message(t: Trajectory, text: str | None, failure: str | None, tool_turn
     t.append(ids, None)
 
 
-#: threads running environments' resets, tool calls and rewards (each rollout's in its order)
-ENV_THREADS = 16
+#: threads waiting on environment processes (each wait bounded by ``generation.tool_timeout``)
+ENV_THREADS = 32
+#: idle environment processes kept per class for later rollouts (the rest are ended)
+MAX_IDLE = 64
 
 
 class ToolEnvironment:
     """A rollout actor's environment classes (``data.tool_environment``: one, or TRL's dict form,
     each row naming its class in its ``environment`` column) and what its multi-turn rollouts
-    need: the tool turns' template, the turn limit, the tools' time limit, a thread pool, and
-    whether the tools are written into the system message (``tools_in_system_prompt``:
+    need: the tool turns' template, the turn limit, the tools' time limit, and whether the tools
+    are written into the system message (``tools_in_system_prompt``:
     ``gdpo_ray.environments.tool_prompt``).
-    Instances are made once and reset often, as TRL pools them: a rollout's instance is reused by
-    a later rollout of its class once its rewards are read (``release``), unless it hung or
-    failed to reset."""
+
+    Each rollout's instance lives in a process of its own (``gdpo_ray.environments.process``),
+    which runs every call of the environment's code and is killed when one runs past
+    ``timeout_s``. Instances are made once and reset often, as TRL pools them: a rollout's
+    process serves a later rollout of its class once its rewards are read (``release``), unless
+    it was killed or failed to reset. ``readers``: the rewards that read the instances (TRL's
+    ``environments=``), run in the rollouts' processes; ``floors``: each column's value where the
+    rollout's own call stopped its environment (``RewardSpec.floor``).
+
+    An environment that cannot start (its process, ``__init__`` or ``reset`` past the limit) is
+    an infrastructure failure: the rollout's environment rewards are NaN (kind ``infra``), said
+    once, and the class (``__init__``) or the row (``reset``) is not tried again until the next
+    step (``new_step``)."""
 
     def __init__(self, setting: str | Mapping[str, str], tokenizer: Any, max_turns: int, timeout_s: float,
-                 tools_in_system_prompt: str = "auto") -> None:
-        self.specs = {name: load_environment(path) for name, path in environment_paths(setting).items()}
+                 tools_in_system_prompt: str = "auto", readers: Sequence[Any] = (),
+                 floors: Mapping[str, float] | None = None) -> None:
+        self.specs = {name: load_environment(path, timeout_s) for name, path in environment_paths(setting).items()}
         self.tool_turns, self.max_turns, self.timeout_s = ToolTurns(tokenizer), max_turns, timeout_s
         self.in_system = in_system(tools_in_system_prompt, tokenizer)
+        self.readers, self.floors = list(readers), dict(floors or {})
+        self._ctx = fork_context(preloaded_modules(setting))
+        self._payloads = {name: payload_of(spec, self.readers) for name, spec in self.specs.items()}
         self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
-        self._idle: dict[str | None, list[Any]] = {name: [] for name in self.specs}  # rollouts over
+        self._idle: dict[str | None, list[EnvironmentProcess]] = {name: [] for name in self.specs}
+        self._processes: set[EnvironmentProcess] = set()  # every one not yet ended
+        self._down: dict[tuple, str] = {}  # (class,) or (class, row): why it could not start, this step
         self._lock = threading.Lock()
+        self._reaper = Reaper()  # kills the processes where this process ends without ``close``
 
     @property
     def schemas(self) -> list[dict]:
@@ -169,20 +195,49 @@ class ToolEnvironment:
             if name not in self.specs:
                 return Trajectory(None, failed=("error", f"the row's {ROW_COLUMN!r} is {name!r}, not one of "
                                                          f"data.tool_environment's {sorted(self.specs)}")), None
-        spec = self.specs[name]
-        try:
+        spec, key = self.specs[name], _row_key(row)
+        label = spec.cls.__name__
+        down = self._down.get((name,)) or self._down.get((name, key))
+        if down is not None:
+            return Trajectory(None, failed=("infra", down), environment=name), None
+        with self._lock:
+            process = self._idle[name].pop() if self._idle[name] else None
+        if process is None:
+            process, kind, why = started(self._ctx, self._payloads[name], self.timeout_s, self._reaper)
+            if process is None:
+                if kind == "infra":
+                    why = f"environment {label}: {why}"
+                    self._trip((name,), why)
+                return Trajectory(None, failed=(kind, why), environment=name), None
             with self._lock:
-                instance = self._idle[name].pop() if self._idle[name] else None
-            session = ToolSession(instance if instance is not None else spec.new(), spec.tools,
-                                  self.timeout_s, spec.dynamic)
-            observation = session.reset(row)
-            schemas = session.schemas() if spec.dynamic else None if name is None else list(spec.schemas)
-            return Trajectory(session, schemas=schemas, environment=name), observation
-        except TimeoutError as err:
-            return Trajectory(None, failed=("timeout", f"reset: {err}"), environment=name), None
-        except Exception as err:  # noqa: BLE001 - the rollout goes on; its environment rewards are NaN
-            return Trajectory(None, failed=("error", f"the environment failed to start: {type(err).__name__}: {err}"[:500]),
+                self._processes.add(process)
+        try:
+            observation, schemas = process.ask(("reset", row), self.timeout_s)
+        except Raised as err:
+            self._end(process)
+            return Trajectory(None, failed=("error", f"the environment failed to start: reset raised {err}"),
                               environment=name), None
+        except Stopped as err:
+            self._end(process)
+            why = f"environment {label}: reset {err.text}"
+            self._trip((name, key), why)
+            return Trajectory(None, failed=("infra", why), environment=name), None
+        schemas = schemas if spec.dynamic else None if name is None else list(spec.schemas)
+        return Trajectory(Session(process, self.timeout_s, spec.converses), schemas=schemas,
+                          environment=name), observation
+
+    def _trip(self, key: tuple, why: str) -> None:
+        with self._lock:
+            if key in self._down:
+                return
+            self._down[key] = why
+        logger.warning("%s: its rollouts' environment rewards are NaN (infra), and it is not tried again "
+                       "until the next step", why)
+
+    def new_step(self) -> None:
+        """Environments that could not start are tried again."""
+        with self._lock:
+            self._down.clear()
 
     def rewards(self, trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, tuple]:
         """The environments' columns ``names`` over the rollouts, as ``RewardPool.score`` takes them
@@ -190,25 +245,52 @@ class ToolEnvironment:
         if not names:
             return {}
         per_rollout = list(self.pool.map(lambda t: self._rewards(t, names), trajectories))
-        return {name: tuple(list(col) for col in zip(*(r[k] for r in per_rollout))) for k, name in enumerate(names)}
+        return _columns(names, per_rollout)
 
     def _rewards(self, t: Trajectory, names: Sequence[str]) -> list[tuple[float, str, str]]:
         if t.failed is not None:
             return [(float("nan"), *t.failed)] * len(names)
         spec = self.specs[t.environment]
         if t.environment is None:
-            return t.session.rewards(names, spec.reward_getter)
+            return t.session.rewards(names, spec.reward_getter, self.floors)
         if spec.reward_getter is None:
             return [(float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which has no reward")] * len(names)
-        return t.session.rewards(names, spec.reward_getter, partial=t.environment, column=spec.cls.__name__)
+        return t.session.rewards(names, spec.reward_getter, self.floors, partial=t.environment,
+                                 column=spec.cls.__name__)
+
+    def read(self, trajectories: Sequence[Trajectory], rows: Sequence[dict],
+             limits: Mapping[str, float]) -> dict[str, tuple]:
+        """The rewards that read the instances (``readers``), each called on one rollout in its
+        process with its keywords ``rows[i]`` (lists of one), within ``limits[name]``; as
+        ``rewards`` gives columns. A rollout whose environment failed to start: NaN, its failure."""
+        names = [s.name for s in self.readers]
+        if not names:
+            return {}
+
+        def one(t: Trajectory, kwargs: dict) -> list[tuple[float, str, str]]:
+            if t.failed is not None:
+                return [(float("nan"), *t.failed)] * len(names)
+            return [t.session.score(name, kwargs, limits[name], self.floors.get(name, 0.0)) for name in names]
+
+        return _columns(names, list(self.pool.map(one, trajectories, rows)))
 
     def release(self, trajectories: Sequence[Trajectory]) -> None:
-        """The instances of finished rollouts, for later rollouts (not one that hung: its state is
-        unknown, and a thread may still be running in it)."""
+        """The processes of finished rollouts, for later rollouts (not one that was killed or
+        stopped: its instance's state is unknown)."""
+        for t in trajectories:
+            session, t.session = t.session, None
+            if session is None:
+                continue
+            if session.stopped is None and session.process.idle and len(self._idle[t.environment]) < MAX_IDLE:
+                with self._lock:
+                    self._idle[t.environment].append(session.process)
+            else:
+                self._end(session.process)
+
+    def _end(self, process: EnvironmentProcess) -> None:
+        process.close()
         with self._lock:
-            for t in trajectories:
-                if t.session is not None and t.session.hung is None:
-                    self._idle[t.environment].append(t.session.instance)
+            self._processes.discard(process)
 
     @staticmethod
     def turns(trajectories: Sequence[Trajectory], prompt_ids: Sequence[list[int]]) -> Turns:
@@ -217,7 +299,29 @@ class ToolEnvironment:
                      [t.tool_timeouts for t in trajectories], [list(p) for p in prompt_ids])
 
     def close(self) -> None:
+        """Ends every environment process, idle or not (a rollout still running is cut off)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            processes, self._processes = list(self._processes), set()
+            self._idle = {name: [] for name in self.specs}
+        for process in processes:
+            process.kill()
+        self._reaper.close()
+
+
+def preloaded_modules(setting: str | Mapping[str, str]) -> list[str]:
+    """What an environment process runs (the fork server imports it before any process forks:
+    ``gdpo_ray.forks.fork_context``)."""
+    paths = environment_paths(setting).values()
+    return ["gdpo_ray.environments.process", *(p.split(":")[0] for p in paths if not p.startswith("__main__:"))]
+
+
+def _row_key(row: Mapping[str, Any]) -> str:
+    return repr(sorted(row.items(), key=lambda item: str(item[0])))[:10_000]
+
+
+def _columns(names: Sequence[str], per_rollout: Sequence[list]) -> dict[str, tuple]:
+    return {name: tuple(list(col) for col in zip(*(r[k] for r in per_rollout))) for k, name in enumerate(names)}
 
 
 def with_observation(prompt: str | list, observation: str | None) -> str | list:

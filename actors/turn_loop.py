@@ -18,8 +18,10 @@ A rollout (``Rollout``) moves through these states, each a handler of ``TurnLoop
   (``sampling.max_tokens`` bounds the whole trajectory, tool turns included), or an engine that
   stopped it. A single-turn sample is a one-turn trajectory: generating, then done.
 
-Where the next changes plug in: ``_environment`` is the one place environment code runs (a
-thread of the environments' pool today); ``Rollout.key`` names a rollout across its turns (what
+Where the next changes plug in: ``_environment`` is the one place environment code is called
+(each call a request to the rollout's environment process, ``actors.tool_loop.ToolEnvironment``,
+waited for on a thread of its pool, so the engine decodes the other rollouts meanwhile);
+``Rollout.key`` names a rollout across its turns (what
 a cache kept across turns is looked up by); a rollout's scoring happens once it is done, in
 ``actors.rollout.RolloutActor.score``.
 """
@@ -118,8 +120,8 @@ class TurnLoop:
         return DONE if t.done else GENERATING
 
     async def _environment(self, fn: Callable, *args: Any) -> Any:
-        """Environment code (reset, tool calls, next messages), off the event loop: the engine
-        decodes the other rollouts meanwhile."""
+        """Environment code (reset, tool calls, next messages), in the rollout's environment
+        process, waited for off the event loop: the engine decodes the other rollouts meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self.tools.pool, fn, *args)
 
 

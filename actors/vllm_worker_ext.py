@@ -9,15 +9,23 @@ arguments in the engine core, and tensors that arrived zero-copy cannot be pickl
 ``reload_weights``.
 
 ``gdpo_weight_digests`` reads back what the worker computes with, for the attestation of a push
-(``gdpo_ray.weights.digest``): the model's parameters, and the LoRA weights of an adapter as
-vLLM's LoRA manager holds them in the slot its kernels read. Where the worker holds several
-pushed tensors as one (vLLM's ``qkv_proj`` = q, k, v; ``gate_up_proj`` = gate, up; vocabulary
-padding rows are zeros), that one's digest is reported under the pushed names joined by
-``digest.FUSED``. On CPU, vLLM packs each linear layer's weight for its GEMM kernel (oneDNN, or
+(``gdpo_ray.weights.digest``: a digest of every element's value and position): the model's
+parameters, and the LoRA weights of an adapter as vLLM's LoRA manager holds them in the slot its
+kernels read. Where the worker holds several pushed tensors as one (vLLM's ``qkv_proj`` = q, k,
+v; ``gate_up_proj`` = gate, up), that one's digest is reported under the pushed names joined by
+``digest.FUSED`` in the order the parameter holds them (the model's ``packed_modules_mapping``),
+and the driver places each part by its sent shape; vocabulary padding rows are zeros, which add
+nothing. On CPU, vLLM packs each linear layer's weight for its GEMM kernel (oneDNN, or
 sgl's AMX packing) and frees the parameter (it becomes an empty tensor): such a weight is read
-back through the layer's own kernel, ``cpu_linear(I) = W^T`` for an identity ``I`` (exact: every
+back through the layer's own kernel, ``cpu_linear(I) = W^T`` for an identity ``I``, a block of
+columns at a time, each digested where it sits in ``W`` (exact: every
 output element is one weight times 1 plus exact zeros; the one value that does not survive is a
--0.0 weight, read back as +0.0). LoRA: vLLM merges the scale into lora_B as it loads an adapter
+-0.0 weight, read back as +0.0). A slot is ``max_lora_rank`` wide: lora_B's first ``r`` columns
+(the adapter's rank, from vLLM's copy of the adapter) are digested as the sent ``[out, r]``
+tensor, the rest where zeros add nothing and anything else shows; lora_A's rows past ``r`` are
+zeros after its end. A PEFT module vLLM splits over several slices (one fused qkv adapter on a
+3-slice layer) is read back slice by slice, lora_B's rows each at their place, lora_A (which
+every slice repeats) once. LoRA: vLLM merges the scale into lora_B as it loads an adapter
 (``lora_b *= lora_alpha / r``), so lora_B is read back as ``held / scale``, exact when the scale
 is a power of two (1, 2, 0.5, ...). For any other scale ``B`` cannot be recovered bit for bit
 from ``fl(B * scale)`` (about 15% of the elements differ by one ulp); there the worker checks
@@ -99,42 +107,57 @@ def param_digests(model: Any, sent: dict[str, str]) -> dict[str, int]:
 
     params = {name.replace(".base_layer.", "."): (name, p)
               for name, p in model.named_parameters(remove_duplicate=False)}
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[tuple[int, str]]] = {}
     for name in sent:
-        target = vllm_param_name(model, name, params)
-        if target is not None:
-            groups.setdefault(target, []).append(name)
+        found = vllm_param_name(model, name, params)
+        if found is not None:
+            target, place = found
+            groups.setdefault(target, []).append((place, name))
     held = {}
-    for target, names in groups.items():
+    for target, placed in groups.items():
+        names = [name for _, name in sorted(placed)]  # as the parameter holds them: q, k, v
         full_name, p = params[target]
         held[FUSED.join(names)] = held_digest(model, full_name, p, sent[names[0]], digest_as)
     return held
 
 
-def vllm_param_name(model: Any, name: str, params: dict) -> str | None:
-    """The name of the vLLM parameter that holds checkpoint tensor ``name`` (the model's
-    ``hf_to_vllm_mapper``, then its ``packed_modules_mapping``), or None where it holds none."""
+def vllm_param_name(model: Any, name: str, params: dict) -> tuple[str, int] | None:
+    """(the name of the vLLM parameter that holds checkpoint tensor ``name``, from the model's
+    ``hf_to_vllm_mapper``, then its ``packed_modules_mapping``; the place of ``name`` among the
+    tensors packed into it, by that mapping: q, k, v = 0, 1, 2), or None where it holds none."""
+    place = packed_place(model, name)
     if name in params:
-        return name
+        return name, 0
     mapper = getattr(model, "hf_to_vllm_mapper", None)
     if mapper is not None:
         mapped = (mapper.map_name if hasattr(mapper, "map_name") else mapper._map_name)(name)
         if mapped is None:
             return None
         if mapped in params:
-            return mapped
+            return mapped, place
         name = mapped
     for packed, parts in (getattr(model, "packed_modules_mapping", None) or {}).items():
         for part in parts:
             candidate = name.replace(f".{part}.", f".{packed}.", 1)
             if candidate != name and candidate in params:
-                return candidate
+                return candidate, place
     return None
+
+
+def packed_place(model: Any, name: str) -> int:
+    """The index of checkpoint tensor ``name``'s module among those vLLM packs into one
+    parameter (the model's ``packed_modules_mapping``, in the order the parameter holds them:
+    the order its LoRA slices follow too); 0 for a module packed with none."""
+    for parts in (getattr(model, "packed_modules_mapping", None) or {}).values():
+        for place, part in enumerate(parts):
+            if f".{part}." in name:
+                return place
+    return 0
 
 
 def held_digest(model: Any, full_name: str, param: Any, dtype: str, digest_as: Any) -> int:
     """A parameter's digest as ``dtype``; a CPU linear weight vLLM packed (and emptied) is read
-    back through the layer's kernel (module docstring)."""
+    back through the layer's kernel, a block of columns at a time (module docstring)."""
     if param.numel() > 0 or not full_name.endswith(".weight"):
         return digest_as(param.data, dtype)
     layer = model.get_submodule(full_name.rpartition(".")[0])
@@ -151,7 +174,8 @@ def held_digest(model: Any, full_name: str, param: Any, dtype: str, digest_as: A
             n = min(rows, k - start)
             probe = torch.zeros(n, k, dtype=kind)
             probe[torch.arange(n), torch.arange(start, start + n)] = 1
-            total += digest_as(layer.cpu_linear(probe, layer.weight, None), dtype)  # = W[:, start:start+n]^T
+            columns = layer.cpu_linear(probe, layer.weight, None).t()  # = W[:, start:start+n]
+            total += digest_as(columns, dtype, start, k)  # where those columns sit in W
     return total % MOD
 
 
@@ -183,7 +207,9 @@ def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
         except ValueError:
             continue
     exact_b = math.frexp(scale)[0] == 0.5  # a power of two: held / scale is exact
-    held = {}
+    adapter = manager.list_adapters().get(lora_id)
+    held: dict[str, int] = {}
+    b_rows: dict[str, int] = {}  # lora_B rows read back so far (a module over several slices)
     for module_name, module in manager.modules.items():
         a_stacked, b_stacked = getattr(module, "lora_a_stacked", None), getattr(module, "lora_b_stacked", None)
         if not isinstance(a_stacked, (tuple, list)) or not isinstance(b_stacked, (tuple, list)):
@@ -191,7 +217,8 @@ def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
         parts = manager.packed_modules.get(module_name, [module_name])
         if len(parts) != len(a_stacked):
             parts = [module_name] * len(a_stacked)
-        for part, a, b in zip(parts, a_stacked, b_stacked):
+        ranks = adapter_ranks(manager, adapter, module_name, len(a_stacked))
+        for part, a, b, rank in zip(parts, a_stacked, b_stacked, ranks):
             for is_a, tensor in ((True, a[slot]), (False, b[slot])):
                 name = wanted.get((part, is_a))
                 if name is None:  # no pushed tensor is held here: it must hold zeros
@@ -200,15 +227,49 @@ def lora_digests(worker_manager: Any, model: Any, lora_id: int, scale: float,
                         kind = str(tensor.dtype).removeprefix("torch.")
                         held[name] = (held.get(name, 0) + digest_as(tensor, kind)) % MOD
                     continue
-                if not is_a:
-                    if exact_b:
-                        tensor = tensor / scale if scale != 1 else tensor
-                    elif path is None:
-                        continue
-                    else:
-                        tensor = scaled_back(tensor, scale, name, path)
-                held[name] = (held.get(name, 0) + digest_as(tensor, sent[name])) % MOD
+                if is_a:  # [1, max_rank, in]: rows past the rank are zeros past A's end
+                    if name not in held:  # every slice of one module repeats its A
+                        held[name] = digest_as(tensor, sent[name])
+                    continue
+                if exact_b:
+                    tensor = tensor / scale if scale != 1 else tensor
+                elif path is None:
+                    continue
+                else:
+                    tensor = scaled_back(tensor, scale, name, path)
+                first = b_rows.get(name, 0)
+                b_rows[name] = first + tensor.shape[-2]
+                held[name] = (held.get(name, 0) + b_digest(tensor, rank, sent[name], first, digest_as)) % MOD
     return held
+
+
+PADDING_AT = 1 << 60  # where a slot's columns past the rank are digested: beyond any tensor's end
+
+
+def adapter_ranks(manager: Any, adapter: Any, module_name: str, count: int) -> list[int | None]:
+    """The rank of each of a LoRA module's ``count`` slices in vLLM's copy of ``adapter`` (its
+    lora_A's rows), None where vLLM holds none or it is not known (a slot then counts as the
+    adapter's own width)."""
+    find = getattr(manager, "_get_lora_layer_weights", None)
+    weights = None if adapter is None else (find(adapter, module_name) if find else adapter.get_lora(module_name))
+    a = getattr(weights, "lora_a", None)
+    a = list(a) if isinstance(a, (list, tuple)) else [a] * count
+    ranks = [None if t is None else int(t.shape[0]) for t in a]
+    return ranks if len(ranks) == count else [None] * count
+
+
+def b_digest(tensor: Any, rank: int | None, dtype: str, first_row: int, digest_as: Any) -> int:
+    """lora_B as sent (``[out, rank]``; its rows from ``first_row`` on, for one of several
+    slices) from a slot ``[1, out, max_rank]`` (or the adapter file's ``[out, rank]``): the
+    first ``rank`` columns where they sit in the sent tensor, the columns past them where zeros
+    add nothing and anything else changes the digest."""
+    width = tensor.shape[-1]
+    rank = width if rank is None or rank > width else rank
+    rows = tensor.reshape(-1, width)
+    total = digest_as(rows[:, :rank], dtype, first_row * rank, rank)
+    if rank < width:
+        total += digest_as(rows[:, rank:], dtype, PADDING_AT + first_row * (width - rank), width - rank)
+    return total % MOD
 
 
 def scaled_back(held: Any, scale: float, name: str, path: str) -> Any:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -48,8 +49,9 @@ SLOW = "benchmarks.agent:SlowArithmetic"
 
 
 class SlowArithmetic:
-    """The agent preset's calculator whose tools each take ``DELAY_S`` (``$SLOW_TOOL_MS`` in a
-    rollout actor); each tool keeps ``Arithmetic``'s docstring, which its schema is built from."""
+    """The agent preset's calculator whose tools each take ``DELAY_S`` (``$SLOW_TOOL_MS``, read
+    where the environment processes import the class); each tool keeps ``Arithmetic``'s
+    docstring, which its schema is built from."""
 
     DELAY_S = float(__import__("os").environ.get("SLOW_TOOL_MS", 20)) / 1000
 
@@ -84,27 +86,25 @@ class TimedEngine:
             self.busy_s += time.perf_counter() - start
 
 
-def rollouts(engine, environment: str, rows: list[dict], g: int, max_tokens: int) -> tuple[float, int, float]:
+def rollouts(engine, tools, rows: list[dict], g: int, max_tokens: int) -> tuple[float, int, float]:
     """(wall seconds, trajectory tokens, engine busy seconds) of G multi-turn rollouts per row,
-    through the rollout actors' turn loop and a batched round."""
+    through the rollout actors' turn loop and a batched round, on ``tools`` (an
+    ``actors.tool_loop.ToolEnvironment``: its processes serve the next call, as in training)."""
     import asyncio
 
     from actors.engines import SamplingParams
     from actors.samplers import Round
-    from actors.tool_loop import ToolEnvironment
     from actors.turn_loop import Rollout, TurnLoop
 
     timed = TimedEngine(engine)
-    tools = ToolEnvironment(environment, engine.tokenizer, 4, 30.0)
-    try:
-        start = time.perf_counter()
-        todo = [Rollout(k, dict(r), r["prompt"]) for k, r in enumerate(r for r in rows for _ in range(g))]
-        loop = TurnLoop(Round(timed, len(todo)), engine.tokenizer, lambda p, schemas: _prompt(engine.tokenizer, p, schemas),
-                        tools, SamplingParams(temperature=1.0, max_tokens=max_tokens))
-        asyncio.run(loop.run(todo))
-        return time.perf_counter() - start, sum(len(r.trajectory.tokens) for r in todo), timed.busy_s
-    finally:
-        tools.close()
+    start = time.perf_counter()
+    todo = [Rollout(k, dict(r), r["prompt"]) for k, r in enumerate(r for r in rows for _ in range(g))]
+    loop = TurnLoop(Round(timed, len(todo)), engine.tokenizer, lambda p, schemas: _prompt(engine.tokenizer, p, schemas),
+                    tools, SamplingParams(temperature=1.0, max_tokens=max_tokens))
+    asyncio.run(loop.run(todo))
+    wall = time.perf_counter() - start
+    tools.release([r.trajectory for r in todo])
+    return wall, sum(len(r.trajectory.tokens) for r in todo), timed.busy_s
 
 
 def _prompt(tokenizer, messages, schemas) -> list[int]:
@@ -195,7 +195,7 @@ def main() -> None:
     from gdpo_ray.models.demo_agent import ENVIRONMENT, RECIPE, agent_model_dir, build_untrained
 
     torch.set_num_threads(1)
-    SlowArithmetic.DELAY_S = args.tool_ms / 1000
+    os.environ["SLOW_TOOL_MS"] = str(args.tool_ms)  # read where the environment processes import the class
     rows = tool_arithmetic(args.prompts, seed=7)
     kwargs = ({"dtype": "float32", "max_model_len": 1024, "enforce_eager": True, "enable_prefix_caching": True}
               if args.engine == "vllm" else {})
@@ -205,18 +205,24 @@ def main() -> None:
     untrained = make_engine(args.engine, str(untrained_dir), mode="batched", seed=0, **kwargs)
     schemas = list(load_environment(ENVIRONMENT).schemas)
     prompts = [_prompt(untrained.tokenizer, r["prompt"], schemas) for r in rows]
-    rollouts(trained, ENVIRONMENT, rows[:2], 2, args.max_tokens)  # warm up both
+    from actors.tool_loop import ToolEnvironment
+
+    tools = {path: ToolEnvironment(path, trained.tokenizer, 4, 30.0) for path in (ENVIRONMENT, SLOW)}
+    for environment in tools.values():  # warm up: the engines, and a process per rollout
+        rollouts(trained, environment, rows, args.group_size, args.max_tokens)
     single_turn(untrained, prompts[:2], 2, 8)
     multi, single, idle, lengths = [], [], [], []
     for _ in range(args.repeats):
-        wall, tokens, _ = rollouts(trained, ENVIRONMENT, rows, args.group_size, args.max_tokens)
+        wall, tokens, _ = rollouts(trained, tools[ENVIRONMENT], rows, args.group_size, args.max_tokens)
         multi.append(tokens / wall)
         length = max(1, round(tokens / (len(rows) * args.group_size)))
         lengths.append(length)
         wall_1, tokens_1 = single_turn(untrained, prompts, args.group_size, length)
         single.append(tokens_1 / wall_1)
-        wall_s, _, busy = rollouts(trained, SLOW, rows, args.group_size, args.max_tokens)
+        wall_s, _, busy = rollouts(trained, tools[SLOW], rows, args.group_size, args.max_tokens)
         idle.append(1 - busy / wall_s)
+    for environment in tools.values():
+        environment.close()
     out = {"multi_turn_tokens_per_s": max(multi), "single_turn_tokens_per_s": max(single),
            "multi_over_single": max(multi) / max(single), "mean_trajectory_tokens": float(sum(lengths) / len(lengths)),
            "engine_idle_fraction_batched": min(idle), "tool_ms": args.tool_ms,

@@ -7,9 +7,16 @@ actors report the new version, against one plain memory copy of the model's byte
 the same with the prefix ``broadcast_`` for the collective path (``BroadcastTransport``: gloo). One untimed push first warms
 the object store's memory.
 
+Every push is attested: the sender digests each tensor while packing and every actor digests what
+its engine holds (``gdpo_ray.weights.digest``). That pass alone is timed too, over the model's
+tensors on the host, against the same memcpy: digest_s and digest_over_memcpy; and with the digest
+of each tensor rounded to bfloat16 that a sender also takes for an engine holding bfloat16
+(vLLM's): rounded_digest_s and rounded_digest_over_memcpy.
+
 ``--device cuda`` (a GPU machine) times instead the NCCL broadcast (``BroadcastTransport`` from a
 learner on the GPU to hf engines on the GPU) to 1 and 2 actors, against one device-to-device copy
-of the model's bytes: nccl_ratio_to_copy_1, nccl_ratio_to_copy_2 and nccl_two_over_one. On one
+of the model's bytes: nccl_ratio_to_copy_1, nccl_ratio_to_copy_2 and nccl_two_over_one; the digest
+on the device against the same copy: nccl_digest_s, nccl_digest_over_copy. On one
 GPU the learner and actors share it, which NCCL allows from 2.30 on (NCCL_MULTI_RANK_GPU_ENABLE);
 with an older NCCL the run reports nccl_skipped.
 
@@ -72,6 +79,36 @@ def rollout_group(model: str, n: int, **options):
                         n, PromptSource([{"prompt": "hi"}]), ArrowBuffer(groups_per_step=1), **options)
 
 
+def best_of(repeats: int, run) -> float:
+    """The shortest of ``repeats`` timings of ``run()`` (which returns its own seconds)."""
+    return min(run() for _ in range(max(1, repeats)))
+
+
+def digest_timings(tensors: list, repeats: int, sync=lambda: None) -> dict[str, float]:
+    """Seconds for one digest pass over ``tensors`` (what each side of an attested push
+    computes), and with the bfloat16-rounded digest a sender also takes for a bfloat16 engine."""
+    from gdpo_ray.weights.digest import digest, rounded_digests
+
+    def plain() -> float:
+        sync()
+        start = time.perf_counter()
+        for t in tensors:
+            digest(t)
+        sync()
+        return time.perf_counter() - start
+
+    def rounded() -> float:
+        sync()
+        start = time.perf_counter()
+        for t in tensors:
+            digest(t)
+            rounded_digests(t, "float32", ("bfloat16",))
+        sync()
+        return time.perf_counter() - start
+
+    return {"digest_s": best_of(repeats, plain), "rounded_digest_s": best_of(repeats, rounded)}
+
+
 def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, float, int]:
     """(best push s, best copy s, last version): one untimed push, then ``args.repeats`` timed
     pushes (until every actor reports the version), each beside one timed ``copy()``. The
@@ -100,6 +137,7 @@ def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, 
 def measure_cpu(args, model: str) -> dict:
     """Object-store push and gloo broadcast against one host memcpy."""
     import ray
+    import torch
 
     from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport
     from learners.deepspeed_learner import LearnerConfig
@@ -108,7 +146,8 @@ def measure_cpu(args, model: str) -> dict:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2, digest_variants=()), num_learners=1)
-    params = sum(v.size for v in learners.get_weights().values())
+    weights = learners.get_weights()
+    params = sum(v.size for v in weights.values())
     model_bytes = params * 4
     source = np.ones(model_bytes, np.uint8)
     target = np.empty_like(source)
@@ -119,6 +158,15 @@ def measure_cpu(args, model: str) -> dict:
         return time.perf_counter() - start
 
     results: dict[str, float] = {"params_m": params / 1e6, "model_mb": model_bytes / 1e6}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the learners and actors that take the digests (training.num_threads)
+    results |= digest_timings([torch.from_numpy(v.copy()) for v in weights.values()], args.repeats)
+    torch.set_num_threads(threads)
+    copy = best_of(args.repeats, memcpy)
+    results["digest_memcpy_s"] = copy
+    results["digest_over_memcpy"] = results["digest_s"] / copy
+    results["rounded_digest_over_memcpy"] = results["rounded_digest_s"] / copy
+    del weights
     version = 0
     for n in (1, 2):
         rollouts = rollout_group(model, n)
@@ -170,7 +218,8 @@ def measure_nccl(args, model: str) -> dict:
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), MULTI_RANK_GPU_ENV: "1"}})
     learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=2, digest_variants=()), num_learners=1,
                             num_gpus_per_learner=share)
-    params = sum(v.size for v in learners.get_weights().values())
+    weights = [torch.from_numpy(v.copy()).cuda() for v in learners.get_weights().values()]
+    params = sum(t.numel() for t in weights)
     source = torch.ones(params * 4, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
 
@@ -182,6 +231,12 @@ def measure_nccl(args, model: str) -> dict:
         return time.perf_counter() - start
 
     results: dict = {"params_m": params / 1e6, "model_mb": params * 4 / 1e6}
+    on_device = digest_timings(weights, args.repeats, torch.cuda.synchronize)
+    copy = best_of(args.repeats, device_copy)
+    results |= {"nccl_digest_s": on_device["digest_s"], "nccl_digest_over_copy": on_device["digest_s"] / copy,
+                "nccl_rounded_digest_s": on_device["rounded_digest_s"],
+                "nccl_rounded_digest_over_copy": on_device["rounded_digest_s"] / copy}
+    del weights
     version = 0
     for n in (1, 2):
         rollouts = rollout_group(model, n, actor={"engine_kwargs": {"device": "cuda"}}, num_gpus=share)
@@ -209,6 +264,10 @@ def print_cpu(results: dict, repeats: int) -> None:
                   f"{results[f'{prefix}ratio_to_memcpy_{n}']:.1f}x one memcpy of the bytes "
                   f"({results[f'{prefix}memcpy_s_{n}']:.3f} s)")
         print(f"  {label:14s} 2 actors cost {results[f'{prefix}two_over_one']:.2f}x one actor (aim < 1.5)")
+    print(f"  digest of every tensor (each side of an attested push): {results['digest_s']:.3f} s = "
+          f"{results['digest_over_memcpy']:.1f}x one memcpy ({results['digest_memcpy_s']:.3f} s); with the "
+          f"bfloat16-rounded digest too: {results['rounded_digest_s']:.3f} s = "
+          f"{results['rounded_digest_over_memcpy']:.1f}x")
 
 
 def print_nccl(results: dict, repeats: int) -> None:
@@ -221,6 +280,9 @@ def print_nccl(results: dict, repeats: int) -> None:
         print(f"  {n} actor(s): {results[f'nccl_push_s_{n}']:.4f} s = {results[f'nccl_ratio_to_copy_{n}']:.1f}x "
               f"one device-to-device copy of the bytes ({results[f'nccl_copy_s_{n}'] * 1e3:.2f} ms)")
     print(f"  2 actors cost {results['nccl_two_over_one']:.2f}x one actor")
+    print(f"  digest of every tensor on the device: {results['nccl_digest_s'] * 1e3:.2f} ms = "
+          f"{results['nccl_digest_over_copy']:.1f}x one copy; with the bfloat16-rounded digest too: "
+          f"{results['nccl_rounded_digest_s'] * 1e3:.2f} ms = {results['nccl_rounded_digest_over_copy']:.1f}x")
 
 
 if __name__ == "__main__":

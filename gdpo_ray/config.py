@@ -46,7 +46,7 @@ FIELDS: dict[str, Field] = {
     "estimator": Field("training", "gdpo", "advantage estimator: gdpo, gdpo_no_std, grpo, grpo_no_std"),
     "group_size": Field("training", 8, "G, completions per prompt (>= 2)", at_least=2, why="every prompt needs a group of >= 2 completions to normalize"),
     "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)", at_least=1, why="a step trains on >= 1 prompt group"),
-    "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s}, ...]"),
+    "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s, floor}, ...]"),
     "reward_failure_limit": Field("training", 1.0, "stop the run when a reward fails (NaN) on at least this fraction of a step's rollouts ...", above=0, why="a fraction of a step's rollouts; > 1 turns the stop off"),
     "reward_failure_steps": Field("training", 2, "... for this many steps in a row (the error is shown; limit > 1 turns the stop off)", at_least=1, why="steps in a row at the failure limit before the run stops"),
     "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)", at_least=0),
@@ -82,6 +82,7 @@ FIELDS: dict[str, Field] = {
     "checkpoint_every": Field("training", 0, "steps between automatic checkpoints used to recover a dead learner (0: off)", at_least=0, why="0 turns automatic checkpoints off"),
     "checkpoint_dir": Field("training", None, "where automatic checkpoints go (default: a temporary folder)", "str?"),
     "keep_checkpoints": Field("training", None, "keep the newest N automatic step checkpoints, deleting older ones (None: all; the final checkpoint is always kept)", "int?", at_least=1),
+    "resume_without_manifest": Field("training", False, "resume (--resume, restore_from_path, Tune) a checkpoint that has no gdpo_manifest.json (written by an older gdpo-ray, or its manifest removed): its files are then checked for presence only, not against what was saved; false: such a checkpoint is refused"),
     "log_completions": Field("training", 0, "samples per step written to completions.jsonl in the run directory (prompt, completion, every reward, the advantage, the finish reason), and as a table to TensorBoard, wandb and MLflow where run.loggers has them (0: none)", at_least=0),
     "num_threads": Field("training", 1, "torch threads in every actor", at_least=1),
     "threads_alone": Field("training", None, "torch threads a learner takes while no rollout is in flight beside its update (the synchronous mode, or the staleness bound reached): the rollout actors' cores are idle then; for learners and rollout actors that share one machine's CPUs, e.g. 2 on 2 cores (None: training.num_threads, nothing lent)", "int?", at_least=1),
@@ -100,7 +101,7 @@ FIELDS: dict[str, Field] = {
     "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
     "max_turns": Field("generation", 10, "most model turns of a multi-turn rollout (data.tool_environment); max_tokens bounds the whole trajectory, tool turns included", at_least=1),
-    "tool_timeout": Field("generation", 30.0, "seconds an environment's tool call, reset or get_rewards may take; one past it is abandoned and counted", above=0, at_most=3600, why="a hung tool must not stall its rollout for longer than an hour"),
+    "tool_timeout": Field("generation", 30.0, "seconds any call of an environment's code (__init__, reset, a tool, next_message, get_rewards) may take; past it the process running it is killed and the call counted (docs/faults.md)", above=0, at_most=3600, why="a hung tool must not stall its rollout for longer than an hour"),
     "prompts_per_call": Field("generation", 1, "prompts per generate call of a rollout actor", at_least=1),
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
     "reward_workers": Field("generation", None, "reward scoring processes per rollout actor (None: training.num_threads, the cores the actor's threads take: scoring runs between its generation and the update)", "int?", at_least=1),
@@ -188,6 +189,29 @@ TRL_NAMES = {
 #: settings outside the GDPO and RLlib field tables: the ``run`` section's (``gdpo_ray.run.train``)
 RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy",
                 "loggers")
+
+
+def check_run_name(name: Any, output_dir: str = "runs") -> None:
+    """``run.name`` (None: a fresh ``<preset>-<time>``) is one plain folder name: the run
+    directory is ``<run.output_dir>/<run.name>``, so a path (``/tmp/x``, ``a/b``, ``..``) would put
+    the run outside ``run.output_dir`` or over another's; ValueError naming the rule and the fix."""
+    if name is None:
+        return
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"run.name must be a non-empty folder name (or null for <preset>-<time>); got {name!r}")
+    if "/" in name or "\\" in name:
+        head, _, tail = name.replace("\\", "/").rstrip("/").rpartition("/")
+        where = (head if name.startswith("/") else f"{output_dir.rstrip('/')}/{head}").rstrip("/") or "/"
+        raise ValueError(f"run.name must be a plain folder name, without / or \\: it is a folder of "
+                         f"run.output_dir ({output_dir}), not a path; got {name!r}. Say where the folder goes "
+                         f"with run.output_dir: run.output_dir={where} run.name={tail or '<name>'}")
+    if name in (".", ".."):
+        raise ValueError(f"run.name {name!r} is run.output_dir itself or its parent, not a folder of its own; "
+                         f"give the run a name (e.g. run.name=first-try)")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise ValueError(f"run.name must not hold control characters (NUL, newline, tab, ...); got {name!r}")
+    if len(name.encode()) > 255:
+        raise ValueError(f"run.name is {len(name.encode())} bytes long; a folder name holds at most 255")
 
 
 def field_lines(section: str | None = None) -> list[str]:

@@ -8,14 +8,17 @@ one JSON array), a Hugging Face ``datasets.Dataset``, an Arrow table or a list o
 returns ``Rows``: plain dicts, every row with the same keys (a key missing from a row is None
 there), and where each row came from, for messages. JSON lines are read one line at a time with
 Python's ``json`` (any row size works; there is no block size), strictly: NaN and Infinity are
-not JSON, text must be UTF-8. A file read once is not read again by the same process while it
-is unchanged (the start-up check and the run share it).
+not JSON, text must be UTF-8. A row may nest ``MAX_NESTING`` levels (objects and arrays inside
+one another, the row itself the first): a deeper one is refused when read, naming its line (or
+row) and column, whatever its depth; an Arrow column, by its type. A file read once is not read
+again by the same process while it is unchanged (the start-up check and the run share it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,11 @@ class Rows:
 
 _CACHE: dict[tuple, Rows] = {}
 
+#: how deep a row may nest (objects and arrays inside one another; the row itself is level 1).
+#: Python's json reader, pickle (which carries rows to the actors) and every walk of a value
+#: recurse once a level, and fail past ~1,000 levels with a RecursionError naming nothing
+MAX_NESTING = 100
+
 
 def read_dataset(data: Any) -> Rows:
     if isinstance(data, Rows):
@@ -58,6 +66,7 @@ def read_dataset(data: Any) -> Rows:
     if hasattr(data, "data") and hasattr(data.data, "table"):  # datasets.Dataset
         data = data.data.table
     if isinstance(data, pa.Table):
+        _check_nesting(data.schema, "the dataset")
         return _complete(data.to_pylist(), "the dataset", list(range(1, data.num_rows + 1)))
     if isinstance(data, list):
         for i, row in enumerate(data):
@@ -77,6 +86,7 @@ def _read_file(path: Path) -> Rows:
             table = pq.read_table(path)
         except Exception as err:  # noqa: BLE001 - pyarrow's error types vary
             raise ValueError(f"{path}: cannot be read as parquet ({type(err).__name__}: {err})") from None
+        _check_nesting(table.schema, str(path))
         return _complete(table.to_pylist(), str(path), list(range(1, table.num_rows + 1)))
     if path.suffix in (".jsonl", ".json"):
         with path.open("rb") as f:
@@ -99,6 +109,71 @@ def _parse(text: str, where: str) -> Any:
                          f"of a .jsonl file holds one JSON object") from None
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
+    except RecursionError:  # nested within MAX_NESTING, but read deep in a call stack
+        raise ValueError(f"{where}: nested too deep to be read here; flatten it") from None
+
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SQUARE = str.maketrans("{}", "[]")
+_TOKEN = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")(\s*:)?|[\[{]|[\]}]')
+
+
+def _may_nest_deeper(text: str, levels: int) -> bool:
+    """False where JSON ``text`` surely nests at most ``levels`` levels, found at the speed of C:
+    it has that few brackets, or its brackets outside strings lose their innermost pairs (one
+    level) ``levels`` times and are gone; brackets that do not pair are left for the parser."""
+    if text.count("[") + text.count("{") <= levels:
+        return False
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text)).translate(_SQUARE)
+    for _ in range(levels):
+        shorter = brackets.replace("[]", "")
+        if not shorter or len(shorter) == len(brackets):
+            return False
+        brackets = shorter
+    return True
+
+
+def _too_deep(text: str, levels: int, key_level: int) -> tuple[int, str | None] | None:
+    """Where JSON ``text`` first nests deeper than ``levels``: (the objects or arrays opened at
+    level 2 so far, i.e. the 1-based row of a JSON array; the last key seen at ``key_level``,
+    i.e. the row's column), or None. A scan of every token: for a text ``_may_nest_deeper``."""
+    depth, opened, key = 0, 0, None
+    for m in _TOKEN.finditer(text):
+        if m.group(1) is not None:
+            if m.group(2) and depth == key_level:
+                key = json.loads(m.group(1))
+        elif m.group() in "[{":
+            depth += 1
+            opened += depth == 2
+            if depth > levels:
+                return opened, key
+        else:
+            depth -= 1
+    return None
+
+
+def _check_nesting(schema: pa.Schema, source: str) -> None:
+    """Every column of an Arrow table nests at most ``MAX_NESTING`` levels with its row (a list,
+    a struct or a map is a level): its type says so for every row."""
+    for field in schema:
+        levels, todo = 1, [(field.type, 2)]
+        while todo:
+            kind, level = todo.pop()
+            if kind.num_fields:
+                levels = max(levels, level)
+                todo += [(kind.field(i).type, level + 1) for i in range(kind.num_fields)]
+            if levels > MAX_NESTING:
+                raise ValueError(f"{source}: column {field.name!r} nests more than {MAX_NESTING} levels "
+                                 f"(lists, structs and maps inside one another); a row may nest at most "
+                                 f"{MAX_NESTING}: flatten it (e.g. store the deep value as a JSON string)")
+
+
+def _deep_row(where: str, column: str | None) -> ValueError:
+    inside = f"column {column!r} " if column is not None else ""
+    return ValueError(f"{where}: {inside}nests more than {MAX_NESTING} levels (objects and arrays inside one "
+                      f"another); a row may nest at most {MAX_NESTING}: flatten it (e.g. store the deep value "
+                      f"as a JSON string)")
 
 
 def _read_json_lines(path: Path) -> Rows:
@@ -113,6 +188,8 @@ def _read_json_lines(path: Path) -> Rows:
             except UnicodeDecodeError as err:
                 raise ValueError(f"{where}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} "
                                  f"at column {err.start + 1}); save the file as UTF-8") from None
+            if _may_nest_deeper(text, MAX_NESTING) and (deep := _too_deep(text, MAX_NESTING, 1)):
+                raise _deep_row(where, deep[1])
             row = _parse(text, where)
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object {{\"prompt\": ...}}; got "
@@ -129,6 +206,8 @@ def _read_json_array(path: Path) -> Rows:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text (at byte {err.start}); save the file as UTF-8") from None
+    if _may_nest_deeper(text, MAX_NESTING + 1) and (deep := _too_deep(text, MAX_NESTING + 1, 2)):
+        raise _deep_row(f"{path}, row {deep[0]}", deep[1])  # the array is a level above its rows
     rows = _parse(text, str(path))
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{path}: a .json dataset is JSON lines or one array of objects")

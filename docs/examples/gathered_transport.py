@@ -27,7 +27,7 @@ class GatheredTransport:
         weights = self.learners.get_weights()  # {name: numpy array}, gathered on rank 0
         sent = Sent()
         sent.add(list(weights), [str(v.dtype) for v in weights.values()], [digest(v) for v in weights.values()],
-                 sum(v.nbytes for v in weights.values()))
+                 sum(v.nbytes for v in weights.values()), shapes=[v.shape for v in weights.values()])
         return Pushed(version, sent, buckets=ray.put(weights))
 
     def close(self) -> None:

@@ -28,8 +28,9 @@ string is parsed (``ast``) and must be one plain call ``name(...)`` whose argume
 literals (``ast.literal_eval``): an attribute, a nested call, a variable, ``*``/``**`` or an
 f-string is answered ``"Error during execution: not a plain call with literal arguments: ..."``
 and nothing runs. String arguments are passed as written (BFCL would rewrite ``ls(`` inside
-them; no ground-truth call has such a string). Three calls that would make ``MathAPI`` compute
-for minutes are answered with an error instead of running (``LIMITS``). Each call runs with the
+them; no ground-truth call has such a string). A call whose cost grows with an argument past what
+an evaluation can wait for is answered with an error and does not run (``GUARDS``; a thread or a
+signal cannot stop it, as it computes in C holding the GIL). Each call runs with the
 ``decimal`` context and ``mpmath`` precision of the process restored afterwards (``MathAPI``
 sets them globally; its results are the same, as it sets them before every use).
 
@@ -39,6 +40,32 @@ BFCL's ``populate_test_cases_with_predefined_functions`` and its Python hint mak
 which BFCL adds them back), and only the docs given from the start get the hint " Note that the
 provided function is in Python 3 syntax." (BFCL appends it after moving the missed ones aside).
 ``excluded_function`` is ignored, as BFCL 2026.3.23 ignores it.
+
+The guards (``GUARDS``), each answered ``"Error during execution: <method>: ..."`` naming the
+argument and the bound; BFCL's own classes would compute for minutes, fill the memory or loop
+forever:
+
+- ``MathAPI``: ``logarithm`` and ``square_root`` past ``PRECISION_DIGITS`` digits of precision
+  (mpmath, decimal); ``power`` and ``multiply`` of two integers whose result would have over
+  ``INT_BITS`` bits (Python writes no integer of over 4,300 decimal digits, about 14,300 bits,
+  so BFCL records those results as errors too, after computing them); ``round_number`` of an
+  integer to ``decimal_places`` below ``-MAX_ROUND_DIGITS`` (Python computes
+  ``10 ** -decimal_places``: ``round_number(number=5, decimal_places=-1000000000)`` ran for
+  minutes; BFCL would answer 0 when it returned) or of an integer over ``INT_BITS`` bits to
+  negative places (a long division);
+- ``GorillaFileSystem``: ``find`` and ``du`` of a tree with over ``MAX_WALK`` entries as they
+  walk it (``cp`` of a directory shares its subdirectories, so seven calls double the walk:
+  22 doublings took 7 s and 630 MB; a directory copied into itself is a cycle);
+- ``MessageAPI``: ``send_message`` once its ``MESSAGE_IDS`` ids are taken.
+
+Every other method of the eight classes was read for costs that grow with an argument and has
+none past the call's own length: arguments are literals (a decimal integer has at most 4,300
+digits; a hexadecimal one is as long as its text), and sums, comparisons, ``in``, sorting and
+string operations are linear in them or in the state the calls wrote
+(``TravelAPI.compute_exchange_rate`` repeats a string argument at most 110 times, its largest
+rate); no method loops on a count it is given. What is left (a long call text, many calls) is
+bounded where the calls run: the eval's killable scoring process
+(``gdpo_ray.eval.time_limit.ScoringPool``), a rollout's tool timeout.
 
 This module is the basement's: it imports nothing of the eval suites, actors or the driver;
 ``bfcl_eval`` is imported when an item is first built.
@@ -54,20 +81,27 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 ERROR_PREFIX = "Error during execution: "
 #: names BFCL refuses to run (its ``execute_multi_turn_func_call``), whatever they name
 BLOCKED = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
-#: (class, method, parameter) -> the largest value that runs: past it the method would compute
-#: for minutes (digits of precision for mpmath / decimal); a larger one is answered with an error
-LIMITS = {("MathAPI", "logarithm", "precision"): 10_000, ("MathAPI", "square_root", "precision"): 10_000}
-#: MathAPI.power of two integers: the largest result that is computed, in bits (exponent times
-#: the base's bit length)
-POWER_BITS = 1_000_000
+#: the most digits of precision ``MathAPI.logarithm`` (mpmath) and ``square_root`` (decimal)
+#: compute (~0.2 s at 10,000)
+PRECISION_DIGITS = 10_000
+#: the largest integer ``MathAPI`` computes, in bits: a power's, a product's, a rounding's
+#: ``10 ** -decimal_places`` or number (~0.05 s for ``3 ** 630_000``; a rounding at most ~0.6 s)
+INT_BITS = 1_000_000
+#: the most decimal places below zero an integer is rounded to: 10 ** 301_029 has INT_BITS bits
+MAX_ROUND_DIGITS = math.floor(INT_BITS * math.log10(2))
+#: the most entries ``GorillaFileSystem.find`` and ``du`` walk (BFCL's largest tree has 124)
+MAX_WALK = 100_000
+#: the message ids ``MessageAPI`` draws from (10000-99999): once all are taken it loops forever
+MESSAGE_IDS = 90_000
 _QUOTE = 80
 
 
@@ -163,21 +197,109 @@ def _precision_kept() -> Iterator[None]:
             mpmath.mp.prec = prec
 
 
-def _too_heavy(class_name: str, method: Any, name: str, args: tuple, kwargs: dict) -> str | None:
-    """Why a call must not run (``LIMITS``, ``POWER_BITS``), or None."""
-    try:
-        bound = inspect.signature(method).bind(*args, **kwargs).arguments
-    except TypeError:
-        return None  # the call itself raises BFCL's TypeError
-    for (cls, meth, param), limit in LIMITS.items():
-        value = bound.get(param)
-        if (cls, meth) == (class_name, name) and type(value) in (int, float) and value > limit:
-            return f"{name}: {param}={value} is over {limit:,}, the most this evaluation computes"
-    base, exponent = bound.get("base"), bound.get("exponent")
-    if (class_name, name) == ("MathAPI", "power") and type(base) is int and type(exponent) is int \
-            and abs(base) > 1 and exponent * abs(base).bit_length() > POWER_BITS:
-        return f"power: {base}**{exponent} has over {POWER_BITS:,} bits, more than this evaluation computes"
+def _integers(*values: Any) -> bool:
+    return all(isinstance(v, int) for v in values)  # bool too: it is an int to Python's arithmetic
+
+
+def _short(value: Any) -> str:
+    """An argument as the guards' messages quote it (a long integer by its size)."""
+    if isinstance(value, int) and abs(value).bit_length() > 64:
+        return f"<an integer of {abs(value).bit_length():,} bits>"
+    return repr(value)
+
+
+def _precision(instance: Any, args: Mapping[str, Any]) -> str | None:
+    value = args.get("precision")
+    if type(value) in (int, float) and value > PRECISION_DIGITS:
+        return f"precision={_short(value)} is over {PRECISION_DIGITS:,}, the most this evaluation computes"
     return None
+
+
+def _power(instance: Any, args: Mapping[str, Any]) -> str | None:
+    base, exponent = args.get("base"), args.get("exponent")
+    if _integers(base, exponent) and abs(base) > 1 and exponent * abs(base).bit_length() > INT_BITS:
+        return f"{_short(base)}**{_short(exponent)} has over {INT_BITS:,} bits, more than this evaluation computes"
+    return None
+
+
+def _multiply(instance: Any, args: Mapping[str, Any]) -> str | None:
+    a, b = args.get("a"), args.get("b")
+    if _integers(a, b) and a and b and abs(a).bit_length() + abs(b).bit_length() - 1 > INT_BITS:
+        return f"{_short(a)}*{_short(b)} has over {INT_BITS:,} bits, more than this evaluation computes"
+    return None
+
+
+def _round_number(instance: Any, args: Mapping[str, Any]) -> str | None:
+    number, places = args.get("number"), args.get("decimal_places", 0)
+    if not _integers(number, places) or places >= 0:
+        return None  # a float rounds in constant time; an int to places >= 0 is itself
+    if -places > MAX_ROUND_DIGITS:
+        return (f"decimal_places={_short(places)} is below -{MAX_ROUND_DIGITS:,}, the fewest this evaluation "
+                f"rounds an integer to (10**{_short(-places)} has over {INT_BITS:,} bits)")
+    if abs(number).bit_length() > INT_BITS:
+        return f"number has over {INT_BITS:,} bits, more than this evaluation rounds to negative decimal places"
+    return None
+
+
+def _entries_over(directory: Any, limit: int) -> bool:
+    """Whether a walk of ``directory`` (BFCL's ``find`` and ``du`` recurse into every
+    subdirectory, a shared one once per path to it) meets more than ``limit`` entries."""
+    stack, seen = [directory], 0
+    while stack:
+        for item in getattr(stack.pop(), "contents", {}).values():
+            seen += 1
+            if seen > limit:
+                return True
+            if hasattr(item, "contents"):
+                stack.append(item)
+    return False
+
+
+def _walk(instance: Any, args: Mapping[str, Any], name: str) -> str | None:
+    path = args.get("path", ".") if name == "find" else None
+    try:
+        start = instance._navigate_to_directory(path)
+    except Exception:  # noqa: BLE001 - a bad path: the call itself answers it
+        return None
+    if not isinstance(start, dict) and _entries_over(start, MAX_WALK):
+        return (f"the tree it would walk has over {MAX_WALK:,} entries (directories copied into one "
+                f"another), more than this evaluation walks")
+    return None
+
+
+def _send_message(instance: Any, args: Mapping[str, Any]) -> str | None:
+    ids = getattr(instance, "generated_ids", ())
+    if len(ids) >= MESSAGE_IDS and sum(isinstance(i, int) and 10_000 <= i <= 99_999 for i in ids) >= MESSAGE_IDS:
+        return f"all {MESSAGE_IDS:,} message ids are taken (MessageAPI would draw a free one forever)"
+    return None
+
+
+#: (class, method) -> a check of the instance and the call's bound arguments: why the call must
+#: not run, or None
+GUARDS: dict[tuple[str, str], Callable[[Any, Mapping[str, Any]], str | None]] = {
+    ("MathAPI", "logarithm"): _precision,
+    ("MathAPI", "square_root"): _precision,
+    ("MathAPI", "power"): _power,
+    ("MathAPI", "multiply"): _multiply,
+    ("MathAPI", "round_number"): _round_number,
+    ("GorillaFileSystem", "find"): lambda instance, args: _walk(instance, args, "find"),
+    ("GorillaFileSystem", "du"): lambda instance, args: _walk(instance, args, "du"),
+    ("MessageAPI", "send_message"): _send_message,
+}
+
+
+def refused(class_name: str, instance: Any, name: str, args: tuple, kwargs: dict) -> str | None:
+    """Why the call ``name(*args, **kwargs)`` of ``instance`` must not run (``GUARDS``:
+    ``"<name>: ..."``), or None (it runs; arguments the method does not take get its own TypeError)."""
+    guard = GUARDS.get((class_name, name))
+    if guard is None:
+        return None
+    try:
+        bound = inspect.signature(getattr(instance, name)).bind(*args, **kwargs).arguments
+    except TypeError:
+        return None
+    reason = guard(instance, bound)
+    return None if reason is None else f"{name}: {reason}"
 
 
 # --- an item's state ----------------------------------------------------------------------------
@@ -223,10 +345,10 @@ class ApiState:
                 raise NameError(f"name '{name}' is not defined")
             args, kwargs = _arguments(node, call)
             class_name, instance = self._methods[name]
+            reason = refused(class_name, instance, name, args, kwargs)
+            if reason:
+                raise UnsafeCall(reason)
             method = getattr(instance, name)
-            too_heavy = _too_heavy(class_name, method, name, args, kwargs)
-            if too_heavy:
-                raise UnsafeCall(too_heavy)
             with _precision_kept():
                 return as_result(method(*args, **kwargs))
         except Exception as err:  # noqa: BLE001 - every failure is the call's recorded result

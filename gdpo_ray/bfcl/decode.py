@@ -21,8 +21,9 @@ Read in this order (``read_calls``):
      string (``unit=celsius`` is ``"celsius"``), a call without keywords or a subscript as its
      source text, a call with keywords as a nested ``{name: {...}}``, ``...`` as ``"..."``.
      Arithmetic on numbers (``+ - * / // % **``, a unary minus or plus) and ``+`` on strings
-     is computed; anything else (``not``, ``**kwargs``, a lambda, a comprehension, an
-     attribute, a string repeated) does not decode.
+     is computed (on integers of at most ``MAX_INT_BITS`` bits, giving one of at most that:
+     a hexadecimal literal is as long as its text); anything else (``not``, ``**kwargs``, a
+     lambda, a comprehension, an attribute, a string repeated) does not decode.
 
 A completion that is none of these has no calls (``NotACall``, with the reason). Decoded
 calls that nest lists and dicts past ``tool_format.MAX_DEPTH`` do not decode either, so the
@@ -111,6 +112,10 @@ def _python_calls(body: str) -> list[dict]:
         return [_call(e) for e in tree.elts]
     except RecursionError:  # a value nested past the interpreter's recursion limit (1 + 1 + ...)
         raise NotACall(f"nested too deep: {_short(body)}") from None
+    except NotACall:
+        raise
+    except ValueError:  # a call or subscript taken as its text holds an integer too long to write
+        raise NotACall(f"an integer of over 4,300 digits in a value taken as text: {_short(body)}") from None
 
 
 def _call(node: ast.Call) -> dict:
@@ -123,7 +128,7 @@ def _call(node: ast.Call) -> dict:
     args = {}
     for keyword in node.keywords:
         if keyword.arg is None:
-            raise NotACall(f"**{ast.unparse(keyword.value)} is not a keyword argument")
+            raise NotACall(f"**{_source(keyword.value)} is not a keyword argument")
         args[keyword.arg] = _value(keyword.value)
     return {".".join(reversed(parts)): args}
 
@@ -140,7 +145,7 @@ def _value(node: ast.AST) -> Any:
         try:
             return {_value(k): _value(v) for k, v in zip(node.keys, node.values)}
         except TypeError:  # a key that is a list or a dict
-            raise NotACall(f"a dict key that is not a literal: {_short(ast.unparse(node))}") from None
+            raise NotACall(f"a dict key that is not a literal: {_source(node)}") from None
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Call):
@@ -149,7 +154,7 @@ def _value(node: ast.AST) -> Any:
         return f"{ast.unparse(node.value)}[{ast.unparse(node.slice)}]"
     if isinstance(node, (ast.UnaryOp, ast.BinOp)):
         return _arithmetic(node)
-    raise NotACall(f"{type(node).__name__} is not a value: {_short(ast.unparse(node))}")
+    raise NotACall(f"{type(node).__name__} is not a value: {_source(node)}")
 
 
 def _number(value: Any) -> bool:
@@ -167,17 +172,30 @@ def _arithmetic(node: ast.AST) -> Any:
         if isinstance(node.op, ast.Add) and isinstance(left, str) and isinstance(right, str):
             return left + right
         if _number(left) and _number(right):
-            if (isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int)
-                    and abs(left) > 1 and right * (left.bit_length() - 1) > MAX_INT_BITS):
-                raise NotACall(f"an integer past {MAX_INT_BITS} bits: {_short(ast.unparse(node))}")
+            # an operand past the bound (a hexadecimal literal is as long as its text: a
+            # product or a division of two of megabytes takes seconds to minutes), or a power
+            # whose result would be, is refused before it is computed
+            too_big = any(isinstance(v, int) and v.bit_length() > MAX_INT_BITS for v in (left, right)) or (
+                isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int)
+                and abs(left) > 1 and right * (left.bit_length() - 1) > MAX_INT_BITS)
+            if too_big:
+                raise NotACall(f"an integer past {MAX_INT_BITS} bits: {_source(node)}")
             try:
                 result = _ARITHMETIC[type(node.op)](left, right)
             except (ArithmeticError, ValueError) as err:
-                raise NotACall(f"{_short(ast.unparse(node))}: {err}") from None
+                raise NotACall(f"{_source(node)}: {err}") from None
             if isinstance(result, int) and result.bit_length() > MAX_INT_BITS:
-                raise NotACall(f"an integer past {MAX_INT_BITS} bits: {_short(ast.unparse(node))}")
+                raise NotACall(f"an integer past {MAX_INT_BITS} bits: {_source(node)}")
             return result
-    raise NotACall(f"not arithmetic on numbers: {_short(ast.unparse(node))}")
+    raise NotACall(f"not arithmetic on numbers: {_source(node)}")
+
+
+def _source(node: ast.AST) -> str:
+    """A node's source text as messages quote it."""
+    try:
+        return _short(ast.unparse(node))
+    except ValueError:  # an integer of over 4,300 digits has no decimal text
+        return f"<{type(node).__name__.lower()} holding an integer too long to write>"
 
 
 def _short(value: Any, limit: int = 80) -> str:

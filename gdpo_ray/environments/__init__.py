@@ -2,7 +2,8 @@
 
 - ``spec``: an environment class loaded and checked before any actor starts; its tools (public
   methods) and their JSON schemas for the chat template;
-- ``session``: one rollout's instance, its calls under a time limit, its reward columns;
+- ``session``: one rollout's instance: its calls answered whatever they do, its reward columns;
+- ``process``: the instance in a process of its own, each call bounded by killing it;
 - ``tool_turns``: the token ids of a tool turn (or a user turn), as the chat template writes it;
 - ``arithmetic``: the ``agent`` preset's calculator.
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from typing import Any, Mapping, Sequence
 
 #: public methods that are not tools
@@ -75,18 +76,19 @@ def environment_paths(setting: Any) -> dict[str | None, str]:
                      f"'{ROW_COLUMN}' column); got {setting!r}")
 
 
-def with_environment_columns(rewards: Sequence[Any], setting: Any) -> list:
+def with_environment_columns(rewards: Sequence[Any], setting: Any, limit_s: float = 30.0) -> list:
     """``rewards`` (declarations) with TRL's rule applied: an environment class of ``setting``
     (``data.tool_environment``) that scores with ``get_reward()`` and whose column is not declared
     gets one, named after the class, weight 1 (``{name: <Class>, fn: environment}``), after the
-    declared ones. Declaring it (for a weight or a condition) still works; an environment whose
-    one class declares its column under another name is left for validation to name."""
+    declared ones (``limit_s``: ``load_environment``'s). Declaring it (for a weight or a
+    condition) still works; an environment whose one class declares its column under another
+    name is left for validation to name."""
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
     out = list(rewards)
     if setting is None:
         return out
-    envs = [load_environment(path) for path in environment_paths(setting).values()]
+    envs = [load_environment(path, limit_s) for path in environment_paths(setting).values()]
     declared = {_name(r) for r in out}
     from_environment = [r for r in out if _fn(r) == ENVIRONMENT]
     for env in envs:
@@ -105,8 +107,9 @@ def _fn(declaration: Any) -> Any:
     return declaration.get("fn") if isinstance(declaration, Mapping) else getattr(declaration, "fn", None)
 
 
-def load_environment(path: str) -> EnvironmentSpec:
-    """``module:Class`` imported and checked (see the module docstring)."""
+def load_environment(path: str, limit_s: float = 30.0) -> EnvironmentSpec:
+    """``module:Class`` imported and checked (see the module docstring); one instance is made,
+    within ``limit_s`` (``generation.tool_timeout``)."""
     from gdpo_ray.rewards.adapters import import_object
 
     if not isinstance(path, str) or ":" not in path:
@@ -131,14 +134,35 @@ def load_environment(path: str) -> EnvironmentSpec:
     if not tools and not dynamic:
         raise ValueError(f"environment {path!r} has no tool: its public methods (not starting with '_', "
                          f"other than {', '.join(sorted(NOT_TOOLS))}) are the tools the model may call")
-    try:
-        instance = cls()
-    except Exception as err:  # noqa: BLE001 - reported with the path
-        raise ValueError(f"environment {path!r} cannot be made with no arguments ({type(err).__name__}: "
-                         f"{err}): one instance is made per rollout as {cls.__name__}()") from err
+    instance = _made(path, cls, limit_s)
     getter = next((g for g in ("get_rewards", "get_reward") if callable(getattr(cls, g, None))), None)
     return EnvironmentSpec(path, cls, tuple(tools), tuple(_schema(path, instance, t) for t in tools), getter,
                            dynamic, callable(getattr(cls, "next_message", None)))
+
+
+def _made(path: str, cls: type, limit_s: float) -> Any:
+    """``cls()``, on a thread given ``limit_s`` (an ``__init__`` that waits on a server that does
+    not answer fails the check instead of hanging it)."""
+    box: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            box["instance"] = cls()
+        except BaseException as err:  # noqa: BLE001 - reported with the path
+            box["error"] = err
+
+    thread = threading.Thread(target=make, daemon=True, name="gdpo-env-check")
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        raise ValueError(f"environment {path!r}: {cls.__name__}() did not return within {limit_s:g} s "
+                         "(generation.tool_timeout): its __init__ must not wait on anything slow; connect "
+                         "or load in reset, or raise generation.tool_timeout")
+    if "error" in box:
+        err = box["error"]
+        raise ValueError(f"environment {path!r} cannot be made with no arguments ({type(err).__name__}: "
+                         f"{err}): one instance is made per rollout as {cls.__name__}()") from err
+    return box["instance"]
 
 
 def _schema(path: str, instance: Any, name: str) -> dict:

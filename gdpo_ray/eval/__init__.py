@@ -7,7 +7,8 @@
   (``bfcl``, ``bfcl:<category>``) are in ``gdpo_ray.bfcl`` (``single_turn``, ``multi_turn_suite``);
 - ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare`` (with
   each report's settings, and a warning where they differ);
-- ``time_limit``: the nestable time limit of scoring;
+- ``time_limit``: the bounds on scoring's time: worker processes killed at an item's limit
+  (``ScoringPool``) and the nestable in-process ``time_limit``;
 - ``pass_at_k``: Chen et al.'s unbiased pass@k estimator, and the checks of its ks.
 
 Generation on rollout actors and the command line are the driver's: ``gdpo_ray.run.eval_runner``

@@ -192,8 +192,9 @@ def _check_resets(setting: Any, items: Sequence[EvalItem], data: Any, timeout_s:
     """Before any model loads: in TRL's dict form every row names one of the classes, and each
     class resets on its first row (as a rollout resets it, the whole row): a file whose rows the
     environment cannot start would otherwise be generated without tools, its columns all NaN."""
-    from gdpo_ray.environments.session import ToolSession
+    from gdpo_ray.environments.process import EnvironmentProcess, Raised, Stopped, payload_of
     from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
+    from gdpo_ray.forks import fork_context
 
     paths = environment_paths(setting)
     firsts: dict[Any, int] = {}
@@ -204,13 +205,17 @@ def _check_resets(setting: Any, items: Sequence[EvalItem], data: Any, timeout_s:
                              f"{sorted(paths)}")
         firsts.setdefault(name, i)
     for name, i in firsts.items():
-        spec = load_environment(paths[name])
+        spec = load_environment(paths[name], timeout_s)
         row = {k: v for k, v in items[i].reference.items() if not (name is not None and k == ROW_COLUMN)}
-        try:
-            ToolSession(spec.new(), spec.tools, timeout_s, spec.dynamic).reset({**row, "prompt": items[i].prompt})
-        except Exception as err:  # noqa: BLE001 - the environment's own error, with the row
+        try:  # in a process, as a rollout's: one whose reset hangs is killed at the limit
+            process = EnvironmentProcess(fork_context([spec.cls.__module__]), payload_of(spec, []), timeout_s)
+            try:
+                process.ask(("reset", {**row, "prompt": items[i].prompt}), timeout_s)
+            finally:
+                process.close()
+        except (Raised, Stopped) as err:  # the environment's own error, with the row
             raise ValueError(f"{data.where(i)}: environment {paths[name]} cannot start on this row "
-                             f"({type(err).__name__}: {err}); give the held-out rows the columns its reset "
+                             f"({err}); give the held-out rows the columns its reset "
                              f"reads, as the training rows have them") from None
 
 
@@ -243,10 +248,12 @@ def _required(fn: Any) -> list[str]:
 def _call(spec: Any, fn: Any, kwargs: Mapping[str, list], rows: Sequence[int]) -> list[tuple[float, str]]:
     """(value, error text) of reward ``fn`` on ``rows``: one call of all of them (as training
     batches), re-done row by row when it raises, so only the rows that fail are lost; a call past
-    the reward's timeout fails its rows with ``timeout:``. Called on this thread (math-verify's
-    own timeouts need the main thread), under a nested ``time_limit``."""
+    the reward's timeout fails its rows with ``timeout:``. Anything the reward raises but
+    ``KeyboardInterrupt`` is its failure on the row (``SystemExit``, ``GeneratorExit`` and
+    math-verify's ``TimeoutException`` are BaseExceptions): the eval goes on. Called on this
+    thread (math-verify's own timeouts need the main thread), under a nested ``time_limit``."""
     from gdpo_ray.eval.time_limit import ScoringTimeout, time_limit
-    from gdpo_ray.rewards import RewardInfraError, call_reward, to_floats
+    from gdpo_ray.rewards import RewardInfraError, call_reward, failure_text, to_floats
 
     if not rows:
         return []
@@ -260,11 +267,13 @@ def _call(spec: Any, fn: Any, kwargs: Mapping[str, list], rows: Sequence[int]) -
         if err.limit is not mine:  # the item's limit, not the reward's
             raise
         return [(math.nan, f"timeout: no answer after {timeout:g} s")] * len(rows)
-    except Exception as err:  # noqa: BLE001 - any failure of the reward is its rows'
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - any failure of the reward is its rows'
         if len(rows) > 1:
             return [one for i in rows for one in _call(spec, fn, kwargs, [i])]
         kind = "infra" if isinstance(err, RewardInfraError) else "error"
-        return [(math.nan, f"{kind}: {type(err).__name__}: {err}"[:500])]
+        return [(math.nan, f"{kind}: {failure_text(err)}"[:500])]
 
 
 def _read_items(data: Any, prompt_column: str, id_column: str | None, columns: dict[str, str],

@@ -71,7 +71,10 @@ class Suite(abc.ABC):
     #: what the model is asked to produce (sampling defaults of ``gdpo-ray eval``)
     max_tokens: int = 1024
     length_limit: int = LENGTH_LIMIT
-    #: True: score() mostly waits on sandbox processes, so items are scored on several threads
+    #: True: score() mostly waits on sandbox processes (the model's programs run there, under
+    #: the sandbox's limits), so items are scored on several threads of the eval's process;
+    #: False: in worker processes, each item's killed at its time limit, as what score() runs
+    #: follows from the completion (BFCL's tool calls, sympy: ``gdpo_ray.run.eval_runner.score``)
     parallel_scoring: bool = False
     #: a tool environment, 'module:Class': each completion is a multi-turn rollout with its tools
     #: (``Completion.messages``); None: one turn
@@ -146,6 +149,15 @@ class Suite(abc.ABC):
                              f"{where} adds; rename that reward in the config (its name is only a label)")
         self.correct = correct
         self.metrics = (*self.metrics, *correct_metrics(correct))
+
+    def scored(self, item: EvalItem, completions: Sequence[Completion]) -> list[dict]:
+        """``score``'s results, checked to be one per completion, ``judged``: what the eval
+        runner records (it calls this in a scoring process, ``gdpo_ray.run.eval_runner.score``)."""
+        values = self.score(item, completions)
+        if len(values) != len(completions):
+            raise ValueError(f"{type(self).__name__}.score returned {len(values)} results for "
+                             f"{len(completions)} completions")
+        return self.judged(values)
 
     def judged(self, scores: Sequence[dict]) -> list[dict]:
         """``score``'s results with the ``set_correct`` metrics added (unchanged without)."""

@@ -51,11 +51,18 @@ def check_smollm2(cache: str | Path | None = None) -> None:
 
 
 def smollm2_dir(cache: str | Path | None = None) -> Path:
-    """SmolLM2-135M-Instruct as a HF model directory, converted on first use and cached."""
+    """SmolLM2-135M-Instruct as a HF model directory, converted on first use and cached (a
+    conversion stopped part-way leaves nothing: ``warm_start.build_atomically``)."""
+    from gdpo_ray.models.warm_start import build_atomically
+
     target = _cached(cache)
     if _converted(target):
         return target
     check_smollm2(cache)
+    return build_atomically(target, _convert, "the conversion of SmolLM2-135M-Instruct", ready=_converted)
+
+
+def _convert(path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,8 +75,5 @@ def smollm2_dir(cache: str | Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(target)  # atomic: a concurrent reader never sees half a directory
-    return target
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)

@@ -16,7 +16,7 @@ import path ``package.module:function`` (its params bound as keywords), or a ver
 from __future__ import annotations
 
 from gdpo_ray.rewards.adapters import (CALL_KEYWORDS, ROLLOUT_COLUMNS, RewardFn, RewardInfraError,
-                                       TrainerState, call_reward, completion_text, from_verl,
+                                       TrainerState, call_reward, completion_text, failure_text, from_verl,
                                        required_columns, takes_environments, to_floats)
 from gdpo_ray.rewards.registry import REWARDS, get
 from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check_specs
@@ -41,5 +41,5 @@ def failure_kind(error: str) -> str:
 
 __all__ = ["CALL_KEYWORDS", "FAILURE_KINDS", "NOT_APPLICABLE", "REWARDS", "ROLLOUT_COLUMNS", "Condition", "RewardFn",
            "RewardInfraError", "RewardSpec", "TrainerState", "apply_conditions", "call_reward",
-           "check_specs", "completion_text", "failure_kind", "from_verl", "get",
+           "check_specs", "completion_text", "failure_kind", "failure_text", "from_verl", "get",
            "required_columns", "takes_environments", "to_floats"]

@@ -102,6 +102,23 @@ def call_reward(fn: Callable, **kwargs: Any) -> Any:
     return result
 
 
+#: characters of a reward's error text kept
+ERROR_CHARS = 500
+
+
+def failure_text(err: BaseException) -> str:
+    """``Type: message`` of what a reward raised (``Type`` where the message is empty), at most
+    ``ERROR_CHARS`` characters; an exception whose own text fails (its ``__str__`` raises) is
+    named by its type."""
+    try:
+        text = str(err)
+        return (f"{type(err).__name__}: {text}" if text else type(err).__name__)[:ERROR_CHARS]
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - its message cannot be made
+        return f"{type(err).__name__} (its message cannot be shown)"[:ERROR_CHARS]
+
+
 def import_object(path: str, what: str = "reward") -> Any:
     """``package.module:attribute`` -> the attribute; ``what`` names it in errors."""
     module_name, sep, attr = path.partition(":")
@@ -114,9 +131,11 @@ def import_object(path: str, what: str = "reward") -> Any:
             f"cannot import module {module_name!r} of {what} {path!r}: {err}; run from the folder "
             f"that holds it (it is put on the path), add that folder to PYTHONPATH, or install "
             f"it") from err
-    except Exception as err:  # noqa: BLE001 - the module itself is broken (SyntaxError, ...)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the module itself is broken (SyntaxError, sys.exit(), ...)
         raise ValueError(f"importing module {module_name!r} of {what} {path!r} failed: "
-                         f"{type(err).__name__}: {err}") from err
+                         f"{failure_text(err)}") from err
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

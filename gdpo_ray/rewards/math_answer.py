@@ -2,7 +2,10 @@
 
 The answer is found by scans linear in the completion's length (``last_boxed``,
 ``final_answer``): model output is hostile input, and 210 KB of unclosed ``\\boxed{`` must not
-cost minutes. math-verify's own parsing and comparison are bounded by ``timeout_s``.
+cost minutes. math-verify's own parsing and comparison are bounded by ``timeout_s``: a ground
+truth it cannot parse in time is the row's error (``TimeoutError``; math-verify's own
+``TimeoutException`` is a BaseException), a completion's answer it cannot parse or compare in
+time scores 0, as math-verify scores it.
 """
 
 from __future__ import annotations
@@ -89,11 +92,16 @@ def math_correctness(answer_tag: str | None = None, timeout_s: int = 5,
 
     def parsed_truth(truth: str) -> list:
         from math_verify import parse
+        from math_verify.errors import TimeoutException
 
         if truth not in truths:
             if len(truths) >= TRUTHS_KEPT:
                 truths.clear()
-            truths[truth] = parse(f"${truth}$", parsing_timeout=timeout_s, raise_on_error=True)
+            try:
+                truths[truth] = parse(f"${truth}$", parsing_timeout=timeout_s, raise_on_error=True)
+            except TimeoutException:  # a BaseException: made the reward's error on the row
+                raise TimeoutError(f"math-verify did not parse the ground truth {truth[:200]!r} within "
+                                   f"{timeout_s} s (timeout_s)") from None
         return truths[truth]
 
     def math_correctness(prompts, completions, *, ground_truth, **_columns) -> list[float]:

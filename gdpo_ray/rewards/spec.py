@@ -31,8 +31,11 @@ class RewardSpec:
     weight: float = 1.0  # w_k of DESIGN.md §1
     condition: Condition | None = None  # paid only when another reward is >= a threshold
     timeout_s: float | None = None  # per sample and call; default: 30 s, or more for code rewards
+    # a column read from the rollout's environment: its value where the rollout's own call stopped
+    # the environment (a tool call killed at its time limit, or that ended the process); default 0
+    floor: float | None = None
 
-    _KEYS = ("name", "fn", "params", "weight", "condition", "timeout_s")
+    _KEYS = ("name", "fn", "params", "weight", "condition", "timeout_s", "floor")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | "RewardSpec") -> "RewardSpec":
@@ -40,7 +43,7 @@ class RewardSpec:
             return d
         if not isinstance(d, Mapping):
             raise ValueError(f"a reward is a mapping {{name, fn, params, weight, condition, "
-                             f"timeout_s}}; got {d!r} (e.g. {{name: correct, fn: math_correctness}})")
+                             f"timeout_s, floor}}; got {d!r} (e.g. {{name: correct, fn: math_correctness}})")
         unknown = sorted(set(d) - set(cls._KEYS), key=str)
         if unknown:
             near = difflib.get_close_matches(str(unknown[0]), cls._KEYS, n=1)
@@ -55,7 +58,8 @@ class RewardSpec:
                 raise ValueError(f"reward {d['name']!r}: condition must be {{on: <reward name>, min: <threshold>}}; got {cond!r}")
             cond = Condition(on=str(cond["on"]), min=float(cond["min"]))
         return cls(name=str(d["name"]), fn=d.get("fn"), params=dict(d.get("params") or {}),
-                   weight=float(d.get("weight", 1.0)), condition=cond, timeout_s=d.get("timeout_s"))
+                   weight=float(d.get("weight", 1.0)), condition=cond, timeout_s=d.get("timeout_s"),
+                   floor=d.get("floor"))
 
     @property
     def from_environment(self) -> bool:
@@ -133,6 +137,15 @@ def check_specs(specs: Sequence[RewardSpec]) -> list[Callable | None]:
     _condition_order(specs)
     fns = [None if s.from_environment else s.resolve() for s in specs]
     for s, fn in zip(specs, fns):
+        if s.floor is not None:
+            from gdpo_ray.rewards.adapters import takes_environments
+
+            if not (isinstance(s.floor, (int, float)) and not isinstance(s.floor, bool) and math.isfinite(s.floor)):
+                raise ValueError(f"reward {s.name!r}: floor must be a finite number; got {s.floor!r}")
+            if fn is not None and not takes_environments(fn):
+                raise ValueError(f"reward {s.name!r}: floor applies only to a column read from the rollout's "
+                                 f"environment (fn: {ENVIRONMENT}, or a function taking environments=): it is "
+                                 "the value where the rollout's own tool call stopped its environment")
         if fn is not None:
             s.call_timeout_s(fn)
         elif s.params or s.timeout_s is not None:

@@ -43,7 +43,6 @@ from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import preflight, quiet, validation
 from gdpo_ray.run.algorithm_state import GDPOState
-from gdpo_ray.run.checkpoints import prune_checkpoints
 from gdpo_ray.run.cluster import ensure_ray
 from gdpo_ray.run.presets import section_settings
 from gdpo_ray.run.rllib_base import Algorithm, AlgorithmConfig, NotProvided
@@ -125,7 +124,7 @@ class GDPOConfig(AlgorithmConfig):
         class scoring with ``get_reward()`` gets its column if it is not declared, as in TRL
         (``gdpo_ray.environments.spec.with_environment_columns``)."""
         fields.check_fields(self)
-        self.rewards = with_environment_columns(self.rewards, self.tool_environment)
+        self.rewards = with_environment_columns(self.rewards, self.tool_environment, self.tool_timeout)
         validation.check(self)
         model_files.check_available(self.model_path)  # smollm2 without gguf: the install command
         super().validate()
@@ -234,6 +233,7 @@ class GDPO(GDPOState, Algorithm):
         self._pushed: dict = {}  # the last push's bytes and seconds
         self._checkpoint_root = pathlib.Path(c.checkpoint_dir or tempfile.mkdtemp(prefix="gdpo-ckpt-"))
         self._last_checkpoint: str | None = None
+        self.last_recovery: tuple[int, int] | None = None  # (the step a learner died in, the step restored)
         self.completion_log, self.last_completions = CompletionLog(self.model_path, self.reward_names, c.log_completions), []
         if c.colocate:  # the rollout actors go into the learners' placement group
             self._start_learners()
@@ -308,20 +308,24 @@ class GDPO(GDPOState, Algorithm):
     # the training step
 
     def training_step(self) -> None:
-        """One step; a step in which a learner died is redone on new learners from the last
-        checkpoint (or the start), so every ``train()`` returns a trained step's metrics."""
+        """One step, the one after the last: a step in which a learner died is redone on new
+        learners from the last checkpoint (or the start), with the steps between that checkpoint
+        and it, so every ``train()`` returns the metrics of the next step, each step once."""
         import ray
 
         from actors.attestation import WeightsLost
 
+        target = self.policy_version + 1
         for _ in range(MAX_RECOVERIES_PER_STEP):
             try:
-                return self._step()
+                while self.policy_version < target:  # more than one after a recovery
+                    self._step()
+                return None
             # from the update, push or checkpoint; or a push's weights lost with its learner
             except (ray.exceptions.RayActorError, WeightsLost) as err:
                 self._recover(err)
         raise RuntimeError(f"the learners died {MAX_RECOVERIES_PER_STEP} times in a row on step "
-                           f"{self.policy_version + 1}; check the learners' logs (memory, the device)")
+                           f"{target}; check the learners' logs (memory, the device)")
 
     def _step(self) -> None:
         c, timers, step = self.config, {}, self.policy_version
@@ -348,10 +352,7 @@ class GDPO(GDPOState, Algorithm):
             values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
             self.last_completions = self.completion_log.samples(groups, details.advantages)
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
-                # counts only once complete (save_to_path writes aside, then renames)
-                self._last_checkpoint = self.save_to_path(
-                    str(self._checkpoint_root / f"step_{self.policy_version:06d}"))
-                prune_checkpoints(self._checkpoint_root, c.keep_checkpoints)
+                self._checkpoint_step()
         if c.eval_every and self.policy_version % c.eval_every == 0:
             with step_metrics.timed(timers, "eval"):
                 values |= self._eval_metrics()

@@ -4,10 +4,14 @@ and what a resumed run may change.
 ``save_atomically`` (``GDPO.save_to_path``) writes a checkpoint aside, then ``MANIFEST`` (every
 file's size and sha256), then ``COMPLETE_MARKER``, then renames it into place; only a directory
 holding the marker is a checkpoint (``check_checkpoint``), and ``verify_checkpoint`` (run by
-``gdpo-ray train --resume`` before any actor starts) refuses one whose files differ from its manifest.
+``gdpo-ray train --resume`` before any actor starts) refuses one whose files differ from its
+manifest, or that holds a file the manifest does not list. ``MODEL_RECORD`` (the model's
+parameter names and shapes) lets ``check_model`` refuse a resume on another model before Ray.
 ``latest_checkpoint`` finds the one a run resumes from; ``resume_changes`` compares a new run's
-config with the checkpoint's, before anything starts. ``WriteFailed``: a run's file (a
-checkpoint, its metrics, ...) could not be written.
+config with the checkpoint's, before anything starts; ``set_aside_newer`` keeps a restored run's
+timeline (another timeline's newer checkpoints moved out of its way); ``prune_checkpoints`` applies
+``training.keep_checkpoints``. ``WriteFailed``: a run's file (a checkpoint, its metrics, ...)
+could not be written.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import json
 import pathlib
 import re
 import shutil
+import struct
+import time
 import uuid
 from typing import Any, Callable
 
@@ -28,6 +34,13 @@ COMPLETE_MARKER = "gdpo_checkpoint_complete"
 #: written before the marker: {"files": {relative path: {"size": bytes, "sha256": hex}}}, every
 #: file of the checkpoint (RLlib's state and constructor pickles, the learners' files)
 MANIFEST = "gdpo_manifest.json"
+#: {"model_path": as configured, "parameters": {name: shape} from the model's safetensors headers,
+#: or null}: the model the checkpoint's weights (or its LoRA adapter's base) belong to
+MODEL_RECORD = "gdpo_model.json"
+#: the files every restore reads (besides the learners' own, under ``learner/``)
+RESTORE_READS = ("class_and_ctor_args.pkl", "algorithm_state.pkl", "learner/latest")
+#: the setting that lets a checkpoint without ``MANIFEST`` be resumed (its files checked for presence)
+WITHOUT_MANIFEST = "training.resume_without_manifest"
 
 
 class WriteFailed(Exception):
@@ -102,29 +115,25 @@ def check_checkpoint(checkpoint: str, what: str = "--resume") -> None:
                          + (f" beside it: {siblings}" if siblings else ""))
 
 
-def verify_checkpoint(checkpoint: str, what: str = "--resume") -> list[str]:
+def verify_checkpoint(checkpoint: str, what: str = "--resume", without_manifest: bool = False) -> list[str]:
     """Every file a restore reads, checked before anything starts: the marker, then each file of
-    ``MANIFEST`` present, readable, of its recorded size and sha256. Raises ValueError naming
-    every file that is missing, truncated or changed. A checkpoint written before manifests
-    existed gets the files the restore reads checked for presence only: returned as a warning."""
+    ``MANIFEST`` present, readable, of its recorded size and sha256, and no file the manifest does
+    not list (one added, or whose entry was removed, since the save: a restore would read it
+    unchecked). Raises ValueError naming every file that is missing, truncated, changed or
+    unlisted. A checkpoint without a manifest (written before manifests existed, or its manifest
+    removed) is refused unless ``without_manifest`` (``training.resume_without_manifest``): then
+    the files a restore reads are checked for presence only, and a warning is returned."""
     root = pathlib.Path(checkpoint)
     if not ((root / COMPLETE_MARKER).is_file() and (root / MANIFEST).is_file()):
-        check_checkpoint(checkpoint, what)  # not a checkpoint, an incomplete one, or an older one
+        check_checkpoint(checkpoint, what)  # not a checkpoint, an incomplete one, or one without a manifest
     fix = "resume from another checkpoint of the run, or start a new run"
     if not (root / MANIFEST).is_file():
-        learner = root / "learner"
-        tag = (learner / "latest").read_text().strip() if (learner / "latest").is_file() else ""
-        needed = ["class_and_ctor_args.pkl", "learner/latest"]
-        missing = [n for n in needed if not (root / n).is_file() or (root / n).stat().st_size == 0]
-        if not any((root / f"algorithm_state.{kind}").is_file() for kind in ("pkl", "msgpack")):
-            missing.append("algorithm_state.pkl")
-        if tag and not any((learner / tag).glob("*model_states.pt")):
-            missing.append(f"learner/{tag}/*model_states.pt")
-        if missing:
-            raise ValueError(f"{what} {checkpoint}: the checkpoint is damaged: missing or empty: "
-                             f"{', '.join(missing)}; {fix}")
-        return [f"checkpoint {checkpoint} has no {MANIFEST} (written by an older gdpo-ray): its "
-                f"files are there, but their contents cannot be verified"]
+        if not without_manifest:
+            raise ValueError(f"{what} {checkpoint}: the checkpoint has no {MANIFEST} (written by a gdpo-ray "
+                             f"older than manifests, or removed since the save), so its files cannot be "
+                             f"verified against what was saved; set {WITHOUT_MANIFEST}=true to resume it "
+                             f"with its files checked for presence only, or {fix}")
+        return _present_only(root, checkpoint, what, fix)
     try:
         files = json.loads((root / MANIFEST).read_text())["files"]
         if not all(isinstance(w, dict) and {"size", "sha256"} <= w.keys() for w in files.values()):
@@ -144,11 +153,46 @@ def verify_checkpoint(checkpoint: str, what: str = "--resume") -> list[str]:
             wrong.append(f"{name} (missing)")
         except OSError as err:
             wrong.append(f"{name} (unreadable: {err.strerror or err})")
+    present = _restore_files(root)
+    wrong += [f"{name} (not in the manifest: added, or its entry removed, since the save)"
+              for name in present if name not in files]
+    wrong += [f"{name} (missing, and not in the manifest)" for name in _required(root)
+              if name not in files and name not in present]
     if wrong:
         shown = "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
         raise ValueError(f"{what} {checkpoint}: the checkpoint is damaged, {len(wrong)} of its "
-                         f"{len(files)} files differ from its {MANIFEST}: {shown}; {fix}")
+                         f"{len(set(files) | set(present))} files differ from its {MANIFEST}: {shown}; {fix}")
     return []
+
+
+def _restore_files(root: pathlib.Path) -> list[str]:
+    """The files of a checkpoint a restore may read: all but the marker, the manifest and the
+    hidden files at its top (Ray Train's ``.metadata.json``, which no restore reads)."""
+    return [name for p in sorted(root.rglob("*")) if p.is_file()
+            and (name := p.relative_to(root).as_posix()) not in (MANIFEST, COMPLETE_MARKER)
+            and not name.startswith(".")]
+
+
+def _required(root: pathlib.Path) -> list[str]:
+    """``RESTORE_READS``, the driver's state in the format it was saved in (pkl or msgpack)."""
+    state = "algorithm_state.msgpack" if (root / "algorithm_state.msgpack").is_file() else "algorithm_state.pkl"
+    return [state if name == "algorithm_state.pkl" else name for name in RESTORE_READS]
+
+
+def _present_only(root: pathlib.Path, checkpoint: str, what: str, fix: str) -> list[str]:
+    """A checkpoint without a manifest, resumed with ``training.resume_without_manifest``: the
+    files a restore reads present and not empty (ValueError naming those that are not), and the
+    warning that their contents are not verified."""
+    learner = root / "learner"
+    tag = (learner / "latest").read_text().strip() if (learner / "latest").is_file() else ""
+    missing = [n for n in _required(root) if not (root / n).is_file() or (root / n).stat().st_size == 0]
+    if tag and not any(p.is_file() and p.stat().st_size for p in (learner / tag).glob("*")):
+        missing.append(f"learner/{tag}/*")
+    if missing:
+        raise ValueError(f"{what} {checkpoint}: the checkpoint is damaged: missing or empty: "
+                         f"{', '.join(missing)}; {fix}")
+    return [f"checkpoint {checkpoint} has no {MANIFEST} ({WITHOUT_MANIFEST}=true): its files are "
+            f"there, but their contents are not verified against what was saved"]
 
 
 def checkpoint_version(checkpoint: str | pathlib.Path) -> int | None:
@@ -172,20 +216,121 @@ def latest_checkpoint(*folders: str | pathlib.Path | None) -> str | None:
     return max(found)[2] if found else None
 
 
-def prune_checkpoints(root: str | pathlib.Path, keep: int | None) -> list[str]:
+def prune_checkpoints(root: str | pathlib.Path, keep: int | None, protect: tuple | list = ()) -> list[str]:
     """``training.keep_checkpoints``: the complete ``step_<N>`` checkpoints directly in ``root``
-    beyond the newest ``keep`` deleted (others, ``final`` among them, are never touched); the
-    deleted paths. ``keep`` None: none deleted."""
-    import shutil
-
+    beyond the newest ``keep`` deleted (others, ``final`` among them, are never touched, nor those
+    in ``protect``: the one a learner recovery goes back to); the deleted paths. ``keep`` None:
+    none deleted."""
     if keep is None or not pathlib.Path(root).is_dir():
         return []
+    kept = {str(pathlib.Path(p).resolve()) for p in protect if p}
     steps = sorted((v, str(p)) for p in pathlib.Path(root).iterdir()
                    if p.is_dir() and p.name.startswith("step_") and (v := checkpoint_version(p)) is not None)
-    gone = [path for _, path in steps[:max(len(steps) - keep, 0)]]
+    gone = [path for _, path in steps[:max(len(steps) - keep, 0)] if str(pathlib.Path(path).resolve()) not in kept]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
     return gone
+
+
+def set_aside_newer(root: str | pathlib.Path, version: int) -> tuple[pathlib.Path, list[str]] | None:
+    """A restore of ``version`` into a run whose checkpoints folder ``root`` holds newer complete
+    checkpoints (``step_<N>``, ``final``: a later point of the timeline the restore leaves): they
+    are moved into ``root/abandoned-after-step_<version>-<time>``, so that the restored run's own
+    checkpoints are not outranked (``training.keep_checkpoints`` would delete them as they are
+    written, ``--resume RUN_DIR`` would pick the abandoned one). That folder and the names moved,
+    or None when there were none. Nothing is deleted."""
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        return None
+    newer = sorted((p for p in root.iterdir() if p.is_dir() and (checkpoint_version(p) or -1) > version),
+                   key=lambda p: (checkpoint_version(p), p.name))
+    if not newer:
+        return None
+    aside = root / f"abandoned-after-step_{version:06d}-{time.strftime('%Y%m%d-%H%M%S')}"
+    while aside.exists():
+        aside = aside.with_name(f"{aside.name}-{uuid.uuid4().hex[:4]}")
+    aside.mkdir()
+    for path in newer:
+        path.rename(aside / path.name)
+    return aside, [p.name for p in newer]
+
+
+def write_model_record(folder: str | pathlib.Path, model_path: str, model_dir: str | pathlib.Path) -> None:
+    """``MODEL_RECORD`` into a checkpoint being written: the configured ``llm.model_path`` and its
+    directory's parameter names and shapes (``model_parameters``)."""
+    record = {"model_path": str(model_path), "parameters": model_parameters(model_dir)}
+    (pathlib.Path(folder) / MODEL_RECORD).write_text(json.dumps(record))
+
+
+def model_parameters(model_dir: str | pathlib.Path) -> dict[str, list[int]] | None:
+    """Every tensor's name and shape in a model directory, as its safetensors files declare them
+    in their JSON headers (the first 8 + N bytes of each: no weight is read, no torch imported);
+    None for a directory without safetensors files (weights as ``.bin``) or that cannot be read."""
+    root = pathlib.Path(model_dir)
+    try:
+        index = root / "model.safetensors.index.json"
+        shards = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+                  else [p.name for p in sorted(root.glob("*.safetensors"))])
+        shapes: dict[str, list[int]] = {}
+        for shard in shards:
+            with open(root / shard, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            shapes |= {name: list(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return shapes or None
+
+
+def check_model(config: Any, checkpoint: str, what: str = "--resume") -> list[str]:
+    """The configured model (``llm.model_path``) against the one the checkpoint was trained on,
+    before anything starts: their parameter names and shapes (``MODEL_RECORD``, or, for a
+    checkpoint written before it, the saved model's directory where it is still here). Raises
+    ValueError naming both models, the first parameter that differs and the fix; under LoRA the
+    checkpoint's adapter was made for its base model's layers (its target modules and rank are
+    ``resume_changes``'). A comparison that cannot be made (no safetensors headers) while the
+    model path changed: returned as a warning."""
+    from gdpo_ray.model_files import resolve_model_path
+
+    root = pathlib.Path(checkpoint)
+    try:
+        record = json.loads((root / MODEL_RECORD).read_text())
+    except (OSError, ValueError):
+        record = None
+    saved = saved_config(checkpoint)
+    before, now = str((record or saved).get("model_path")), str(config.model_path)
+    if record is not None:
+        old = record.get("parameters")
+    elif before == now:
+        return []  # an older checkpoint, the same model path: nothing else to compare it with
+    else:
+        try:
+            old = model_parameters(resolve_model_path(before))
+        except (ValueError, OSError):  # a hub model no longer cached, a folder gone
+            old = None
+    new = model_parameters(resolve_model_path(now))
+    if old is None or new is None:
+        return [] if before == now else [
+            f"{what} {checkpoint}: llm.model_path is {now} and the checkpoint was trained on {before}; "
+            f"their parameters could not be compared (no safetensors headers), so a model that does "
+            f"not fit the checkpoint fails only when the learners load it"]
+    differ = [name for name in [*old, *(n for n in new if n not in old)] if old.get(name) != new.get(name)]
+    if not differ:
+        return []
+    first = differ[0]
+    if first not in new:
+        said = f"{first} {old[first]} of {before} is not in {now}"
+    elif first not in old:
+        said = f"{now} has {first} {new[first]}, which {before} has not"
+    else:
+        said = f"{first} is {old[first]} in {before} and {new[first]} in {now}"
+    lora = lora_settings(saved.get("lora"))
+    holds = (f"its LoRA adapter {describe(lora)} was trained on the layers of the base model {before}"
+             if lora else f"its weights are those of {before}")
+    raise ValueError(f"{what} {checkpoint}: llm.model_path {now} does not fit the checkpoint ({holds}): "
+                     f"{said} (the first of {len(differ)} parameters that differ); set "
+                     f"llm.model_path={before} (the checkpoint's model), or start a new run on {now} "
+                     f"without this checkpoint")
 
 
 def resume_changes(config: Any, checkpoint: str) -> list[tuple[str, Any, Any]]:

@@ -195,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR|CHECKPOINT",
                        help="continue a run: a run directory (its latest checkpoint; the run goes on "
                        "in it, appending its metrics) or a checkpoint (e.g. runs/x/checkpoints/"
-                       "step_000040); with a new run.name, a new run from that state")
+                       "step_000040); with a new run.name, a new run from that state. The checkpoint's "
+                       "files are checked against its manifest and its model against llm.model_path "
+                       "first; one without a manifest needs training.resume_without_manifest=true")
     train.set_defaults(run=_train)
 
     check = commands.add_parser(

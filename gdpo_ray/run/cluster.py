@@ -150,7 +150,7 @@ class BackgroundRay:
         import ray
 
         try:
-            with _no_sigterm_warning():
+            with _no_sigterm_warning(), _no_failure_handler_in_driver():
                 _start_local(num_cpus)
         except BaseException as err:  # noqa: BLE001 - handed to wait(), in the caller's thread
             self._error = err
@@ -172,6 +172,25 @@ class BackgroundRay:
     def stop(self) -> None:
         """Shut the cluster down once it is up, without waiting for it."""
         self._stopped.set()
+
+
+@contextlib.contextmanager
+def _no_failure_handler_in_driver() -> Iterator[None]:
+    """``ray.init`` installs abseil's failure signal handler in the driver, SIGTERM among its
+    signals: a C stack dump, then the previous handler, then an abort 3 s later. On the main
+    thread ``ray.init`` puts a Python handler over it; off it (here) nothing does, so a SIGTERM
+    while the run is checked (a demo model's warm start) would dump, and abort the run's own
+    clean stop (``train.StopSignals``). This driver goes without it (Ray's
+    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, read when the driver's core worker starts; the workers
+    keep theirs, and faulthandler, which ``ray.init`` enables, still prints a crash's Python stack)."""
+    from ray._private import ray_constants
+
+    before = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = before
 
 
 @contextlib.contextmanager

@@ -63,6 +63,54 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+#: the numeric options: attribute -> (option, the field whose bounds it takes from ``gdpo_ray.config``
+#: or its own lower bound, what it is); an option not given (None) is not checked
+OPTIONS = {"samples": ("--samples", "eval_samples", "completions per item"),
+           "limit": ("--limit", "eval_limit", "the suite's first N items"),
+           "temperature": ("--temperature", "temperature", "logits / temperature"),
+           "top_p": ("--top-p", "top_p", "the nucleus' probability mass"),
+           "max_tokens": ("--max-tokens", "max_tokens", "new tokens per completion"),
+           "length_limit": ("--length-limit", "eval_length_limit", "exceed_ratio's limit in tokens"),
+           "max_prompt_tokens": ("--max-prompt-tokens", "max_prompt_tokens", "the longest prompt generated"),
+           "num_actors": ("--num-actors", 1, "rollout actors"),
+           "num_cpus": ("--num-cpus", 1, "CPUs of the local Ray")}
+
+
+def check_options(args: argparse.Namespace) -> dict:
+    """Every option in its range, whether or not this evaluation uses it (``--max-tokens -5``
+    beside ``--completions`` is a mistake all the same): a ValueError naming the option, the
+    value and the range. Returns ``--engine-kwargs`` read (a JSON object)."""
+    import math
+
+    from gdpo_ray.config import FIELDS
+    from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
+
+    for attribute, (option, rule, what) in OPTIONS.items():
+        value = getattr(args, attribute, None)
+        if value is None:
+            continue
+        field = FIELDS.get(rule) if isinstance(rule, str) else None
+        low, above, high = (field.at_least, field.above, field.at_most) if field else (rule, None, None)
+        kind = "an integer" if isinstance(value, int) else "a finite number"
+        bounds = [f"{op} {limit:g}" for op, limit in ((">=", low), (">", above), ("<=", high)) if limit is not None]
+        inside = (math.isfinite(value) and (low is None or value >= low) and (above is None or value > above)
+                  and (high is None or value <= high))
+        if not inside:
+            raise ValueError(f"{option} must be {kind} {' and '.join(bounds)} ({what}); got {value!r}")
+    if args.pass_k is not None:
+        ks = parse_ks(args.pass_k, "--pass-k")
+        if args.policy is not None:  # generated here: --samples per item (a file's are checked per item)
+            check_ks(ks, args.samples, "--pass-k", "--samples")
+    try:
+        engine_kwargs = json.loads(args.engine_kwargs)
+    except ValueError as err:
+        raise ValueError(f"--engine-kwargs is not JSON: {err}") from None
+    if not isinstance(engine_kwargs, dict):
+        raise ValueError(f"--engine-kwargs must be a JSON object of the engine's arguments, e.g. "
+                         f"'{{\"dtype\": \"float32\"}}'; got {args.engine_kwargs}")
+    return engine_kwargs
+
+
 def default_output(policy: str | None, suite_name: str) -> Path:
     """eval/<suite>.json in the policy's run directory (a run, or a run's policy/), else here."""
     from gdpo_ray.eval.report import report_path
@@ -95,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from gdpo_ray.eval.report import compare, format_report, write_report
 
     try:
+        engine_kwargs = check_options(args)  # before anything is read or started
         if args.compare:
             if args.policy or args.suite:
                 raise ValueError("--compare takes run directories or reports only (no POLICY or --suite)")
@@ -108,10 +157,6 @@ def run(args: argparse.Namespace) -> int:
                              f"suite {args.suite} scores with its own")
         if (args.policy is None) == (args.completions is None):
             raise ValueError("give POLICY (to generate) or --completions FILE (to score), one of them")
-        try:
-            engine_kwargs = json.loads(args.engine_kwargs)
-        except ValueError as err:
-            raise ValueError(f"--engine-kwargs is not JSON: {err}") from None
         from actors.engines import engine_class
 
         engine_class(args.engine, "batched")  # hf, vllm or package.module:Class, checked before any actor

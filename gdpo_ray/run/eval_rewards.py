@@ -59,7 +59,7 @@ def config_options(c, source: str) -> dict:
     from gdpo_ray.environments.spec import with_environment_columns
 
     tools = environment_settings(c)
-    return dict(rewards=with_environment_columns(list(c.rewards), c.tool_environment), prompt_column=c.prompt_column,
+    return dict(rewards=with_environment_columns(list(c.rewards), c.tool_environment, c.tool_timeout), prompt_column=c.prompt_column,
                 id_column=c.id_column, columns=dict(c.columns), max_tokens=c.max_tokens,
                 environment=c.tool_environment, max_turns=c.max_turns, source=source,
                 tool_settings={k: tools[k] for k in ("tool_timeout", "tools_in_system_prompt") if k in tools},

@@ -3,9 +3,10 @@
 Generation runs on rollout actors (``actors.rollout.RolloutActor.complete``, no rewards
 attached) on Ray, scheduled by the same ``actors.rollout_group.RolloutGroup`` as training, so it
 spreads over a cluster as training does: ``num_actors`` actors (or a run's own, during
-training), each with ``calls_per_actor`` calls of ``prompts_per_call`` prompts in flight. Scoring runs in this
-process, code in the sandbox: item by item, or over ``score_threads`` threads for suites whose
-scorer waits on sandbox processes (``Suite.parallel_scoring``).
+training), each with ``calls_per_actor`` calls of ``prompts_per_call`` prompts in flight. Scoring
+runs on this machine (``score``): in worker processes killed at an item's time limit, or, for
+suites whose scorer waits on sandbox processes (``Suite.parallel_scoring``), on threads of this
+process, code in the sandbox.
 
 ``POLICY`` may be a Hugging Face model directory (a run's ``policy/``), a run directory (its
 ``policy/``, or under LoRA its ``policy-merged/``), a PEFT LoRA adapter directory (merged into its
@@ -23,13 +24,15 @@ A sample whose scoring raises or hangs scores 0 with the reason in the report (`
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import functools
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
@@ -37,7 +40,7 @@ from gdpo_ray import model_files
 from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
-from gdpo_ray.eval.time_limit import ScoringTimeout, time_limit
+from gdpo_ray.eval.time_limit import ScoringPool, ScoringTimeout, time_limit, timeout_reason
 
 logger = logging.getLogger(__name__)
 
@@ -187,63 +190,117 @@ def generate(model_path: str | None, suite: Suite, items: Sequence[EvalItem], n:
 #: the longest one sample's scoring may take: far above the scorers' own limits (math-verify's
 #: 5 s per parse, a sandbox call's ``Limits.total_s``), so past it the scorer hangs
 SAMPLE_TIMEOUT_S = 300.0
+#: a task of scoring: (key, item, its samples); a key is (item id, None) for the whole item or
+#: (item id, sample index) for one sample
+_Task = tuple[tuple[str, int | None], EvalItem, Sequence[Completion]]
+#: how a task ended: (its values, None) or (None, why it has none)
+_Outcome = tuple[list[dict] | None, str | None]
 
 
 def score(suite: Suite, items: Sequence[EvalItem], completions: Mapping[str, Sequence[Completion]],
           score_threads: int | None = None, progress: bool = True) -> dict[str, list[dict]]:
     """Item id -> its samples, each the completion (text, tokens, finish reason) and its metrics.
 
-    No completion stops the eval: when scoring an item raises or runs past ``SAMPLE_TIMEOUT_S``
-    per sample, its samples are scored one by one, and a sample whose scoring still fails
-    scores 0 on every metric (``exceed_ratio`` still from its length) with the reason under
-    ``error``; its siblings keep their scores."""
+    Where: a suite whose scorer waits on sandbox processes (``Suite.parallel_scoring``: the
+    model's programs run there, under the sandbox's limits) is scored in this process, on
+    ``score_threads`` threads (default: up to 4); any other in ``score_threads`` worker processes
+    (``gdpo_ray.eval.time_limit.ScoringPool``), since what its scorer runs follows from the
+    completion (BFCL's tool calls, sympy) and C code that holds the GIL stops only with its
+    process: a worker whose item runs past its limit is killed and replaced.
+
+    No completion stops the eval: when scoring an item raises, dies or runs past
+    ``SAMPLE_TIMEOUT_S`` per sample, its samples are scored one by one (an item of one sample is
+    not scored again), and a sample whose scoring still fails scores 0 on every metric
+    (``exceed_ratio`` still from its length) with the reason under ``error``
+    (``timeout: scoring took over 300 s`` for a timeout); its siblings keep their scores."""
     from tqdm import tqdm
 
     todo = [it for it in items if it.id in completions]
-
-    def attempt(it: EvalItem, samples: Sequence[Completion]) -> list[dict] | str:
-        """The metrics of ``samples``, or why they could not be scored."""
-        try:
-            with time_limit(SAMPLE_TIMEOUT_S * len(samples)):
-                values = suite.score(it, samples)
-            if len(values) != len(samples):
-                raise ValueError(f"{type(suite).__name__}.score returned {len(values)} results for "
-                                 f"{len(samples)} completions")
-            return suite.judged(values)
-        except ScoringTimeout as err:
-            return str(err)
-        except Exception as err:  # noqa: BLE001 - any failure of the scorer is the sample's 0
-            return f"{type(err).__name__}: {err}"
-
-    def failed(c: Completion, reason: str) -> dict:
-        zero = {m: 0.0 for m in suite.metrics}
-        if "exceed_ratio" in zero:
-            zero["exceed_ratio"] = exceeds(c, suite.length_limit)
-        return {**zero, "error": reason}
-
-    def one(it: EvalItem) -> list[dict]:
-        samples = completions[it.id]
-        values = attempt(it, samples)
-        if isinstance(values, str):  # one by one: a sample's failure is its own
-            values = [v[0] if isinstance(v := attempt(it, [c]), list) else failed(c, v) for c in samples]
-        return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason,
-                 **({"messages": c.messages} if c.messages is not None else {}), **v}
-                for c, v in zip(samples, values)]
-
-    threads = score_threads or (min(4, os.cpu_count() or 1) if suite.parallel_scoring else 1)
-    with tqdm(total=len(todo), desc="score", unit="item", disable=not progress) as bar:
-        if threads == 1:
-            results = []
-            for it in todo:
-                results.append(one(it))
+    outcomes: dict[tuple[str, int | None], _Outcome] = {}
+    with tqdm(total=len(todo), desc="score", unit="item", disable=not progress) as bar, \
+            _scorer(suite, score_threads or min(4, os.cpu_count() or 1)) as run:
+        for key, outcome in run([((it.id, None), it, completions[it.id]) for it in todo]):
+            outcomes[key] = outcome
+            if outcome[0] is not None or len(completions[key[0]]) == 1:
                 bar.update()
-        else:
-            with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-                results = []
-                for r in pool.map(one, todo):
-                    results.append(r)
-                    bar.update()
-    return {it.id: r for it, r in zip(todo, results)}
+        again = [((it.id, k), it, [c]) for it in todo if outcomes[(it.id, None)][0] is None
+                 and len(completions[it.id]) > 1 for k, c in enumerate(completions[it.id])]
+        left = collections.Counter(item_id for (item_id, _), _, _ in again)
+        for key, outcome in run(again):
+            outcomes[key] = outcome
+            left[key[0]] -= 1
+            if not left[key[0]]:
+                bar.update()
+    return {it.id: _samples(suite, it, completions[it.id], outcomes) for it in todo}
+
+
+def _samples(suite: Suite, it: EvalItem, samples: Sequence[Completion],
+             outcomes: Mapping[tuple[str, int | None], _Outcome]) -> list[dict]:
+    """The report's samples of an item: each completion with its metrics, or its failure's."""
+    values, failure = outcomes[(it.id, None)]
+    if values is None and len(samples) == 1:
+        values = [_failed(suite, samples[0], failure)]
+    elif values is None:
+        values = [one[0] if one is not None else _failed(suite, c, why)
+                  for c, (one, why) in ((c, outcomes[(it.id, k)]) for k, c in enumerate(samples))]
+    return [{"completion": c.text, "tokens": c.tokens, "finish_reason": c.finish_reason,
+             **({"messages": c.messages} if c.messages is not None else {}), **v}
+            for c, v in zip(samples, values)]
+
+
+def _failed(suite: Suite, c: Completion, reason: str) -> dict:
+    zero = {m: 0.0 for m in suite.metrics}
+    if "exceed_ratio" in zero:
+        zero["exceed_ratio"] = exceeds(c, suite.length_limit)
+    return {**zero, "error": reason}
+
+
+@contextlib.contextmanager
+def _scorer(suite: Suite, workers: int) -> Iterator[Callable[[Sequence[_Task]], Iterator]]:
+    """``run(tasks)``: yields ``(key, outcome)`` of each task as it ends, in worker processes or
+    on threads here, as ``score`` says. A suite that cannot be pickled to a worker is scored
+    here, one item at a time (a warning says why)."""
+    if suite.parallel_scoring:
+        yield functools.partial(_run_here, suite, workers)
+        return
+    try:
+        pool = ScoringPool(Suite.scored, suite, workers, modules=[type(suite).__module__])
+    except Exception as err:  # noqa: BLE001 - pickling a suite can fail in many ways
+        logger.warning("suite %s cannot be sent to a scoring process (%s: %s): it is scored in this "
+                       "process, where a scorer stuck in C code cannot be stopped", suite.name,
+                       type(err).__name__, err)
+        yield functools.partial(_run_here, suite, 1)
+        return
+    with pool:
+        yield functools.partial(_run_in, pool)
+
+
+def _run_in(pool: ScoringPool, tasks: Sequence[_Task]) -> Iterator[tuple[Any, _Outcome]]:
+    for key, it, samples in tasks:
+        pool.submit(key, (it, samples), SAMPLE_TIMEOUT_S * len(samples))
+    for key, values, failure in pool.results():
+        yield key, (values, failure)
+
+
+def _run_here(suite: Suite, threads: int, tasks: Sequence[_Task]) -> Iterator[tuple[Any, _Outcome]]:
+    if threads == 1:
+        yield from ((task[0], _attempt(suite, task)) for task in tasks)
+        return
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        yield from zip((task[0] for task in tasks), pool.map(functools.partial(_attempt, suite), tasks))
+
+
+def _attempt(suite: Suite, task: _Task) -> _Outcome:
+    """A task scored in this process, under ``time_limit`` (which bounds only the main thread)."""
+    _, it, samples = task
+    limit = SAMPLE_TIMEOUT_S * len(samples)
+    try:
+        with time_limit(limit):
+            return suite.scored(it, samples), None
+    except ScoringTimeout:
+        return None, timeout_reason(limit)
+    except Exception as err:  # noqa: BLE001 - any failure of the scorer is the sample's 0
+        return None, f"{type(err).__name__}: {err}"
 
 
 def evaluate(suite: Suite, policy: str | None = None, completions_file: str | None = None,

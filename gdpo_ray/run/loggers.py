@@ -46,7 +46,8 @@ RLLIB_KEYS = ("config/", "timers/", "num_training_step_calls_per_iteration", "nu
 
 
 def check_loggers(value: Any) -> list[str]:
-    """``run.loggers`` checked before anything starts: known names, their packages installed."""
+    """``run.loggers`` checked before anything starts (Ray included): known names, their packages
+    installed, and the servers they log to answering (``check_servers``)."""
     import importlib.util
 
     from gdpo_ray.config import unknown_key
@@ -62,7 +63,123 @@ def check_loggers(value: Any) -> list[str]:
         if module and importlib.util.find_spec(module) is None:
             raise ValueError(f"run.loggers: {name} needs the {package} package: pip install {package} "
                              f"(or leave {name} out of run.loggers)")
-    return list(dict.fromkeys(value))
+    names = list(dict.fromkeys(value))
+    check_servers(names, PROBE_TIMEOUT_S)
+    return names
+
+
+#: seconds a logger's server has to answer before the run starts (``check_servers``)
+PROBE_TIMEOUT_S = 5.0
+#: a gateway's answer that no server is behind it (which MLflow's client retries for minutes)
+_NO_SERVER = (502, 503, 504)
+
+
+def check_servers(loggers: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> None:
+    """The servers the loggers write to answer within ``timeout`` seconds, checked before Ray
+    starts (else MLflow's client retries for minutes, after the actors started, then fails):
+
+    - mlflow: ``$MLFLOW_TRACKING_URI`` when it is http(s), asked what its client asks first (the
+      experiment by name) and answering as an MLflow server does (the experiment, its absence,
+      or a login required); unset, ``file:`` or a local path (and MLflow's database and
+      Databricks stores) need no probe;
+    - wandb: when it logs online (``_wandb_mode``), ``$WANDB_BASE_URL`` (default
+      https://api.wandb.ai) answering at all; offline needs no network.
+
+    No answer (refused, unresolvable, silent) or a gateway's 502/503/504 (no server behind it)
+    is a ValueError naming the setting, the URI and the fix."""
+    if "mlflow" in loggers:
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        failed = _mlflow_answer(uri, timeout) if _is_http(uri) else None
+        if failed:
+            raise ValueError(
+                f"run.loggers: mlflow logs to MLFLOW_TRACKING_URI={_without_credentials(uri)}, which "
+                f"{failed}; start the tracking server (mlflow server --host 127.0.0.1 --port 5000) or correct "
+                f"MLFLOW_TRACKING_URI, unset it to log into the run directory (file:<run_dir>/mlruns), "
+                f"or leave mlflow out of run.loggers")
+    if "wandb" in loggers and _wandb_mode() == "online":
+        uri = os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+        answer = _probe(uri, timeout)
+        failed = answer if isinstance(answer, str) else _gateway(answer[0])
+        if failed:
+            raise ValueError(
+                f"run.loggers: wandb logs online (an API key is set, or WANDB_MODE=online) to "
+                f"{_without_credentials(uri)}, which {failed}; check the network (or WANDB_BASE_URL), log "
+                f"offline with WANDB_MODE=offline (wandb sync uploads the run later), or leave wandb out of "
+                f"run.loggers")
+
+
+def _mlflow_answer(uri: str, timeout: float) -> str | None:
+    """None when the tracking server at ``uri`` answers its client's first request (the run's
+    experiment by name) as MLflow does: 200, 404 RESOURCE_DOES_NOT_EXIST (none yet: the run
+    creates it), or 401/403 (the client logs in: $MLFLOW_TRACKING_TOKEN, ..._USERNAME); else
+    what it did."""
+    from urllib.parse import quote
+
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "gdpo-ray")
+    path = f"/api/2.0/mlflow/experiments/get-by-name?experiment_name={quote(name)}"
+    answer = _probe(uri.rstrip("/") + path, timeout)
+    if isinstance(answer, str):
+        return answer
+    status, body = answer
+    if status in (200, 401, 403) or (status == 404 and b"RESOURCE_DOES_NOT_EXIST" in body):
+        return None
+    return _gateway(status) or (f"answered HTTP {status} at {path.split('?')[0]}, as no MLflow tracking "
+                                f"server does (another service at that address?)")
+
+
+def _gateway(status: int) -> str | None:
+    return f"answered HTTP {status} (a gateway with no server behind it)" if status in _NO_SERVER else None
+
+
+def _is_http(uri: str) -> bool:
+    from urllib.parse import urlsplit
+
+    return urlsplit(uri).scheme.lower() in ("http", "https")
+
+
+def _without_credentials(uri: str) -> str:
+    """``uri`` without a ``user:password@`` part (a probe does not log in; an error does not show it)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
+def _probe(url: str, timeout: float) -> tuple[int, bytes] | str:
+    """(HTTP status, the body's first KiB) of a GET of ``url`` answered within ``timeout``
+    seconds, else what happened ("cannot be reached (...)", "did not answer within 5 s"). The
+    whole probe, name resolution included, is bounded: it runs on a thread, left behind if it
+    hangs. Proxies are the environment's (``HTTPS_PROXY``, ``NO_PROXY``), as the clients' are;
+    certificates are not checked (reachability only)."""
+    import ssl
+    import threading
+    import urllib.error
+    import urllib.request
+
+    outcome: list[tuple[int, bytes] | str] = []
+    silent = f"did not answer within {timeout:g} s"
+
+    def request() -> None:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        probe = urllib.request.Request(_without_credentials(url), headers={"User-Agent": "gdpo-ray"})
+        try:
+            with urllib.request.urlopen(probe, timeout=timeout, context=context) as answer:
+                outcome.append((answer.status, answer.read(1024)))
+        except urllib.error.HTTPError as err:  # an answer, with an error status
+            outcome.append((err.code, err.read(1024) if err.fp is not None else b""))
+        except urllib.error.URLError as err:
+            timed_out = isinstance(err.reason, TimeoutError)
+            outcome.append(silent if timed_out else f"cannot be reached ({err.reason})")
+        except TimeoutError:  # connected, then no answer
+            outcome.append(silent)
+        except (OSError, ValueError) as err:  # a connection reset, a malformed URI
+            outcome.append(f"cannot be reached ({err})")
+
+    thread = threading.Thread(target=request, name="gdpo-ray-logger-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 1)
+    return outcome[0] if outcome else silent
 
 
 def run_metrics(scalars: Mapping[str, float]) -> dict[str, float]:

@@ -24,8 +24,9 @@ RUN_KINDS = {"steps": int, "output_dir": str, "num_cpus": int, "address": (str, 
 
 
 def run_settings(sections: dict) -> dict:
-    """The ``run`` section with its defaults, checked (names, kinds)."""
-    from gdpo_ray.config import unknown_key
+    """The ``run`` section with its defaults, checked (names, kinds, ``run.name`` a plain folder
+    name, the loggers' servers answering), before Ray starts."""
+    from gdpo_ray.config import check_run_name, unknown_key
     from gdpo_ray.run.loggers import check_loggers
 
     given = sections.get("run") or {}
@@ -39,12 +40,13 @@ def run_settings(sections: dict) -> dict:
         if not isinstance(run[key], kind) or (kind is int and isinstance(run[key], bool)):
             raise ValueError(f"run.{key} must be {getattr(kind, '__name__', 'a string or null')}; "
                              f"got {run[key]!r}")
-    run["loggers"] = check_loggers(run["loggers"])
+    check_run_name(run["name"], run["output_dir"])
     if run["steps"] < 1:
         raise ValueError(f"run.steps must be an integer >= 1; got {run['steps']!r}")
     if run["num_cpus"] < 1:  # a local Ray without CPUs holds no actor: the run would wait forever
         raise ValueError(f"run.num_cpus must be an integer >= 1 (the logical CPUs of the local Ray "
                          f"the run starts); got {run['num_cpus']!r}")
+    run["loggers"] = check_loggers(run["loggers"])  # last: it may ask a server (a few seconds at most)
     return run
 
 
@@ -138,9 +140,10 @@ class TrainingRun:
     @classmethod
     def _checked(cls, config, overrides, resume, sections: dict, run: dict):
         """The run of these sections: RLlib's config of them, validated, and the checkpoint it
-        resumes from, verified."""
+        resumes from, verified (its files against its manifest, its model against
+        ``llm.model_path``)."""
         from gdpo_ray.run.algorithm import GDPOConfig
-        from gdpo_ray.run.checkpoints import resume_changes, verify_checkpoint
+        from gdpo_ray.run.checkpoints import check_model, resume_changes, verify_checkpoint
         from gdpo_ray.run.presets import apply_sections
 
         gdpo = apply_sections(GDPOConfig(), sections)
@@ -152,8 +155,9 @@ class TrainingRun:
             gdpo.checkpoint_dir = str(self.run_dir / "checkpoints")
         gdpo.validate()
         if resume:
-            self.warnings = verify_checkpoint(resume)
+            self.warnings = verify_checkpoint(resume, without_manifest=gdpo.resume_without_manifest)
             self.changes = resume_changes(gdpo, resume)
+            self.warnings += check_model(gdpo, resume)
         return self
 
     def check(self, out=print):
@@ -354,8 +358,8 @@ class TrainingRun:
 
     def _loop(self, algo: Any, log: Any, stop: StopSignals) -> None:
         """Steps until ``run.steps`` or a signal. A step in which a learner died is redone by the
-        algorithm from its last checkpoint (or the start): the step after the restored one is
-        logged again, said once here."""
+        algorithm from its last checkpoint (or the start), with the steps between, within the same
+        ``train()``: each step is logged once, and the recovery said once here."""
         from tqdm import tqdm
 
         from gdpo_ray.run.outputs import flat_scalars
@@ -370,8 +374,11 @@ class TrainingRun:
                 recoveries = algo.counters["learner_recoveries"]
                 scalars = flat_scalars(algo.train())
                 if algo.counters["learner_recoveries"] != recoveries:
-                    bar.write(f"gdpo-ray: a learner died; new learners took over from step "
-                              f"{algo.policy_version - 1} (the last checkpoint, or the start)", file=sys.stderr)
+                    failed, restored = algo.last_recovery
+                    redone = (f"step {failed}" if restored + 1 == failed else f"steps {restored + 1}-{failed}")
+                    bar.write(f"gdpo-ray: a learner died in step {failed}; new learners took over from "
+                              f"step {restored} (the last checkpoint, or the start) and redid {redone}",
+                              file=sys.stderr)
                 log.log(algo.policy_version, scalars)
                 log.log_completions(algo.policy_version, getattr(algo, "last_completions", ()))
                 now = (_count(scalars, "rollout/actors"), _count(scalars, "rollout/nodes"))

@@ -98,7 +98,7 @@ def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:
     if not c.chat_template:
         raise ValueError("data.tool_environment needs llm.chat_template=true: the tools are given to the "
                          "model, and their answers appended, through the tokenizer's chat template")
-    envs = {name: load_environment(path) for name, path in environment_paths(c.tool_environment).items()}
+    envs = {name: load_environment(path, c.tool_timeout) for name, path in environment_paths(c.tool_environment).items()}
     for env in envs.values():
         name = env.cls.__name__
         if env.reward_getter == "get_reward" and (columns != [name] if len(envs) == 1 else name not in columns):

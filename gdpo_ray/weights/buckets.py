@@ -1,8 +1,8 @@
 """The weight wire format: a model's parameters in buckets of bounded size.
 
 A bucket is ``{"names", "dtypes", "shapes", "digests", "arrays"}`` with one uint8 array of raw
-bytes per tensor and each tensor's digest (``gdpo_ray.weights.digest``, taken while packing, for
-the attestation of every push) (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
+bytes per tensor and each tensor's digest (``gdpo_ray.weights.digest``: of its values, their
+positions and its shape, taken while packing, for the attestation of every push) (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
 byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_buckets``:
 DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
 speed). A single tensor larger than the bucket size travels alone. Peak extra memory on the
@@ -42,7 +42,7 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
         dtype = str(tensor.dtype).removeprefix("torch.")
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
-        bucket["digests"].append(digest_raw(raw, dtype))
+        bucket["digests"].append(digest_raw(raw, dtype, tuple(tensor.shape)))
         bucket["rounded"].append(rounded_digests(flat, dtype, variants))
         bucket["shapes"].append(tuple(tensor.shape))
         bucket["arrays"].append(raw)
@@ -72,8 +72,8 @@ def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, t
             start = end = offset
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
-        bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype))
-        bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants))
+        bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype, shape))
+        bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants, shape))
         bucket["shapes"].append(tuple(shape))
         bucket["offsets"].append(offset - start)
         end = max(end, offset + nbytes)

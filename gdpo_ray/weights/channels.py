@@ -188,7 +188,8 @@ class GlooChannel:
             header = pickle.dumps({k: bucket[k] for k in ("names", "dtypes", "shapes")}
                                   | {"offsets": bucket_offsets(bucket)})
             data = self._data(bucket)
-            sent.add(bucket["names"], bucket["dtypes"], bucket["digests"], data.nbytes, bucket.get("rounded"))
+            sent.add(bucket["names"], bucket["dtypes"], bucket["digests"], data.nbytes, bucket.get("rounded"),
+                     bucket["shapes"])
             self._broadcast(torch.tensor([len(header), data.nbytes], dtype=torch.int64, device=self.device))
             self._broadcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device))
             self._broadcast(data)
@@ -305,7 +306,7 @@ class VllmChannel:
             tensor = tensor.contiguous()
             self.group.broadcast(tensor, src=0, stream=stream)
             sent.add([name], [dtype], [digest(tensor)], tensor.nbytes,
-                     [rounded_digests(tensor, dtype, sender.variants)])
+                     [rounded_digests(tensor, dtype, sender.variants)], [tuple(tensor.shape)])
         stream.synchronize()
         return sent
 

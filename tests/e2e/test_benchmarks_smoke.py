@@ -32,13 +32,14 @@ SMOKES = {
     "agent.py": ((), {"multi_over_single", "engine_idle_fraction_batched"}),
     "data_plane.py": ((), {"ratio_to_memcpy", "speedup_vs_tensors", "speedup_vs_pickle"}),
     "learner.py": ((), {"deepspeed_over_torch"}),
-    "weight_sync.py": ((), {"ratio_to_memcpy_1", "two_over_one", "broadcast_ratio_to_memcpy_1"}),
+    "weight_sync.py": ((), {"ratio_to_memcpy_1", "two_over_one", "broadcast_ratio_to_memcpy_1", "digest_over_memcpy"}),
     "pipeline.py": ((), {"framework_overhead", "async_speedup", "async_efficiency"}),
     "gdpo_vs_grpo.py": ((), {"gdpo_paper_pass@1", "grpo_paper_pass@1", "gdpo_distinct_groups"}),
     "lora.py": ((), {"push_bytes_ratio", "learner_peak_ratio", "step_time_ratio", "demo_lora_pushes_attested"}),
     "paper_studies.py": (("--out", "{tmp}/out"), {"tool_calling", "math_length"}),
     "agent_learns.py": ((), {"heldout_success_base", "heldout_success_sft", "heldout_success_gdpo",
                              "tool_call_rate_sft"}),
+    "soak_tools.py": ((), {"steps", "tool_timeouts", "processes_left", "max_processes_last_quarter"}),
     "vs_trl.py": ((), {"async_speedup_vs_trl", "sync_speedup_vs_trl", "wall_ratio_vs_trl", "pss_ratio_vs_trl",
                        "reward_gap_vs_trl"}),
 }
@@ -50,7 +51,7 @@ VLLM_SMOKES = {
 }
 #: more than ~30 s on 2 cores (still in the default run)
 SLOW = {"learner.py", "weight_sync.py", "pipeline.py", "gdpo_vs_grpo.py", "lora.py", "paper_studies.py",
-        "agent_learns.py", "vs_trl.py"}
+        "agent_learns.py", "vs_trl.py", "soak_tools.py"}
 
 
 def run_smoke(script: str, extra: tuple, cwd: Path) -> dict:

@@ -81,8 +81,9 @@ def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsy
 def test_a_learner_death_and_a_full_disk_under_gdpo_ray_train(ray_cluster, tmp_path, capsys, monkeypatch):
     """Issue 29 items 2, 11 and 12, as `gdpo-ray train` meets them: `--resume RUN_DIR` goes on in
     that directory, appending its metrics; a learner killed there makes the algorithm restore
-    the checkpoint the run resumed from (not the start of the run) and the command goes on (the
-    step that trained nothing logs no row, and NaN metrics stop nothing); then the final
+    the checkpoint the run resumed from (not the start of the run) and redo the steps since, and
+    the command goes on, each step logged once (issue 50: the step that trained nothing logs no
+    row, and the step redone on the way is not logged again); then the final
     checkpoint meets a full disk: a message naming it, exit 1, no traceback, the older
     checkpoint at that path intact."""
     import errno
@@ -113,13 +114,14 @@ def test_a_learner_death_and_a_full_disk_under_gdpo_ray_train(ray_cluster, tmp_p
     assert main(["train", "demo", "run.steps=4", *common, "--resume", "a"]) == 1
     captured = capsys.readouterr()
     assert f"resuming from {final} (continuing the run in its directory)" in captured.out
-    assert "a learner died; new learners took over from step 2" in captured.err
+    assert ("a learner died in step 4; new learners took over from step 2 (the last checkpoint, or the "
+            "start) and redid steps 3-4") in captured.err
     assert f"cannot write the checkpoint {final}: [Errno 28] No space left on device" in captured.err
     assert f"last complete checkpoint {final}" in captured.err
     assert f"--resume {run}" in captured.err and "Traceback" not in captured.err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    # 1, 2 (the first run); 3, then 4 failed and went back to 2 (no row); 3 again, 4
-    assert [r["step"] for r in rows] == [1, 2, 3, 3, 4]
-    assert [r["learner_recoveries"] for r in rows] == [0, 0, 0, 1, 1]
+    # 1, 2 (the first run); 3, then 4 failed and went back to 2 (no row); 3 again (no row), 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["learner_recoveries"] for r in rows] == [0, 0, 0, 1]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final"]  # no partial save
     assert verify_checkpoint(str(final)) == [] and checkpoint_version(final) == 2

@@ -253,14 +253,17 @@ def test_checkpoint_resume_is_exact(ray_cluster, tmp_path):
 
 
 def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp_path):
-    """The step in which a learner died is redone on new learners from the last checkpoint:
-    ``train()`` returns that redone step's metrics (finite, as every step's), never NaN."""
-    algo = demo_config("training.checkpoint_every=1",
+    """The step in which a learner died is redone on new learners from the last checkpoint, with
+    the steps between it and that checkpoint, in the same ``train()``: it returns the metrics of
+    the step after the previous call's (finite, as every step's, never NaN), so no step number is
+    returned (or logged) twice and the iteration counts train() calls (issue 50)."""
+    algo = demo_config("training.checkpoint_every=2",
                        f"training.checkpoint_dir={tmp_path}").build_algo()
     try:
         algo.train()
-        algo.train()
+        algo.train()  # step_000002
         digest, restored = learner_digest(algo), []
+        assert algo.train()["step"] == 3  # no checkpoint of step 3
         recover = algo._recover
 
         def recover_and_look(err):
@@ -269,12 +272,46 @@ def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp
 
         algo._recover = recover_and_look
         ray_cluster.kill(algo.learners.learners[0])
-        result = algo.train()  # the update fails: new learners, step 2 restored, step 3 redone
-        assert restored == [(2, digest)]
-        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 3
-        assert result["step"] == 3 and result["learner_recoveries"] == 1
+        result = algo.train()  # step 4's update fails: new learners, step 2 restored, steps 3 and 4 redone
+        assert restored == [(2, digest)] and algo.last_recovery == (4, 2)
+        assert algo.counters["learner_recoveries"] == 1 and algo.policy_version == 4
+        assert result["step"] == 4 and result["learner_recoveries"] == 1 and algo.iteration == 4
         assert all(np.isfinite(result[f"rewards/{name}/mean"]) for name in algo.reward_names)
-        assert (tmp_path / "step_000003").is_dir()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000002", "step_000004"]
+    finally:
+        algo.stop()
+
+
+def test_a_restore_keeps_its_timeline_under_keep_checkpoints(ray_cluster, tmp_path, caplog):
+    """``algo.restore_from_path`` of a step older than the run's newest checkpoint (issue 50): the
+    newer ones, of the timeline the restore leaves, are moved aside (named, said once) before a new
+    one is written, so ``training.keep_checkpoints`` keeps the new timeline's checkpoints (an
+    abandoned newer one would outrank them: each deleted as soon as written) and the one a learner
+    recovery goes back to exists."""
+    import logging
+
+    from gdpo_ray.run.checkpoints import latest_checkpoint, verify_checkpoint
+
+    root = tmp_path / "checkpoints"
+    algo = demo_config("training.checkpoint_every=1", "training.keep_checkpoints=1",
+                       f"training.checkpoint_dir={root}").build_algo()
+    try:
+        start = algo.save_to_path(str(tmp_path / "start"))  # step 0, outside the run's folder
+        algo.train()
+        algo.train()
+        assert sorted(p.name for p in root.iterdir()) == ["step_000002"]
+        with caplog.at_level(logging.WARNING, logger="gdpo_ray.run.algorithm_state"):
+            algo.restore_from_path(start)
+        said = [r.getMessage() for r in caplog.records if "timeline" in r.getMessage()]
+        [aside] = [p for p in root.iterdir() if p.name.startswith("abandoned-after-step_000000-")]
+        assert said == [f"restored step 0 ({start}): the run's checkpoints of later steps, step_000002, are "
+                        f"of the timeline this restore leaves: moved to {aside}, so that its own "
+                        f"checkpoints (training.keep_checkpoints, a later resume) are not mixed with them"]
+        assert verify_checkpoint(str(aside / "step_000002")) == []  # kept whole
+        assert algo.train()["step"] == 1
+        assert latest_checkpoint(root) == algo._last_checkpoint == str(root / "step_000001")
+        assert sorted(p.name for p in root.iterdir()) == [aside.name, "step_000001"]
+        assert len([r for r in caplog.records if "timeline" in r.getMessage()]) == 1  # said once
     finally:
         algo.stop()
 

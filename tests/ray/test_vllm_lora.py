@@ -63,6 +63,11 @@ def digests(tensors: dict) -> dict:
     return {k: digest(v) for k, v in tensors.items()}
 
 
+def shapes(tensors: dict) -> dict:
+    """The sent shapes, which place each part of a fused key (q+k+v) in the comparison."""
+    return {k: tuple(v.shape) for k, v in tensors.items()}
+
+
 def forward_logprobs(model, prompt, tokens, temperature):
     """log_softmax(logits / T) of each token of ``tokens`` after ``prompt``, and the argmax."""
     import torch
@@ -209,6 +214,38 @@ def test_a_scale_that_is_no_power_of_two_is_attested_against_the_adapter_file(ti
         engine.shutdown()
 
 
+def test_an_adapter_narrower_than_its_slot_is_read_back_as_sent(tiny_model_dir):
+    """r = 4 in slots max_lora_rank = 8 wide: lora_B [out, 4] sits in a slot's first 4 columns,
+    read back at its own positions (the digest counts them), compare-clean; a non-zero in a
+    column past the rank is named (issue 50)."""
+    import torch
+
+    from actors.vllm_engine import VLLMEngine
+
+    settings = dict(SETTINGS, r=4, lora_alpha=8.0)  # scale 2: exact
+    engine = VLLMEngine(tiny_model_dir, lora=settings, **ENGINE, **gpu_share())
+    try:
+        assert engine.llm.llm_engine.vllm_config.lora_config.max_lora_rank == 8
+        tensors = adapter_tensors(peft_model(tiny_model_dir, seed=5, settings=settings))
+        engine.load_weights(tensors.items())
+        sent, dtypes = digests(tensors), {k: "float32" for k in tensors}
+        held = engine.weight_digests(dtypes)
+        assert set(held) == set(tensors) and compare(sent, held) == []
+
+        def corrupt(worker, adapter_id):
+            manager = worker.model_runner.lora_manager._adapter_manager
+            slot = manager.lora_index_to_id.index(adapter_id)
+            with torch.no_grad():  # o_proj's lora_B, a column past the rank
+                manager.modules["model.layers.0.self_attn.o_proj"].lora_b_stacked[0][slot, 0, 1, 6] = 1.0
+
+        engine.llm.collective_rpc(corrupt, args=(engine.adapters.current.id,))
+        assert compare(sent, engine.weight_digests(dtypes)) == [
+            "base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight: the engine holds other values "
+            "than were sent"]
+    finally:
+        engine.shutdown()
+
+
 def perturbed_state(model_dir, seed: int, scale: float) -> dict:
     import torch
 
@@ -220,8 +257,8 @@ def perturbed_state(model_dir, seed: int, scale: float) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def check_full_weight_digests(held: dict, sent: dict) -> None:
-    assert compare(sent, held) == []
+def check_full_weight_digests(held: dict, sent: dict, sent_shapes: dict) -> None:
+    assert compare(sent, held, shapes=sent_shapes) == []
     fused = {k for k in held if "+" in k}
     assert any(k.count("+") == 2 and ".q_proj.weight" in k for k in fused)  # q+k+v as vLLM holds them
     assert any(".gate_proj.weight+" in k for k in fused)  # gate+up
@@ -239,13 +276,13 @@ def test_batched_full_weight_digests_read_back_the_model(tiny_model_dir):
         state = perturbed_state(tiny_model_dir, 4, 0.3)
         sent, dtypes = digests(state), {k: "float32" for k in state}
         engine.load_weights(state.items())
-        check_full_weight_digests(engine.weight_digests(dtypes), sent)
+        check_full_weight_digests(engine.weight_digests(dtypes), sent, shapes(state))
 
         tampered = {k: v.clone() for k, v in state.items()}
         tampered["model.layers.0.self_attn.k_proj.weight"][1, 2] += 1e-3
         tampered["model.layers.1.mlp.down_proj.weight"][0, 7] = 0.0
         engine.load_weights(tampered.items())
-        wrong = compare(sent, engine.weight_digests(dtypes))
+        wrong = compare(sent, engine.weight_digests(dtypes), shapes=shapes(state))
         assert len(wrong) == 2, wrong
         assert any("model.layers.0.self_attn.k_proj.weight" in w for w in wrong)
         assert any(w.startswith("model.layers.1.mlp.down_proj.weight:") for w in wrong)
@@ -367,8 +404,8 @@ def test_streaming_full_weight_digests_read_back_the_model(tiny_model_dir):
             eng.shutdown()
 
     held, after_tampering = asyncio.run(run())
-    check_full_weight_digests(held, sent)
-    wrong = compare(sent, after_tampering)
+    check_full_weight_digests(held, sent, shapes(state))
+    wrong = compare(sent, after_tampering, shapes=shapes(state))
     assert len(wrong) == 1 and "model.layers.1.mlp.up_proj.weight" in wrong[0], wrong
 
 

@@ -72,3 +72,30 @@ def call_sizes(prompts, completions, folder, **columns):
 def parent_main_ran(prompts, completions, **columns):
     """1.0 where this worker ran its parent's ``__main__`` script (as multiprocessing's ``__mp_main__``)."""
     return [float(sys.modules["__main__"].__name__ == "__mp_main__") for _ in completions]
+
+
+class Stop(BaseException):
+    """A user's own BaseException."""
+
+
+def base_exceptions(prompts, completions, **columns):
+    """Raises a BaseException other than KeyboardInterrupt for completions "exit", "stop",
+    "generator" and "math-verify" (math-verify's own timeout); 1.0 for the others."""
+    from math_verify.errors import TimeoutException
+
+    raised = {"exit": SystemExit("the reward called sys.exit"), "stop": Stop("my own"),
+              "generator": GeneratorExit(), "math-verify": TimeoutException("Operation timed out!")}
+    for c in completions:
+        if c in raised:
+            raise raised[c]
+    return [1.0 for _ in completions]
+
+
+def sleep_forever_on_odd(prompts, completions, **columns):
+    """Sleeps forever on an odd number, after starting a child that leaves the worker's session
+    and process group (``start_new_session``) and sleeps too, its command line carrying the marker."""
+    if any(int(c) % 2 for c in completions):
+        marker = columns.get("marker", ["gdpo-pool-test"])[0]
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", marker], start_new_session=True)
+        time.sleep(10_000)
+    return [float(c) for c in completions]

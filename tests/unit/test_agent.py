@@ -122,7 +122,7 @@ def test_the_warm_start_trains_on_the_tokens_the_rollout_loop_builds(tmp_path):
     prompt, target, mask = trajectory_example(ids, turns, engine.tokenizer, ToolTurns(engine.tokenizer))
     assert prompt == ids and trajectory.tokens == target and trajectory.mask == mask
     assert [m["content"] for m in trajectory.messages if m["role"] == "tool"] == [a for _, (_, a) in turns[:2]]
-    assert trajectory.session.rewards(["tool_success"], "get_rewards") == [(1.0, "", "")]
+    assert tools.rewards([trajectory], ["tool_success"]) == {"tool_success": ([1.0], [""], [""])}
     assert get("tool_turn_format")([None], [trajectory.messages]) == [1.0]
     assert "You can call: add(a, b), multiply(a, b)." in engine.tokenizer.decode(ids)
     tools.close()

@@ -1,5 +1,6 @@
-"""Weight digests and the push ledger (issue 30): exact, additive digests; every sent tensor must be
-reported once; a push is counted attested only when its reports match."""
+"""Weight digests and the push ledger (issue 30; order-aware since issue 50): additive digests by
+offset; every sent tensor must be reported once; a push is counted attested only when its reports
+match."""
 
 import numpy as np
 import pytest
@@ -7,21 +8,21 @@ import torch
 
 from actors.attestation import PushLedger, WeightPushFailed
 from gdpo_ray.weights.buckets import pack_buckets, pack_flat_buckets
-from gdpo_ray.weights.digest import FUSED, MOD, Sent, combine, compare, digest, digest_as, digest_raw
+from gdpo_ray.weights.digest import BASE, FUSED, MOD, Sent, combine, compare, digest, digest_as, digest_raw
 
 
-def test_a_digest_is_the_sum_of_the_bit_patterns_and_adds_over_concatenation():
-    x = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float32)
-    bits = x.numpy().view(np.int32).astype(np.int64)
-    assert digest(x) == int(bits.sum()) % MOD == digest(x.numpy())
+def test_a_digest_adds_over_concatenation_by_offset_and_sees_every_bit():
+    """Exact arithmetic of the digest: tests/unit/test_digest.py. Here what attestation relies on."""
     a, b, c = torch.randn(7, 3), torch.randn(2, 3), torch.randn(5, 3)
-    assert digest(torch.cat([a, b, c])) == combine([digest(a), digest(b), digest(c)])
+    assert digest(a) == digest(a.numpy())
+    assert digest(torch.cat([a, b, c])) == combine([digest(a), digest(b), digest(c)], [21, 6, 15])
     assert digest(torch.cat([a, torch.zeros(4, 3)])) == digest(a)  # zero padding adds nothing
     assert digest_as(a, "bfloat16") == digest(a.bfloat16()) != digest(a)
-    assert digest_raw(a.contiguous().view(-1).view(torch.uint8).numpy(), "float32") == digest(a)
+    assert digest_raw(a.contiguous().view(-1).view(torch.uint8).numpy(), "float32", (7, 3)) == digest(a)
     flipped = a.clone()
     flipped.view(-1).view(torch.int32)[5] ^= 1  # one bit of one element
     assert digest(flipped) != digest(a)
+    assert digest(a.flip(0)) != digest(a)  # the same values in other rows
 
 
 def test_buckets_carry_the_digest_of_every_tensor_they_pack():
@@ -30,21 +31,28 @@ def test_buckets_carry_the_digest_of_every_tensor_they_pack():
     for bucket in pack_buckets(tensors, 1024):
         sent.add_bucket(bucket)
     assert sent.digests == {n: digest(t) for n, t in tensors}
+    assert sent.shapes == {"a": (300,), "b": (10, 10), "c": (50,)}
     assert sent.count == 2 and sent.buckets == {"a": 0, "b": 1, "c": 1}
     assert sent.bytes == sum(t.numel() * t.element_size() for _, t in tensors) and sent.peak_bytes == 1200
     flat = torch.randn(100)
     raw = flat.view(torch.uint8).numpy()
-    entries = [(0, "x", "float32", (40,), 160), (160, "y", "float32", (60,), 240), (160, "y2", "float32", (60,), 240)]
+    entries = [(0, "x", "float32", (40,), 160), (160, "y", "float32", (60,), 240), (160, "y2", "float32", (6, 10), 240)]
     digests = {n: d for b in pack_flat_buckets(raw, entries, 1 << 20) for n, d in zip(b["names"], b["digests"])}
-    assert digests == {"x": digest(flat[:40]), "y": digest(flat[40:]), "y2": digest(flat[40:])}
+    assert digests == {"x": digest(flat[:40]), "y": digest(flat[40:]), "y2": digest(flat[40:].reshape(6, 10))}
+    assert digests["y"] != digests["y2"]  # the same bytes as another shape
 
 
 def test_compare_covers_every_sent_tensor_exactly_once():
     sent = {"q": 5, "k": 7, "v": 11, "o": 13}
-    assert compare(sent, {f"q{FUSED}k{FUSED}v": 23, "o": 13}) == []
-    assert compare(sent, {"q+k+v": 24, "o": 13}) == ["q+k+v: the engine holds other values than were sent"]
+    shapes = {"q": (2, 1), "k": (1, 1), "v": (1, 1), "o": (1, 1)}
+    qkv = (5 + 7 * pow(BASE, 2, MOD) + 11 * pow(BASE, 3, MOD)) % MOD  # k after q's 2 elements, v after 3
+    assert compare(sent, {f"q{FUSED}k{FUSED}v": qkv, "o": 13}, shapes=shapes) == []
+    assert compare(sent, {"q+k+v": qkv + 1, "o": 13}, shapes=shapes) == [
+        "q+k+v: the engine holds other values than were sent"]
+    assert compare(sent, {"q+k+v": 23, "o": 13}, shapes=shapes) == [  # 5 + 7 + 11: not where they sit
+        "q+k+v: the engine holds other values than were sent"]
     assert compare(sent, {"o": 13}) == ["q (and 2 more): not reported as held by the engine"]
-    assert compare(sent, {"q+k+v": 23, "o": 13, "x": 1}) == [
+    assert compare(sent, {"q+k+v": qkv, "o": 13, "x": 1}, shapes=shapes) == [
         "x: the engine reports a tensor the push did not send (x)"]
 
 

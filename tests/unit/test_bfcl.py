@@ -396,9 +396,13 @@ def hostile_calls(depth=5000):
     def nested(n):
         return '<think></think>\n<tool_call>\n{"name": "f", "parameters": {"x": ' + "[" * n + "]" * n + "}}\n</tool_call>"
 
+    big, half = "0x" + "f" * 1_000_000, "0x" + "e" * 500_000  # 4,000,000 and 2,000,000 bits
     return [nested(depth), nested(100_000), nested(900), "[not json", "[" * depth, "[1, 2]",
             '<tool_call>\n{"name": "f", "parameters": {"x": ' + '{"a": ' * 900 + "1" + "}" * 900 + "}}\n</tool_call>",
-            "<tool_call>" * 20_000, "<think>" + "</think>\n<tool_call>\n" * 20_000]
+            "<tool_call>" * 20_000, "<think>" + "</think>\n<tool_call>\n" * 20_000,
+            # issue 50: a long division of 4e6 by 2e6 bits (tens of seconds in C), a product (one
+            # second), an integer no text can hold in a call taken as its text
+            f"[f(x={big} // {half})]", f"[f(x={big} * {big})]", f"[f(x=g({big}))]"]
 
 
 def test_hostile_calls_score_0_through_the_cli(tmp_path):

@@ -57,8 +57,8 @@ def play(entry, script, max_turns=100):
                                                 tools=tools.schemas_of(trajectory))
     run_batched(engine, tools, [engine.tokenizer(text, add_special_tokens=False)["input_ids"]], [trajectory],
                 SamplingParams(max_tokens=200_000))
-    rewards = dict(zip(["state", "response", "valid"],
-                       [v for v, _, _ in trajectory.session.rewards(["state", "response", "valid"], "get_rewards")]))
+    names = ["state", "response", "valid"]
+    rewards = {name: column[0][0] for name, column in tools.rewards([trajectory], names).items()}
     tools.close()
     return trajectory, rewards
 

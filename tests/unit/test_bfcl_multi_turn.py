@@ -9,6 +9,7 @@ import json
 import os
 import random
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,95 @@ def test_heavy_math_is_refused_and_precision_does_not_leak(entries):
     assert "over 10,000" in state.execute("logarithm(value=2, base=10, precision=1e9)")
     assert "bits" in state.execute("power(base=10, exponent=1000000000)")
     assert state.execute("power(base=2, exponent=10)") == '{"result": 1024}'
+
+
+def test_calls_whose_cost_grows_with_an_argument_are_answered_at_once(entries):
+    """Issue 50: round_number(number=5, decimal_places=-1000000000) (30 tokens) computed
+    10**1000000000 for minutes, holding the GIL; it and every other call that grows so is answered
+    an error naming the bound, at once; the same calls within the bounds run as BFCL runs them."""
+    from tests.hang import hang_guard
+
+    state = ApiState(["MathAPI", "GorillaFileSystem", "MessageAPI"], {"GorillaFileSystem": {"root": {"w": {
+        "type": "directory", "contents": {"d": {"type": "directory", "contents": {"f": {"type": "file", "content": "x"}}}}}}}})
+    hex_int = "0x" + "f" * 300_000  # 1,200,000 bits: a literal as long as its text
+    with hang_guard(60, "guarded calls"):
+        assert state.execute("round_number(number=5, decimal_places=-1000000000)") == (
+            "Error during execution: round_number: decimal_places=-1000000000 is below -301,029, the fewest "
+            "this evaluation rounds an integer to (10**1000000000 has over 1,000,000 bits)")
+        assert state.execute("round_number(number=True, decimal_places=-1000000000)").startswith(
+            "Error during execution: round_number: decimal_places=-1000000000 is below")  # a bool is an int
+        assert state.execute("round_number(number=15, decimal_places=-1)") == '{"result": 20}'
+        assert state.execute("round_number(number=5, decimal_places=-301029)") == '{"result": 0}'  # the bound runs
+        assert state.execute("round_number(number=5.5, decimal_places=-1000000000)") == '{"result": 0.0}'  # a float: O(1)
+        assert state.execute(f"round_number(number={hex_int}, decimal_places=-3)") == (
+            "Error during execution: round_number: number has over 1,000,000 bits, more than this evaluation "
+            "rounds to negative decimal places")
+        assert state.execute(f"multiply(a={hex_int}, b=3)") == (
+            "Error during execution: multiply: <an integer of 1,200,000 bits>*3 has over 1,000,000 bits, more "
+            "than this evaluation computes")
+        assert state.execute("multiply(a=6, b=7)") == '{"result": 42}'
+        # cp of a directory shares its subdirectories: 7 calls double what find and du walk
+        double = ["mkdir(dir_name='n')", "cp(source='d', destination='n')", "cd(folder='n')",
+                  "cp(source='d', destination='e')", "cd(folder='..')", "rm(file_name='d')",
+                  "mv(source='n', destination='d')"]
+        state.run(["cd(folder='w')"] + double * 17)  # 2**17 paths to f
+        for call in ("find(path='.')", "du()"):
+            assert state.execute(call) == (
+                f"Error during execution: {call.split('(')[0]}: the tree it would walk has over 100,000 entries "
+                "(directories copied into one another), more than this evaluation walks")
+        assert state.execute("find(path='" + "/".join(["d"] * 16) + "')").count("/f") == 4  # a small part: it runs
+        messages = state.instances["MessageAPI"]
+        messages.generated_ids = set(range(10_000, 100_000))
+        assert state.execute("send_message(receiver_id='USR002', message='hi')") == (
+            "Error during execution: send_message: all 90,000 message ids are taken (MessageAPI would draw "
+            "a free one forever)")
+
+
+class PowerUnguarded(mt.BFCLMultiTurn):
+    """BFCL multi-turn with MathAPI.power's guard taken out while it scores: power(base=3,
+    exponent=10**12) computes in C holding the GIL for hours, as a path no guard foresaw would."""
+
+    def score(self, item, completions):
+        guard = bfcl_apis.GUARDS.pop(("MathAPI", "power"))
+        try:
+            return super().score(item, completions)
+        finally:
+            bfcl_apis.GUARDS[("MathAPI", "power")] = guard
+
+
+def test_a_call_stuck_in_c_costs_its_sample_its_limit_and_the_eval_goes_on(tmp_path, monkeypatch):
+    """Issue 50: ``gdpo-ray eval --suite bfcl:multi_turn_base --completions`` sat at "score 0%"
+    until killed at 420 s. Now a guarded call (round_number) is answered at once and its
+    trajectory scores as BFCL's rules say (valid: the extra call's error changes no state), and a
+    call that computes in C is killed with its scoring process at the sample's limit: that sample
+    scores 0 with the timeout, the others score, and the eval ends."""
+    from gdpo_ray.eval.report import read_report
+    from gdpo_ray.eval.suites import SUITES
+    from gdpo_ray.run import eval_runner
+    from gdpo_ray.run.cli import main
+    from tests.hang import hang_guard
+
+    monkeypatch.setattr(SUITES, "_entries", dict(SUITES._entries, bfcl=lambda spec, **o: PowerUnguarded(spec, **o)))
+    monkeypatch.setattr(eval_runner, "SAMPLE_TIMEOUT_S", 2.0)
+    suite = make_suite("bfcl:multi_turn_base")
+    ids = ["multi_turn_base_36", "multi_turn_base_57", "multi_turn_base_59", "multi_turn_base_134"]  # with MathAPI
+    golds = {i: gold(next(it for it in suite.items() if it.id == i).reference.entry) for i in ids}
+    rounding, stuck = golds["multi_turn_base_36"], golds["multi_turn_base_57"]
+    rounding[0] = [["round_number(number=5, decimal_places=-1000000000)"], *rounding[0]]
+    stuck[0] = [["power(base=3, exponent=1000000000000)"], *stuck[0]]
+    path, out = tmp_path / "c.jsonl", tmp_path / "r.json"
+    path.write_text("".join(json.dumps({"id": i, "completions": [mt.completion_text(golds[i])]}) + "\n" for i in ids))
+    start = time.monotonic()
+    with hang_guard(120, "scoring a call stuck in C"):
+        assert main(["eval", "--suite", "bfcl:multi_turn_base", "--completions", str(path), "--output", str(out)]) == 0
+    took = time.monotonic() - start
+    report = read_report(out)
+    samples = {i: report["items"][i]["samples"][0] for i in ids}
+    assert {i: (s["accuracy"], s.get("error")) for i, s in samples.items()} == {
+        "multi_turn_base_36": (1.0, None), "multi_turn_base_57": (0.0, "timeout: scoring took over 2 s"),
+        "multi_turn_base_59": (1.0, None), "multi_turn_base_134": (1.0, None)}
+    assert report["errors"] == [{"item": "multi_turn_base_57", "sample": 0, "error": "timeout: scoring took over 2 s"}]
+    print(f"the eval took {took:.1f} s with a 2 s limit")
 
 
 def test_tool_docs_hold_out_the_missed_functions_until_their_turn():

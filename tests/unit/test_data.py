@@ -57,6 +57,42 @@ def test_json_arrays_parquet_and_missing_files(tmp_path):
         read_dataset(str(tmp_path))
 
 
+def nested(levels, inner='"x"'):
+    """JSON text of ``levels`` arrays inside one another around ``inner``."""
+    return "[" * levels + inner + "]" * levels
+
+
+def test_rows_of_any_nesting_are_named_never_a_recursion_error(tmp_path):
+    from gdpo_ray.data import MAX_NESTING
+
+    assert MAX_NESTING == 100
+    # the row is level 1: a column of 99 arrays inside one another nests 100 levels, 100 arrays 101
+    at_most = '{"prompt": "q", "meta": %s}' % nested(99)
+    assert read_dataset(write(tmp_path, "ok.jsonl", [GOOD, at_most])).rows[1]["meta"] is not None
+    for levels in (100, 5000, 200_000):  # past ~1,000 Python's json module raised RecursionError
+        path = write(tmp_path, "deep.jsonl", [GOOD, "", '{"prompt": "q", "meta": {"a": %s}}' % nested(levels)])
+        with pytest.raises(ValueError, match=r"deep\.jsonl, line 3: column 'meta' nests more than 100 levels "
+                                             r"\(objects and arrays inside one another\); a row may nest at "
+                                             r"most 100: flatten it"):
+            read_dataset(path)
+    # brackets inside strings are text, not nesting; a line whose brackets do not pair is bad JSON
+    text = '{"prompt": "%s", "meta": "%s"}' % ("[" * 500, "{" * 500 + "\\\"" + "]" * 500)
+    assert read_dataset(write(tmp_path, "text.jsonl", [text])).rows[0]["prompt"] == "[" * 500
+    with pytest.raises(ValueError, match=r"line 1: not valid JSON"):
+        read_dataset(write(tmp_path, "odd.jsonl", ['{"prompt": "q", "meta": [%s[2}}' % ("[1], " * 150)]))
+    # a JSON array file names the row (the array is the level above its rows); an Arrow table the column
+    rows = [{"prompt": "a"}, {"prompt": "b", "deep": json.loads(nested(150))}]
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match=r"a\.json, row 2: column 'deep' nests more than 100 levels"):
+        read_dataset(str(tmp_path / "a.json"))
+    import pyarrow as pa
+
+    with pytest.raises(ValueError, match=r"the dataset: column 'deep' nests more than 100 levels \(lists, "
+                                         r"structs and maps inside one another\)"):
+        read_dataset(pa.table({"prompt": ["a"], "deep": [json.loads(nested(150))]}))
+    assert read_dataset(pa.table({"prompt": ["a"], "deep": [json.loads(nested(98))]})).rows[0]["deep"]
+
+
 def test_prompt_source_names_the_line_of_a_bad_prompt(tmp_path):
     path = write(tmp_path, "d.jsonl", [GOOD, GOOD, json.dumps({"prompt": ""})])
     with pytest.raises(ValueError, match=r"d.jsonl, line 3: column 'prompt' must be a non-empty"):

@@ -48,11 +48,11 @@ def test_each_row_gets_its_class_its_tools_and_only_its_columns(tools):
     assert state_errors[1] == "a rollout of 'count', which gives no 'state'"
     assert counter[1] == 0.0 and counter_kinds == [NOT_APPLICABLE, "", "error"]  # the bad row failed
     assert counter_errors[0] == "a rollout of 'calc', which gives no 'Counter'"
+    processes = [calc.session.process, count.session.process]
     tools.release([calc, count, bad])
-    assert [type(i).__name__ for name in ("calc", "count") for i in tools._idle[name]] == ["Calculator", "Counter"]
-    pooled = tools._idle["count"][0]
+    assert [tools._idle[name] for name in ("calc", "count")] == [[processes[0]], [processes[1]]]
     (again, _), = tools.start([{"prompt": "p", "environment": "count"}])
-    assert again.session.instance is pooled and again.environment == "count"
+    assert again.session.process is processes[1] and again.environment == "count"
 
 
 def test_a_multi_turn_rollout_calls_its_own_classes_tools(tools):

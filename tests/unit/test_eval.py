@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import time
 
 import pytest
 
@@ -395,12 +397,13 @@ def test_humaneval_forgeries_score_0_through_the_cli(tmp_path):
 
 class Hostile(Suite):
     """Scores "1" as a pass; raises on "raise", loops forever on "hang" (a scorer's bug, not the
-    completion's merit)."""
+    completion's merit), computes in C holding the GIL for hours on "spin" (what a thread or a
+    signal cannot stop), ends its process on "exit"."""
 
     name, metrics, length_limit = "hostile", ("pass@1", "exceed_ratio"), 4
 
     def all_items(self):
-        return [EvalItem(i, "p", "x", None) for i in "ab"]
+        return [EvalItem(i, "p", "x", None) for i in "abc"]
 
     def score(self, item, completions):
         for c in completions:
@@ -408,6 +411,10 @@ class Hostile(Suite):
                 raise ZeroDivisionError("division by zero")
             while c.text == "hang":
                 pass
+            if c.text == "spin":
+                sum(range(10 ** 12))
+            if c.text == "exit":
+                os._exit(3)
         return [{"pass@1": float(c.text == "1"), "exceed_ratio": exceeds(c, self.length_limit)}
                 for c in completions]
 
@@ -431,13 +438,94 @@ def test_a_scorer_that_raises_or_hangs_costs_only_that_sample(tmp_path, monkeypa
     assert [s["pass@1"] for s in a] == [1.0, 0.0, 0.0] and [s["exceed_ratio"] for s in a] == [0.0, 1.0, 0.0]
     assert [s["pass@1"] for s in b] == [0.0, 1.0]
     assert a[1]["error"] == "ZeroDivisionError: division by zero" and "error" not in a[0]
-    assert b[0]["error"].startswith("timed out after 1 s")
+    assert b[0]["error"] == "timeout: scoring took over 1 s"
     assert report["errors"] == [{"item": "a", "sample": 1, "error": a[1]["error"]},
                                 {"item": "b", "sample": 0, "error": b[0]["error"]}]
     assert report["overall"]["pass@1"] == pytest.approx((1 / 3 + 1 / 2) / 2)
     assert format_report(report).splitlines()[-1] == (
         "2 sample(s) scored 0 because scoring them failed (the report's errors), e.g. a sample 1: "
         "ZeroDivisionError: division by zero")
+
+
+def test_a_scorer_stuck_in_c_or_ending_its_process_costs_only_that_sample(monkeypatch):
+    """Issue 50: C code holding the GIL (``sum`` over a range of 10**12: hours) defeats a signal;
+    the scoring process running it is killed at the sample's limit and replaced, one that ends
+    (``os._exit``) is that sample's failure, and every other sample scores."""
+    from gdpo_ray.run import eval_runner
+    from tests.hang import hang_guard
+
+    monkeypatch.setattr(eval_runner, "SAMPLE_TIMEOUT_S", 1.0)
+    suite = Hostile()
+    done = {"a": [Completion("spin", 1)], "b": [Completion("1", 1), Completion("spin", 9), Completion("0", 1)],
+            "c": [Completion("exit", 1), Completion("1", 1)]}
+    start = time.monotonic()
+    with hang_guard(120, "scoring samples stuck in C"):
+        scored = score(suite, suite.items(), done, score_threads=2, progress=False)
+    # a: its one sample killed at 1 s, not scored again; b: killed whole at 3 s, then one by one
+    # (its spin killed at 1 s); c: the process ended, then one by one
+    assert [(s["pass@1"], s.get("error")) for s in scored["a"]] == [(0.0, "timeout: scoring took over 1 s")]
+    assert [(s["pass@1"], s.get("error")) for s in scored["b"]] == [
+        (1.0, None), (0.0, "timeout: scoring took over 1 s"), (0.0, None)]
+    assert scored["b"][1]["exceed_ratio"] == 1.0  # from its length, though not scored
+    assert [(s["pass@1"], s.get("error")) for s in scored["c"]] == [
+        (0.0, "the scoring process ended (exit code 3)"), (1.0, None)]
+    print(f"scored in {time.monotonic() - start:.1f} s")  # 1 + 3 + 1 s of limits, on 2 workers
+
+
+def test_a_suite_that_cannot_be_pickled_is_scored_here_with_a_warning(caplog):
+    """Issue 50: a suite the scoring processes cannot receive (it holds a lock) is scored in the
+    eval's process, as before, and the warning says why."""
+    import threading
+
+    suite = TwoMetrics()
+    suite.lock = threading.Lock()
+    done = {"a": [Completion("1", 1), Completion("0", 9)]}
+    with caplog.at_level("WARNING"):
+        scored = score(suite, suite.items(), done, progress=False)
+    assert [(s["pass@1"], s["exceed_ratio"]) for s in scored["a"]] == [(1.0, 0.0), (0.0, 1.0)]
+    assert "suite toy cannot be sent to a scoring process (TypeError: cannot pickle '_thread.lock'" in caplog.text
+
+
+ORPHAN = """
+import operator, sys, threading, time
+from gdpo_ray.eval.time_limit import ScoringPool
+pool = ScoringPool(operator.call, sum, 1)
+pool.submit(0, (range(10 ** 12),), 600)  # sum(range(10**12)): hours in C, holding the GIL
+threading.Thread(target=lambda: list(pool.results()), daemon=True).start()
+while not pool._busy or not pool._busy[0].ready:
+    time.sleep(0.02)
+print(pool._busy[0].process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_stuck_in_c_dies_with_an_eval_that_is_killed():
+    """Issue 50: an eval killed (SIGKILL: none of its code runs) while its scoring worker computes
+    in C leaves no worker behind: the pool's reaper kills it."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def state(pid):  # R running, Z dead but not yet reaped by init, None gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    owner = subprocess.Popen([sys.executable, "-c", ORPHAN], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(owner.stdout.readline())
+        time.sleep(0.5)
+        assert state(worker) == "R"  # computing
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while state(worker) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state(worker) in (None, "Z")
+    finally:
+        owner.kill()
 
 
 def test_the_math_eval_scans_210_kb_of_unclosed_boxes_at_once(tmp_path):

@@ -37,6 +37,18 @@ def slow(completions, **kwargs):
     return [1.0 for _ in completions]
 
 
+def base_exceptions(completions, **kwargs):
+    """1.0, but math-verify's timeout (a BaseException) for "slow-parse" and SystemExit for "exit"."""
+    from math_verify.errors import TimeoutException
+
+    texts = [completion_text(c) for c in completions]
+    if "slow-parse" in texts:
+        raise TimeoutException("Timeout during parsing: 2^2^2^2")
+    if "exit" in texts:
+        raise SystemExit(3)
+    return [1.0 for _ in texts]
+
+
 REWARDS = [{"name": "correct", "fn": f"{HERE}:says_answer"},
            {"name": "brief", "fn": "length", "params": {"limit": 5}, "weight": 0.5,
             "condition": {"on": "correct", "min": 1.0}},
@@ -300,3 +312,39 @@ class NeedsTarget:
             value: The number.
         """
         return str(value)
+
+
+def test_a_scorer_raising_a_base_exception_fails_its_sample_and_the_eval_goes_on(held_out):
+    """math-verify's TimeoutException (a BaseException) once stopped a whole eval: anything a
+    reward raises but KeyboardInterrupt is its failure on the sample, with the reason."""
+    rewards = [{"name": "base", "fn": f"{HERE}:base_exceptions"}, {"name": "correct", "fn": f"{HERE}:says_answer"}]
+    suite = make_suite(f"rewards:{held_out}", rewards=rewards)
+    completions = {"0": [Completion("4", 1), Completion("slow-parse", 1), Completion("exit", 1)],
+                   "1": [Completion("6", 1)]}
+    scored = score(suite, suite.items(), completions, progress=False)
+    first = scored["0"]
+    assert first[0]["base"] == 1.0 and math.isnan(first[1]["base"]) and math.isnan(first[2]["base"])
+    assert first[1]["reward_errors"] == {"base": "error: TimeoutException: Timeout during parsing: 2^2^2^2"}
+    assert first[2]["reward_errors"] == {"base": "error: SystemExit: 3"}
+    assert [s["base/failure_rate"] for s in first] == [0.0, 1.0, 1.0]
+    assert [s["correct"] for s in first] == [1.0, 0.0, 0.0]  # the other reward scored every sample
+    assert scored["1"][0]["base"] == scored["1"][0]["correct"] == 1.0  # and the eval went on
+
+
+def test_a_row_nested_too_deep_is_named_by_the_eval_command(tmp_path, capsys):
+    """A held-out row nested 5,000 levels deep gave a RecursionError traceback: now the file, its
+    line and the column, and the eval command's usage error (exit 2)."""
+    from gdpo_ray.run.cli import main
+
+    deep = '{"question": "3+3?", "meta": {"answer": "6", "steps": %s}}' % ("[" * 5000 + "]" * 5000)
+    data = tmp_path / "held_out.jsonl"
+    data.write_text(json.dumps({"question": "2+2?", "meta": {"answer": "4"}}) + "\n" + deep + "\n")
+    (tmp_path / "config.yaml").write_text(CONFIG)
+    completions = write_jsonl(tmp_path / "c.jsonl", [{"id": "0", "completions": ["4"]},
+                                                     {"id": "1", "completions": ["6"]}])
+    assert main(["eval", "--suite", f"rewards:{data}", "--rewards", str(tmp_path / "config.yaml"),
+                 "--completions", completions]) == 2
+    err = capsys.readouterr().err
+    assert (f"{data}, line 2: column 'meta' nests more than 100 levels (objects and arrays inside one another); "
+            f"a row may nest at most 100: flatten it") in err
+    assert "Traceback" not in err and "RecursionError" not in err

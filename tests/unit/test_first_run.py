@@ -222,7 +222,7 @@ def test_broken_files_are_named(folder, capsys):
     (path / "broken.yaml").write_text("training: {rewards: [1, 2\n")
     fails(capsys, folder, "train", "broken.yaml", match="config file broken.yaml is not valid YAML")
     fails(capsys, folder, "train", "config.yaml", "training.rewards=[math_correctness]",
-          match="a reward is a mapping {name, fn, params, weight, condition, timeout_s}; got "
+          match="a reward is a mapping {name, fn, params, weight, condition, timeout_s, floor}; got "
                 "'math_correctness'")
 
 

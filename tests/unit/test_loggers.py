@@ -233,3 +233,137 @@ def test_a_resumed_run_directory_continues_its_mlflow_run(tmp_path, monkeypatch)
     RunLog(tmp_path, ["mlflow"], "my-run", CONFIG).close()
     [new] = client.search_runs([client.get_experiment_by_name("tests").experiment_id])
     assert new.info.run_id != run.info.run_id
+
+
+# --- the loggers' servers, checked before Ray starts (issue 50) ---
+
+import contextlib
+import http.server
+import socket
+import threading
+
+from gdpo_ray.run import cluster, loggers
+from gdpo_ray.run.cli import main
+
+
+@contextlib.contextmanager
+def http_server(status: int, body: bytes):
+    """A local HTTP server answering every GET with ``status`` and ``body``; yields its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.server.paths.append(self.path)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.paths = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.paths
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def before_ray(monkeypatch, tmp_path):
+    """`gdpo-ray train` / `check` from a scratch folder; starting Ray (the background start
+    included) fails the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cluster, "begin", lambda run: pytest.fail("Ray was started"))
+    monkeypatch.setattr(cluster, "start_ray", lambda *a, **k: pytest.fail("Ray was started"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "tests")
+    return tmp_path
+
+
+TRAIN = ["run.loggers=[jsonl,mlflow]", "run.output_dir=runs", "run.steps=1"]
+
+
+@pytest.mark.parametrize("command", ["train", "check"])
+def test_an_mlflow_uri_nothing_listens_on_fails_the_command_before_ray(before_ray, monkeypatch, capsys, command):
+    uri = f"http://127.0.0.1:{closed_port()}/"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    start = time.monotonic()
+    assert main([command, "demo", *TRAIN]) == 2
+    assert time.monotonic() - start < 5
+    err = capsys.readouterr().err
+    assert f"run.loggers: mlflow logs to MLFLOW_TRACKING_URI={uri}, which cannot be reached (" in err
+    assert "unset it to log into the run directory (file:<run_dir>/mlruns), or leave mlflow out of run.loggers" in err
+    assert not (before_ray / "runs").exists()
+
+
+def test_an_mlflow_uri_that_does_not_answer_fails_within_the_probes_timeout(before_ray, monkeypatch, capsys):
+    """A server that accepts the connection and never answers, and an address no route leads to
+    (a firewall's silence; where something on the way answers for it, what it answered): each
+    fails within the probe's timeout (1 s here; 5 s by default), naming the URI."""
+    monkeypatch.setattr(loggers, "PROBE_TIMEOUT_S", 1.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody reads or answers
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        start = time.monotonic()
+        assert main(["train", "demo", *TRAIN]) == 2
+        assert time.monotonic() - start < 4
+    assert f"MLFLOW_TRACKING_URI={uri}, which did not answer within 1 s; start the tracking server" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.255.255.1:5000")
+    start = time.monotonic()
+    assert main(["train", "demo", *TRAIN]) == 2
+    assert time.monotonic() - start < 4
+    assert "run.loggers: mlflow logs to MLFLOW_TRACKING_URI=http://10.255.255.1:5000, which " in capsys.readouterr().err
+
+
+def test_the_probe_asks_what_mlflows_client_asks_first_and_knows_its_answers(monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "my runs")
+    missing = b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "Could not find experiment"}'
+    for status, body in ((404, missing), (200, b'{"experiment": {}}'), (401, b"login")):
+        with http_server(status, body) as (url, paths):
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", url + "/")
+            assert check_loggers(["mlflow"]) == ["mlflow"]
+            assert paths == ["/api/2.0/mlflow/experiments/get-by-name?experiment_name=my%20runs"]
+    # another service at the address, and a gateway with nothing behind it
+    for status, body, said in ((404, b"<html>Not Found</html>", "answered HTTP 404 at /api/2.0/mlflow/experiments/"
+                                "get-by-name, as no MLflow tracking server does"),
+                               (503, b"", "answered HTTP 503 (a gateway with no server behind it)")):
+        with http_server(status, body) as (url, _):
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", url.replace("http://", "http://me:secret@"))
+            with pytest.raises(ValueError) as err:
+                check_loggers(["mlflow"])
+            assert f"MLFLOW_TRACKING_URI={url}, which {said}" in str(err.value)  # no credentials shown
+
+
+def test_local_mlflow_stores_and_offline_wandb_need_no_network(monkeypatch):
+    monkeypatch.setattr(loggers, "_probe", lambda *a: pytest.fail("probed"))
+    for uri in ("", "file:/tmp/mlruns", "/tmp/mlruns", "mlruns", "sqlite:///mlflow.db", "databricks"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert check_loggers(["mlflow"]) == ["mlflow"]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert check_loggers(["wandb"]) == ["wandb"]
+
+
+def test_online_wandb_needs_its_server_to_answer(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # online
+    uri = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("WANDB_BASE_URL", uri)
+    with pytest.raises(ValueError, match=rf"run.loggers: wandb logs online \(an API key is set, or WANDB_MODE=online\) "
+                                         rf"to {uri}, which cannot be reached .* log offline with WANDB_MODE=offline"):
+        check_loggers(["wandb"])
+    with http_server(404, b"") as (url, _):
+        monkeypatch.setenv("WANDB_BASE_URL", url)
+        assert check_loggers(["wandb"]) == ["wandb"]

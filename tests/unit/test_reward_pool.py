@@ -181,14 +181,145 @@ if __name__ == "__main__":  # run as a script, as Ray runs its workers' default_
 """
 
 
-def test_workers_start_without_the_parents_script_and_one_worker_needs_no_server(tmp_path):
-    # a pool of one worker spawns it (no fork server: one process fewer); a replacement forks
-    # from a server started then; no worker re-runs the parent's __main__ script
+def test_workers_start_without_the_parents_script_from_one_fork_server(tmp_path):
+    # every worker, a replacement too, forks from the process's one fork server (none is a child
+    # of the pool's process: a Ray actor's children are killed with it, before its pool's reaper
+    # could kill what they started); no worker re-runs the parent's __main__ script
     script = tmp_path / "driver.py"
     script.write_text(POOL_IN_A_SCRIPT.format(root=os.getcwd()))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     first, servers_first, killed, after, servers_after = json.loads(out.stdout.splitlines()[-1])
-    assert first == [[0.0, 1.0]] and servers_first == 0
+    assert first == [[0.0, 1.0]] and servers_first == 1
     assert killed[0][0] == 0.0 and math.isnan(killed[0][1])  # "5" kills its worker, 3 times
     assert after == [[0.0, 1.0]] and servers_after == 1
+
+
+def test_any_base_exception_but_keyboard_interrupt_is_the_rewards_failure_on_its_rows():
+    # SystemExit, a user's BaseException, GeneratorExit and math-verify's TimeoutException (all
+    # BaseExceptions) are the reward's errors on the rows that raise them, never a dead worker
+    with RewardPool([spec("base", "base_exceptions", timeout_s=10)], num_workers=1) as p:
+        first = p._workers[0].process.pid
+        out = p.score([""] * 5, ["ok", "exit", "stop", "generator", "math-verify"])
+        assert [w.process.pid for w in p._workers] == [first] and p._workers[0].process.is_alive()
+    # the batched call raised: re-scored row by row, so only the 4 rows that raise are lost
+    np.testing.assert_array_equal(out.values[:, 0], [1, nan, nan, nan, nan])
+    assert [row[0] for row in out.errors] == ["", "error: SystemExit: the reward called sys.exit",
+                                              "error: Stop: my own", "error: GeneratorExit",
+                                              "error: TimeoutException: Operation timed out!"]
+    assert out.metrics["rewards/base/errors"] == 4.0 and out.metrics["rewards/base/infra_failures"] == 0.0
+    assert out.metrics["rewards/base/failure_rate"] == pytest.approx(4 / 5)
+
+
+def _gone(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _marked(marker):
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout.split()
+
+
+def _eventually(check, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return check()
+
+
+def _new_processes(before):
+    """This process's descendants not in ``before``, but multiprocessing's fork server and
+    resource tracker (one per process, shared by every pool, ending with it)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            helper = any(h in " ".join(p.cmdline()) for h in ("multiprocessing.forkserver",
+                                                               "multiprocessing.resource_tracker"))
+            if p.pid not in before and not helper and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_a_hung_call_is_killed_with_all_it_started_and_close_leaves_no_process():
+    import psutil
+
+    marker = f"gdpo-pool-test-{uuid.uuid4().hex[:8]}"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = RewardPool([spec("sleepy", "sleep_forever_on_odd", timeout_s=1)], num_workers=2, rows_per_call=1)
+    started = [w.process.pid for w in pool._workers]
+    add = pool._add_worker
+
+    def recorded():
+        worker = add()
+        started.append(worker.process.pid)
+        return worker
+
+    pool._add_worker = recorded
+    try:
+        out = pool.score([""] * 4, ["2", "3", "4", "5"], {"marker": [marker] * 4})
+        # rows "3" and "5" sleep forever (each after starting a child in a session of its own):
+        # they time out; the other rows are scored
+        np.testing.assert_array_equal(out.values[:, 0], [2, nan, 4, nan])
+        assert out.errors[1][0] == out.errors[3][0] == "timeout: no answer after 1 s (process tree killed)"
+        assert out.metrics["rewards/sleepy/timeouts"] == 2.0
+        # the two hung workers were killed with the children that left their sessions, and the
+        # pool is back to its 2 workers, alive
+        now = [w.process.pid for w in pool._workers]
+        assert len(now) == 2 and not any(_gone(pid) for pid in now)
+        ended = [pid for pid in started if pid not in now]
+        assert len(ended) >= 2 and all(_gone(pid) for pid in ended)
+        assert _eventually(lambda: not _marked(marker), 5)
+        again = pool.score(["", ""], ["2", "4"])
+        np.testing.assert_array_equal(again.values[:, 0], [2, 4])
+        reaper = pool._reaper.pid
+        assert reaper is not None and not _gone(reaper)
+    finally:
+        pool.close()
+    # nothing the pool started is left: no worker, no reaper
+    assert all(_gone(pid) for pid in started)
+    assert _eventually(lambda: _gone(reaper) and not _new_processes(before), 5), _new_processes(before)
+    with pytest.raises(RuntimeError, match="the reward pool was closed"):
+        pool.score([""], ["2"])
+
+
+POOL_KILLED_MID_CALL = """
+import json, os, subprocess, sys, threading, time
+sys.path.insert(0, {root!r})
+from actors.reward import RewardPool
+
+if __name__ == "__main__":
+    pool = RewardPool([{{"name": "sleepy", "fn": "tests.unit.pool_rewards:sleep_forever_on_odd",
+                        "timeout_s": 600}}], num_workers=2, rows_per_call=1)
+    threading.Thread(target=pool.score, args=([""] * 3, ["1", "3", "2"], {{"marker": [{marker!r}] * 3}}),
+                     daemon=True).start()
+    while len(subprocess.run(["pgrep", "-f", {marker!r}], capture_output=True).stdout.split()) < 2:
+        # both calls sleep, their children too
+        time.sleep(0.05)
+    print(json.dumps({{"workers": [w.process.pid for w in pool._workers], "reaper": pool._reaper.pid}}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_pool_whose_process_is_killed_mid_call_leaves_no_process(tmp_path):
+    # as a Ray actor is killed at the end of a run while a reward sleeps: none of the pool's code
+    # runs; its reaper kills the workers, and the children that left their sessions
+    marker = f"gdpo-pool-test-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "owner.py"
+    script.write_text(POOL_KILLED_MID_CALL.format(root=os.getcwd(), marker=marker))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        seen = json.loads(owner.stdout.readline())
+        assert len(_marked(marker)) == 2 and not any(_gone(pid) for pid in seen["workers"])
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _eventually(lambda: all(_gone(pid) for pid in [*seen["workers"], seen["reaper"]])
+                       and not _marked(marker)), (seen, _marked(marker))

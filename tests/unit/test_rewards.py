@@ -220,6 +220,27 @@ def test_math_correctness_parses_each_ground_truth_once(monkeypatch):
     assert fn([""] * 6, completions, ground_truth=gold) == [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
 
 
+def test_a_ground_truth_math_verify_cannot_parse_in_time_is_the_rows_error(monkeypatch):
+    # math-verify's TimeoutException is a BaseException (it once stopped a whole eval): the
+    # reward raises a TimeoutError naming the truth, which the pool and the eval record on its row
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    parse = math_verify.parse
+
+    def slow_truths(text, **kw):
+        if kw.get("raise_on_error"):
+            raise TimeoutException("Timeout during parsing: " + text)
+        return parse(text, **kw)
+
+    monkeypatch.setattr(math_verify, "parse", slow_truths)
+    fn = rewards.get("math_correctness", timeout_s=1)
+    with pytest.raises(TimeoutError, match=r"math-verify did not parse the ground truth '2\^\{2\^\{2\}\}' "
+                                           r"within 1 s \(timeout_s\)"):
+        fn([""], [r"\boxed{16}"], ground_truth=["2^{2^{2}}"])
+    assert fn([""], ["no answer"], ground_truth=["2^{2^{2}}"]) == [0.0]  # no answer: the truth is not parsed
+
+
 def test_a_multi_turn_completion_is_scored_on_the_models_messages():
     from gdpo_ray.rewards import completion_text
 

@@ -1,8 +1,9 @@
 """Run directories and checkpoints on disk, through `gdpo-ray train` where a user meets them, all
 before Ray starts (issue 29): a run directory is taken atomically (two runs of one name cannot
 share it, even when both passed the start-up check), `--resume` refuses a damaged checkpoint
-naming what is wrong (every file against the manifest written at save time), and a full disk is
-a message naming the file, not a traceback."""
+naming what is wrong (every file against the manifest written at save time, and no file it does
+not list; one without a manifest only with training.resume_without_manifest), a checkpoint of
+another model (issue 50), and a full disk is a message naming the file, not a traceback."""
 
 import errno
 import json
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gdpo_ray.run.checkpoints import (MANIFEST, WriteFailed, latest_checkpoint, save_atomically,
-                                      verify_checkpoint)
+from gdpo_ray.run.checkpoints import (MANIFEST, WriteFailed, checkpoint_version, latest_checkpoint,
+                                      prune_checkpoints, save_atomically, set_aside_newer, verify_checkpoint,
+                                      write_model_record)
 from gdpo_ray.run.cli import main
 from gdpo_ray.run.loggers import RunLog
 from gdpo_ray.run.outputs import RUN_LOCK, OutputDir
@@ -29,13 +31,15 @@ def no_ray(monkeypatch, tmp_path):
     monkeypatch.setattr(TrainingRun, "_start_ray", lambda self: pytest.fail("Ray was started"))
 
 
-def fake_checkpoint(run_dir: Path, version: int, name: str | None = None) -> Path:
+def fake_checkpoint(run_dir: Path, version: int, name: str | None = None, overrides=()) -> Path:
     """A checkpoint laid out as GDPO.save_to_path writes one (RLlib's files, the learner's
-    DeepSpeed files), of the demo preset's config, saved by ``save_atomically``."""
+    DeepSpeed files, the model's parameter names and shapes), of the demo preset's config (with
+    ``overrides``), saved by ``save_atomically``."""
     from gdpo_ray import GDPOConfig
+    from gdpo_ray.model_files import resolve_model_path
     from gdpo_ray.run.presets import apply_sections, load_preset
 
-    config = apply_sections(GDPOConfig(), load_preset("demo", COMMON))
+    config = apply_sections(GDPOConfig(), load_preset("demo", [*COMMON, *overrides]))
     config.checkpoint_dir = str(run_dir / "checkpoints")
 
     def write(aside: Path) -> None:
@@ -47,6 +51,7 @@ def fake_checkpoint(run_dir: Path, version: int, name: str | None = None) -> Pat
         (aside / "learner" / "latest").write_text(f"step{version}")
         (aside / "learner" / f"step{version}" / "mp_rank_00_model_states.pt").write_bytes(os.urandom(4096))
         (aside / "learner" / f"step{version}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(os.urandom(8192))
+        write_model_record(aside, config.model_path, resolve_model_path(config.model_path))
 
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / RUN_LOCK).touch()
@@ -153,9 +158,9 @@ DAMAGE = {
                             "zero_pp_rank_0_mp_rank_00_optim_states.pt (4096 bytes, 8192 when saved)"),
     "truncated algorithm state": (lambda c: truncate(c / "algorithm_state.pkl"), "algorithm_state.pkl ("),
     "empty learner directory": (lambda c: [p.unlink() for p in c.glob("learner/**/*") if p.is_file()],
-                                "3 of its 6 files differ from its gdpo_manifest.json: learner/latest (missing)"),
+                                "3 of its 7 files differ from its gdpo_manifest.json: learner/latest (missing)"),
     "deleted learner directory": (lambda c: __import__("shutil").rmtree(c / "learner"),
-                                  "3 of its 6 files differ from its gdpo_manifest.json: learner/latest (missing)"),
+                                  "3 of its 7 files differ from its gdpo_manifest.json: learner/latest (missing)"),
     "garbage constructor args": (lambda c: garbage(c / "class_and_ctor_args.pkl"),
                                  "class_and_ctor_args.pkl (its contents changed since the save"),
 }
@@ -176,18 +181,21 @@ def test_a_damaged_checkpoint_is_refused_before_ray(no_ray, tmp_path, capsys, da
 def test_the_manifest_lists_every_file_and_older_checkpoints_are_checked_for_presence(tmp_path):
     checkpoint = fake_checkpoint(tmp_path / "run", 1)
     files = json.loads((checkpoint / MANIFEST).read_text())["files"]
-    assert sorted(files) == ["algorithm_state.pkl", "class_and_ctor_args.pkl", "learner/latest",
-                             "learner/step1/mp_rank_00_model_states.pt",
+    assert sorted(files) == ["algorithm_state.pkl", "class_and_ctor_args.pkl", "gdpo_model.json",
+                             "learner/latest", "learner/step1/mp_rank_00_model_states.pt",
                              "learner/step1/zero_pp_rank_0_mp_rank_00_optim_states.pt",
                              "rllib_checkpoint.json"]
     assert files["learner/latest"]["size"] == 5  # "step1"
     assert latest_checkpoint(tmp_path / "run" / "checkpoints") == str(checkpoint)
-    # written by an older gdpo-ray (no manifest): its files are checked for presence, with a warning
+    # written by an older gdpo-ray (no manifest): refused, unless asked for; then its files are
+    # checked for presence, with a warning
     (checkpoint / MANIFEST).unlink()
-    assert "cannot be verified" in verify_checkpoint(str(checkpoint))[0]
+    with pytest.raises(ValueError, match="has no gdpo_manifest.json .* set training.resume_without_manifest=true"):
+        verify_checkpoint(str(checkpoint))
+    assert "not verified" in verify_checkpoint(str(checkpoint), without_manifest=True)[0]
     (checkpoint / "learner" / "latest").unlink()
     with pytest.raises(ValueError, match="missing or empty: learner/latest"):
-        verify_checkpoint(str(checkpoint))
+        verify_checkpoint(str(checkpoint), without_manifest=True)
 
 
 def test_a_full_disk_names_the_file_and_frees_a_partial_checkpoint(tmp_path):
@@ -236,3 +244,107 @@ def test_the_python_api_verifies_a_checkpoint_before_any_actor_starts(tmp_path, 
     algo = object.__new__(GDPO)  # restore_from_path reads nothing of a damaged checkpoint
     with pytest.raises(ValueError, match="the checkpoint is damaged"):
         algo.restore_from_path(str(checkpoint))
+
+
+def drop_entry(checkpoint: Path, name: str) -> None:
+    """``name``'s entry removed from the checkpoint's manifest (the file stays)."""
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    del manifest["files"][name]
+    (checkpoint / MANIFEST).write_text(json.dumps(manifest))
+
+
+# files a restore would read that the manifest does not vouch for (issue 50), and what the refusal names
+UNLISTED = {
+    "entry removed, then the file changed": (
+        lambda c: (drop_entry(c, "algorithm_state.pkl"), garbage(c / "algorithm_state.pkl")),
+        "algorithm_state.pkl (not in the manifest: added, or its entry removed, since the save)"),
+    "a file added beside the learner's": (
+        lambda c: (c / "learner" / "step3" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_bytes(b"x" * 64),
+        "learner/step3/zero_pp_rank_1_mp_rank_00_optim_states.pt (not in the manifest"),
+    "entry and file removed": (
+        lambda c: (drop_entry(c, "learner/latest"), (c / "learner" / "latest").unlink()),
+        "learner/latest (missing, and not in the manifest)"),
+}
+
+
+@pytest.mark.parametrize("change", UNLISTED)
+def test_every_file_a_restore_reads_must_be_in_the_manifest(no_ray, tmp_path, capsys, change):
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3)
+    harm, named = UNLISTED[change]
+    harm(checkpoint)
+    assert main(["train", "demo", *COMMON, "--resume", str(checkpoint), "run.name=new"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {checkpoint}: the checkpoint is damaged" in err and named in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs" / "new").exists()
+
+
+def test_a_checkpoint_without_a_manifest_needs_the_setting_that_accepts_it(no_ray, tmp_path, capsys):
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3)
+    (checkpoint / MANIFEST).unlink()  # an older gdpo-ray's checkpoint, or its manifest removed
+    assert main(["train", "demo", *COMMON, "--resume", str(checkpoint), "run.name=new"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {checkpoint}: the checkpoint has no gdpo_manifest.json" in err, err
+    assert "set training.resume_without_manifest=true to resume it with its files checked for presence only" in err
+    assert not (tmp_path / "runs" / "new").exists()
+    # asked for: resumed, its files checked for presence, with the warning the run prints
+    run = TrainingRun.from_args("demo", [*COMMON, "run.name=new", "training.resume_without_manifest=true"],
+                                resume=str(checkpoint))
+    assert run.resume == str(checkpoint)
+    assert run.warnings == [f"checkpoint {checkpoint} has no gdpo_manifest.json (training.resume_without_manifest"
+                            f"=true): its files are there, but their contents are not verified against what was saved"]
+
+
+@pytest.mark.parametrize("lora", [None, "llm.lora={r: 8}"])
+def test_a_resume_on_another_model_is_refused_before_ray(no_ray, tmp_path, capsys, tiny_model_dir, lora):
+    """The demo model's checkpoint (its weights, or a LoRA adapter for its layers) resumed with
+    llm.model_path naming another model (hidden size 64, the demo's 128): refused before Ray,
+    naming both models, the first parameter that differs and the fix."""
+    same = [lora] if lora else []
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3, overrides=same)
+    assert main(["train", "demo", *COMMON, *same, f"llm.model_path={tiny_model_dir}",
+                 "--resume", str(checkpoint), "run.name=new"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {checkpoint}: llm.model_path {tiny_model_dir} does not fit the checkpoint (" in err, err
+    assert (f"): model.embed_tokens.weight is [384, 128] in demo and [384, 64] in {tiny_model_dir} "
+            f"(the first of 22 parameters that differ); set llm.model_path=demo (the checkpoint's model), "
+            f"or start a new run on {tiny_model_dir} without this checkpoint") in err, err
+    holds = ("its LoRA adapter {r: 8, lora_alpha: 8, lora_dropout: 0.0, target_modules: all-linear} was "
+             "trained on the layers of the base model demo" if lora else "its weights are those of demo")
+    assert holds in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs" / "new").exists()
+    # the checkpoint's own model: nothing to say
+    assert TrainingRun.from_args("demo", [*COMMON, *same, "run.name=new"], resume=str(checkpoint)).warnings == []
+
+
+def test_the_python_api_refuses_a_restore_on_another_model(tmp_path, monkeypatch, tiny_model_dir):
+    """``algo.restore_from_path`` (Tune's restore too) of a checkpoint of another model: refused
+    with the same message before the learners would load it (no state-dict traceback)."""
+    import re
+
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.algorithm import GDPO
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    checkpoint = fake_checkpoint(tmp_path / "runs" / "old", 3)
+    algo = object.__new__(GDPO)
+    algo.config = apply_sections(GDPOConfig(), load_preset("demo", [*COMMON, f"llm.model_path={tiny_model_dir}"]))
+    with pytest.raises(ValueError, match=re.escape(f"restoring {checkpoint}: llm.model_path {tiny_model_dir} "
+                                                   f"does not fit the checkpoint")):
+        algo.restore_from_path(str(checkpoint))
+
+
+def test_pruning_spares_the_recovery_checkpoint_and_a_restore_sets_a_later_timeline_aside(tmp_path):
+    """``training.keep_checkpoints`` never deletes the checkpoint a learner recovery goes back
+    to, even when checkpoints of later steps (another timeline's) outrank it; and a restore of
+    step 2 moves those later ones aside, whole, into one named folder (issue 50)."""
+    root = tmp_path / "run" / "checkpoints"
+    recovery = fake_checkpoint(tmp_path / "run", 2)
+    later = [fake_checkpoint(tmp_path / "run", 5), fake_checkpoint(tmp_path / "run", 5, "final")]
+    assert prune_checkpoints(root, 1, protect=[str(recovery)]) == [] and recovery.is_dir()
+    folder, names = set_aside_newer(root, 2)
+    assert names == ["final", "step_000005"] and folder.parent == root
+    assert folder.name.startswith("abandoned-after-step_000002-")
+    assert sorted(p.name for p in root.iterdir()) == [folder.name, "step_000002"]
+    assert all(verify_checkpoint(str(folder / p.name)) == [] for p in later)  # moved whole
+    assert latest_checkpoint(root) == str(recovery) and checkpoint_version(recovery) == 2
+    assert set_aside_newer(root, 2) is None  # nothing newer now: nothing moved, nothing said

@@ -64,7 +64,7 @@ def trajectories(n, row=None):
     spec = load_environment(SPEC)
     out = []
     for _ in range(n):
-        session = ToolSession(spec.new(), spec.tools, timeout_s=5)
+        session = ToolSession(spec.new(), spec.tools)
         session.reset(row or {"target": 3})
         out.append(Trajectory(session))
     return out
@@ -194,7 +194,7 @@ def test_a_rollout_actor_records_multi_turn_groups_with_environment_rewards(tiny
     # memory_used is paid only where state >= 1; memory: read off each rollout's own instance
     np.testing.assert_array_equal(values[:, :4], [[1, 1, 1, 3], [1, 1, 1, 3], [1, 0, 0, 3], [1, 0, 0, 3]])
     assert np.isnan(values[:, 4]).all()  # a reward reading the environments that raises: NaN, with why
-    assert batch.column("reward_errors").to_pylist()[0][4] == "error: RuntimeError: cannot read 4 environments"
+    assert batch.column("reward_errors").to_pylist()[0][4] == "error: RuntimeError: cannot read 1 environments"
     assert [g.turns.tolist() for g in meta.groups] == [[[2, 1, 0, 0]] * 2] * 2
 
 
@@ -222,7 +222,7 @@ def test_evaluation_completes_and_scores_rollouts_as_training_does(tiny_model_di
         "tools_used": 1.0, "state": 1.0, "memory_used": 1.0, "memory": 3.0}
     assert (other.rewards["state"], other.rewards["memory_used"]) == (0.0, 0.0)
     assert math.isnan(first.rewards["broken"])
-    assert first.reward_errors == {"broken": "error: RuntimeError: cannot read 4 environments"}  # 2 rows x 2
+    assert first.reward_errors == {"broken": "error: RuntimeError: cannot read 1 environments"}  # 2 rows x 2
     assert skipped.finish_reason == "prompt_too_long" and skipped.rewards is None
     assert unscored[0][0].rewards is None and unscored[0][0].turns == 2
 
@@ -279,7 +279,7 @@ def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_
     assert values[:2].tolist() == [[1.0, 1.0], [1.0, 1.0]]
     # the broken rows: no tools (their calls are text), one turn, the environment's column NaN with the reason
     assert values[2:, 0].tolist() == [0.0, 0.0] and all(math.isnan(v) for v in values[2:, 1])
-    assert errors[2][1] == "error: the environment failed to start: ConnectionError: backend unreachable"
+    assert errors[2][1] == "error: the environment failed to start: reset raised ConnectionError: backend unreachable"
     assert batch.column("num_turns").to_pylist() == [2, 2, 1, 1]
     assert meta.groups[1].rewards.shape == (2, 2)
 
@@ -384,21 +384,19 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
 
     from actors.prompts import Prompt
     from actors.rollout import RolloutActor
-    from tests.unit.trl_style_environments import Counted
 
     call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
-    Counted.made = 0
     actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"}], group_size=2,
                          engine="tests.unit.scripted_engine:ScriptedEngine", engine_kwargs={"script": [call, "Done."]},
                          sampling={"max_tokens": 200}, environment="tests.unit.trl_style_environments:Counted",
                          max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
     try:
-        made_at_start = Counted.made  # the class is checked once, as TRL probes its factory
         batches = [asyncio.run(actor.generate([Prompt("0", 0, e, 0, "Put 3 in memory.", {"target": 3}),
                                    Prompt("1", 1, e, 0, "Put 3 in memory.", {"target": 5})]))[1] for e in range(3)]
+        made = len(actor.tools._processes)  # a process makes one instance
     finally:
         asyncio.run(actor.shutdown())
-    assert Counted.made - made_at_start == 4  # 4 rollouts at a time, 12 rollouts in all
+    assert made == 4  # 4 rollouts at a time, 12 rollouts in all
     for b in batches:  # every reuse starts from reset's state: the same rewards each time
         np.testing.assert_array_equal(b.column("rewards").flatten().to_numpy(), [1, 1, 0, 0])
 
@@ -406,15 +404,13 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
 def test_an_instance_that_hung_is_not_reused(tokenizer):
     from actors.tool_loop import ToolEnvironment
     from gdpo_ray.tool_format import ToolCall
-    from tests.unit.trl_style_environments import Sleepy
 
-    env = ToolEnvironment("tests.unit.trl_style_environments:Sleepy", tokenizer, max_turns=2, timeout_s=0.2)
-    Sleepy.RELEASE.clear()
+    env = ToolEnvironment("tests.unit.trl_style_environments:Hostile", tokenizer, max_turns=2, timeout_s=0.5)
     try:
         (hung, _), (fine, _) = env.start([{}, {}])
-        assert hung.session.call(ToolCall("nap", {"seconds": 60})).kind == "timeout"
+        assert hung.session.call(ToolCall("spin", {"n": 10**13})).kind == "timeout"
+        process = fine.session.process
         env.release([hung, fine])
-        assert env._idle == {None: [fine.session.instance]}
+        assert env._idle == {None: [process]} and env._processes == {process}
     finally:
-        Sleepy.RELEASE.set()
         env.close()

@@ -2,6 +2,7 @@
 public methods are the tools, typed and documented; ``reset(**row)`` starts a rollout."""
 
 import asyncio
+import sys
 import threading
 
 
@@ -133,12 +134,7 @@ class Fragile(Calculator):
 
 
 class Counted(Calculator):
-    """A Calculator that counts the instances made (TRL: construct once, reset often)."""
-
-    made = 0
-
-    def __init__(self):
-        Counted.made += 1
+    """A Calculator whose instances are counted by the processes that make them (one each)."""
 
 
 class NoReward:
@@ -154,3 +150,135 @@ class NoReward:
             text: The text.
         """
         return text
+
+
+class NeverText:
+    def __str__(self):
+        while True:
+            pass
+
+
+class Hostile:
+    """Tools a policy's calls can turn against the run (each answered, none stops it)."""
+
+    def reset(self, **row):
+        self.calls = 0
+
+    def leave(self, code: int) -> str:
+        """Exits, as argparse does on a bad command line.
+
+        Args:
+            code: The exit code.
+        """
+        self.calls += 1
+        raise SystemExit(code)
+
+    def power(self, base: int, exponent: int) -> int:
+        """A power.
+
+        Args:
+            base: The base.
+            exponent: The exponent.
+        """
+        self.calls += 1
+        return base ** exponent
+
+    def spin(self, n: int) -> int:
+        """Sums the integers below n in C, holding the GIL.
+
+        Args:
+            n: How many.
+        """
+        self.calls += 1
+        return sum(range(n))
+
+    def endless(self) -> str:
+        """A result whose text never ends."""
+        self.calls += 1
+        return NeverText()
+
+    def crash(self) -> str:
+        """Ends its process."""
+        _crash()
+
+    def interrupt(self) -> str:
+        """Raises KeyboardInterrupt."""
+        raise KeyboardInterrupt
+
+    def get_rewards(self):
+        return {"calls": float(self.calls)}
+
+
+class SlowStart:
+    """An __init__ that waits on a server that never answers (in an environment process: the
+    check's instance, in the process that checks the class, is made)."""
+
+    def __init__(self):
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:
+            threading.Event().wait()
+
+    def reset(self, **row):
+        return None
+
+    def act(self) -> str:
+        """Acts."""
+        return "ok"
+
+
+class SlowReset:
+    def reset(self, **row):
+        if row.get("stall"):
+            threading.Event().wait()
+
+    def act(self) -> str:
+        """Acts."""
+        return "ok"
+
+
+def _crash():
+    import os
+
+    os._exit(3)
+
+
+#: what ``ByRow.act`` does, by the row's ``mode``: each a way a call can turn against the run
+HOSTILE = {
+    "fine": lambda: "ok",
+    "exit": lambda: sys.exit(2),
+    "huge": lambda: 10 ** 5000,
+    "spin": lambda: sum(range(10 ** 13)),
+    "hang": lambda: threading.Event().wait(),
+    "crash": _crash,
+    "endless": NeverText,
+}
+
+
+class ByRow:
+    """One tool whose behaviour the row chooses (``HOSTILE``); counts its calls."""
+
+    def reset(self, **row):
+        self.mode, self.calls = row.get("mode", "fine"), 0
+
+    def act(self) -> str:
+        """Acts."""
+        self.calls += 1
+        return HOSTILE[self.mode]()
+
+    def get_rewards(self):
+        return {"acted": float(self.calls)}
+
+
+class HangsOnInit:
+    """An __init__ that never returns, wherever it is made."""
+
+    def __init__(self):
+        threading.Event().wait()
+
+    def reset(self, **row):
+        return None
+
+    def act(self) -> str:
+        """Acts."""
+        return "ok"
