@@ -27,8 +27,7 @@ from typing import Sequence
 
 import cloudpickle
 
-from gdpo_ray.forks import fork_context, leader_of_own_group, starting
-from gdpo_ray.reaper import kill_tree, start_time
+from gdpo_ray.forks import WorkerProcess, fork_context, leader_of_own_group
 from gdpo_ray.rewards import RewardInfraError, RewardSpec, call_reward, failure_text, to_floats
 
 #: a call waiting this long with an idle worker is parked (see the module docstring)
@@ -116,18 +115,15 @@ def fork_server(specs: Sequence[RewardSpec]):
     return fork_context(preloaded_modules(specs))
 
 
-class Worker:
+class Worker(WorkerProcess):
+    """A scoring worker (the pool puts it on its reaper's list itself)."""
+
     def __init__(self, ctx, payload: bytes, cwd: str) -> None:
         try:  # starting a process needs a current directory: Ray may have replaced the job's
             os.getcwd()  # working-dir copy under this process (the same path, a new copy)
         except FileNotFoundError:
             os.chdir(cwd if os.path.isdir(cwd) else "/")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, args=(child, payload), daemon=True)
-        with starting():
-            self.process.start()
-        child.close()
-        self.started_at = start_time(self.process.pid)  # with the pid, names this process
+        super().__init__(ctx, worker_main, (payload,))
         self.ready = False
         self.task: Task | None = None  # the task whose first reward is being scored
         self.deadline = self.started = 0.0
@@ -152,11 +148,4 @@ class Worker:
         stat = _proc_stat(self.process.pid)
         return stat is not None and stat[0] in "SD" and stat[1] - self.cpu_at_start <= 0.5 * elapsed
 
-    def kill(self) -> None:
-        """Kills the worker and every process it started (``kill_tree``), and reaps it."""
-        if self.process.pid is not None:
-            kill_tree(self.process.pid, self.started_at)
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
+

@@ -6,6 +6,8 @@ preload widened with ``modules`` (a process's fork server is one, shared by the 
 the environment processes: the preload is the union of what each asked before it started;
 modules asked after are imported by each worker). ``starting()``: held while a process starts
 (``main_script_hidden``). ``leader_of_own_group()``: the first thing a worker does.
+``answer_requests(conn, handle)``: a worker's loop, every request answered whatever the code
+it runs does. ``WorkerProcess``: the owner's handle on one (its pipe, its kill).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 _WANTED: dict[str, None] = {}
 _LOCK = threading.Lock()
@@ -59,3 +61,70 @@ def leader_of_own_group() -> None:
     first would leave the processes that left its session out of reach of."""
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def answer_requests(conn: Any, handle: Callable[[Any], Any], stop: Callable[[], None] = lambda: None) -> None:
+    """Answers each request read from ``conn`` with ``("ok", handle(request))``, or ``("raised",
+    text)`` where it raised anything (``SystemExit`` included: the code's failure, answered) or
+    its value cannot be sent back, until a request is None (then ``stop()``) or the owner is gone."""
+    from gdpo_ray.rewards.adapters import failure_text
+
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):  # the owner is gone: so is this
+            return
+        if request is None:
+            with contextlib.suppress(Exception):
+                stop()
+            return
+        try:
+            reply = ("ok", handle(request))
+        except BaseException as err:  # noqa: BLE001 - answered
+            reply = ("raised", failure_text(err))
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except BaseException as err:  # noqa: BLE001 - a value that cannot be pickled
+            conn.send(("raised", f"the result cannot be sent back: {failure_text(err)}"))
+
+
+class WorkerProcess:
+    """A worker process started from ``ctx`` running ``target(conn, *args)``, and the owner's
+    end of its pipe (``conn``); on ``reaper``'s list while it lives, where one is given.
+    ``daemon``: ended with its owner's interpreter (a daemon cannot start processes of
+    multiprocessing's own)."""
+
+    def __init__(self, ctx: Any, target: Callable, args: tuple, reaper: Any = None, daemon: bool = True,
+                 name: str | None = None) -> None:
+        from gdpo_ray.reaper import start_time
+
+        try:  # starting a process needs a current directory: Ray may have replaced the job's
+            os.getcwd()  # working-dir copy under this process (the same path, a new copy)
+        except FileNotFoundError:
+            os.chdir("/")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=target, args=(child, *args), daemon=daemon, name=name)
+        with starting():
+            self.process.start()
+        child.close()
+        self.started_at, self.reaper = start_time(self.process.pid), reaper  # with the pid: this process
+        if reaper is not None:
+            reaper.add(self.process.pid)
+        self.alive = True
+
+    def kill(self) -> None:
+        """Kills it and every process it started (``gdpo_ray.reaper.kill_tree``; ended already:
+        what it left), and reaps it."""
+        from gdpo_ray.reaper import kill_tree
+
+        if self.alive:
+            self.alive = False
+            kill_tree(self.process.pid, self.started_at)
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(timeout=5)
+            self.conn.close()
+            if self.reaper is not None:
+                self.reaper.discard(self.process.pid)

@@ -26,9 +26,9 @@ from typing import Any, Mapping, Sequence
 
 import cloudpickle
 
-from gdpo_ray.environments.session import ToolAnswer, ToolSession, error_text, failed
-from gdpo_ray.forks import leader_of_own_group, starting
-from gdpo_ray.reaper import kill_tree, start_time
+from gdpo_ray.environments.session import ToolAnswer, ToolSession, failed
+from gdpo_ray.forks import WorkerProcess, answer_requests, leader_of_own_group
+from gdpo_ray.rewards.adapters import failure_text
 
 #: seconds a new process may take to start (fork server start, imports), before its ``__init__``
 START_S = 120.0
@@ -44,28 +44,11 @@ def serve(conn: Connection, payload: bytes) -> None:
     try:
         session = ToolSession(spec.new(), spec.tools, spec.dynamic)
     except BaseException as err:  # noqa: BLE001 - reported to the owner
-        conn.send(("raised", f"{spec.cls.__name__}() raised {error_text(err)}"))
+        conn.send(("raised", f"{spec.cls.__name__}() raised {failure_text(err)}"))
         return
     conn.send(("ok", None))
     rewards: dict[str, Any] = {}
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):  # the owner is gone: so is this
-            return
-        if msg is None:
-            return
-        op, *args = msg
-        try:
-            reply = ("ok", _OPS[op](session, spec, reward_specs, rewards, *args))
-        except BaseException as err:  # noqa: BLE001 - SystemExit included: the code's failure, answered
-            reply = ("raised", error_text(err))
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-        except BaseException as err:  # noqa: BLE001 - a value that cannot be pickled
-            conn.send(("raised", f"the result cannot be sent back: {error_text(err)}"))
+    answer_requests(conn, lambda request: _OPS[request[0]](session, spec, reward_specs, rewards, *request[1:]))
 
 
 def _reset(session: ToolSession, spec: Any, _specs: Any, _fns: Any, row: dict) -> tuple:
@@ -104,21 +87,14 @@ class Raised(Exception):
     """The environment's code raised (the process goes on): its error text."""
 
 
-class EnvironmentProcess:
+class EnvironmentProcess(WorkerProcess):
     """A process owning one instance of an environment class (``payload``: the class's
     ``EnvironmentSpec``, the rewards that read its instances, ``sys.path``, the working
     directory; ``payload_of``). Made within ``limit_s`` of starting, or ``Stopped`` / ``Raised``."""
 
     def __init__(self, ctx: Any, payload: bytes, limit_s: float, reaper: Any = None) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, payload), daemon=True)
-        with starting():
-            self.process.start()
-        child.close()
-        self.started_at, self.reaper = start_time(self.process.pid), reaper  # pid + start: this process
-        if reaper is not None:
-            reaper.add(self.process.pid)
-        self.alive, self.busy = True, False
+        super().__init__(ctx, serve, (payload,), reaper)
+        self.busy = False
         try:
             self._wait(START_S, "did not start")
             self._wait(limit_s, "__init__ did not return")
@@ -163,16 +139,6 @@ class EnvironmentProcess:
         self.process.join(timeout=1)
         code = self.process.exitcode
         return "exit code unknown" if code is None else f"exit code {code}" if code >= 0 else f"signal {-code}"
-
-    def kill(self) -> None:
-        """Kills the process and every process it started (``kill_tree``), and reaps it."""
-        if self.alive:
-            self.alive = False
-            kill_tree(self.process.pid, self.started_at)
-            self.process.join(timeout=5)
-            self.conn.close()
-            if self.reaper is not None:
-                self.reaper.discard(self.process.pid)
 
     def close(self) -> None:
         """Asks the process to end, then kills it (at once where it is busy)."""

@@ -29,10 +29,10 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
-from gdpo_ray.rewards import NOT_APPLICABLE
+from gdpo_ray.rewards import NOT_APPLICABLE, failure_text
 from gdpo_ray.tool_format import ToolCall, ToolCallError
 
-#: characters of an exception's text sent back to the model
+#: characters of an error text kept
 ERROR_CHARS = 500
 #: characters of a tool's answer kept (the rest is cut, and the model told how much)
 MAX_ANSWER_CHARS = 100_000
@@ -58,13 +58,6 @@ def as_text(value: Any) -> str:
     if len(text) > MAX_ANSWER_CHARS:
         return text[:MAX_ANSWER_CHARS] + f"... [cut: {len(text) - MAX_ANSWER_CHARS} more characters]"
     return text
-
-
-def error_text(err: BaseException) -> str:
-    try:
-        return f"{type(err).__name__}: {err}"[:ERROR_CHARS]
-    except BaseException:  # noqa: BLE001 - an exception whose own text fails
-        return f"{type(err).__name__} (its message cannot be shown)"
 
 
 class ToolSession:
@@ -94,7 +87,7 @@ class ToolSession:
             value = run(self.instance.next_message)
             return (None if value is None else as_text(value)), None
         except BaseException as err:  # noqa: BLE001 - the conversation ends; the failure is counted
-            return None, f"next_message raised {error_text(err)}"
+            return None, f"next_message raised {failure_text(err)}"
 
     def call(self, call: ToolCall | ToolCallError) -> ToolAnswer:
         if isinstance(call, ToolCallError):
@@ -116,7 +109,7 @@ class ToolSession:
         try:
             return ToolAnswer(as_text(run(fn)))
         except BaseException as err:  # noqa: BLE001 - SystemExit too: the tool's failure is the model's to read
-            return ToolAnswer(f"Error: {error_text(err)}", "error")
+            return ToolAnswer(f"Error: {failure_text(err)}", "error")
 
     def rewards(self, names: Sequence[str], getter: str, partial: str | None = None,
                 column: str | None = None) -> list[tuple[float, str, str]]:
@@ -144,7 +137,7 @@ class ToolSession:
                                 + ("" if name in value else f" (its keys: {sorted(map(str, value))})"[:ERROR_CHARS])))
             return out
         except BaseException as err:  # noqa: BLE001 - recorded as the reward's error
-            return failed(names, "error", f"{getter} raised {error_text(err)}")
+            return failed(names, "error", f"{getter} raised {failure_text(err)}")
 
 
 def failed(names: Sequence[str], kind: str, why: str) -> list[tuple[float, str, str]]:

@@ -37,12 +37,11 @@ from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import cloudpickle
 
-from gdpo_ray.forks import fork_context, leader_of_own_group, starting
-from gdpo_ray.reaper import Reaper, kill_tree, start_time
+from gdpo_ray.forks import WorkerProcess, answer_requests, fork_context, leader_of_own_group
+from gdpo_ray.reaper import Reaper
+from gdpo_ray.rewards.adapters import failure_text
 
 SIGNAL = signal.SIGUSR2
-#: characters of a failure's text kept
-ERROR_CHARS = 500
 #: seconds a scoring process may take to start (the fork server's start, imports, the state's
 #: unpickling), before its first task's time starts
 START_S = 120.0
@@ -93,13 +92,6 @@ def time_limit(seconds: float) -> Iterator[object]:
 
 # --- worker processes ---------------------------------------------------------------------------
 
-def _error_text(err: BaseException) -> str:
-    try:
-        return f"{type(err).__name__}: {err}"[:ERROR_CHARS]
-    except BaseException:  # noqa: BLE001 - an exception whose own text fails
-        return f"{type(err).__name__} (its message cannot be shown)"
-
-
 def _serve(conn: Connection, path: list[str], cwd: str, payload: bytes) -> None:
     """A scoring worker: unpickles ``(fn, state)`` once and says it is ready, then answers each
     task ``fn(state, *args)`` with ``("ok", value)`` or ``("raised", text)``, until told to stop
@@ -110,28 +102,11 @@ def _serve(conn: Connection, path: list[str], cwd: str, payload: bytes) -> None:
     try:
         fn, state = cloudpickle.loads(payload)
     except BaseException as err:  # noqa: BLE001 - reported to the owner, which raises it
-        conn.send(("failed", _error_text(err)))
+        conn.send(("failed", failure_text(err)))
         return
     conn.send(("ready", None))
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            return
-        if not data:  # told to stop: what the state started (a suite's ``close``) ends too
-            with contextlib.suppress(Exception):
-                getattr(state, "close", lambda: None)()
-            return
-        try:
-            reply = ("ok", fn(state, *cloudpickle.loads(data)))
-        except BaseException as err:  # noqa: BLE001 - SystemExit included: the scorer's failure
-            reply = ("raised", _error_text(err))
-        try:
-            conn.send(reply)
-        except (EOFError, OSError):
-            return
-        except BaseException as err:  # noqa: BLE001 - a value that cannot be pickled
-            conn.send(("raised", f"its result cannot be sent back: {_error_text(err)}"))
+    answer_requests(conn, lambda data: fn(state, *cloudpickle.loads(data)),
+                    stop=getattr(state, "close", lambda: None))  # what the state started (a suite's) ends too
 
 
 @dataclasses.dataclass
@@ -141,17 +116,10 @@ class _Task:
     limit_s: float
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     def __init__(self, ctx: Any, payload: bytes, reaper: Reaper) -> None:
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, sys.path, os.getcwd(), payload),
-                                   name="gdpo-scoring")  # not a daemon: a scorer may start processes
-        with starting():
-            self.process.start()
-        child.close()
-        self.started_at, self.reaper = start_time(self.process.pid), reaper  # pid + start: this process
-        reaper.add(self.process.pid)
-        self.alive = True
+        super().__init__(ctx, _serve, (sys.path, os.getcwd(), payload), reaper, daemon=False,  # a scorer may
+                         name="gdpo-scoring")  # start processes
         self.task: _Task | None = None
         self.ready = False  # until then its deadline is its start's, after it its task's
         self.deadline = time.monotonic() + START_S
@@ -161,18 +129,10 @@ class _Worker:
         if self.ready:
             self.deadline = time.monotonic() + task.limit_s
         try:
-            self.conn.send_bytes(task.data)
+            self.conn.send(task.data)
         except OSError:  # it has ended: its answer is the end of its pipe (``_answer``)
             pass
 
-    def kill(self) -> None:
-        """Kills it and every process it started (``kill_tree``; ended already: what it left), and reaps it."""
-        if self.alive:
-            self.alive = False
-            kill_tree(self.process.pid, self.started_at)
-            self.process.join(timeout=5)
-            self.conn.close()
-            self.reaper.discard(self.process.pid)
 
 
 class ScoringPool:
@@ -253,7 +213,7 @@ class ScoringPool:
             worker.kill()
         for worker in self._idle:  # told to stop, all at once, then killed if still there
             with contextlib.suppress(OSError):
-                worker.conn.send_bytes(b"")
+                worker.conn.send(None)
         for worker in self._idle:
             worker.process.join(timeout=1)
             worker.kill()

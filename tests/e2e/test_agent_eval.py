@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # about 2.5 minutes: each command a process of its own, as a user runs it
+
 ROOT = Path(__file__).resolve().parents[2]
 
 ENVIRONMENT = textwrap.dedent('''

@@ -41,7 +41,7 @@ def test_every_hostile_call_is_answered_and_only_a_killed_one_stops_the_environm
             ("power", {"base": 2, "exponent": 3})]]
         assert [(a.kind, a.text[:40]) for a in answers] == [
             ("error", "Error: SystemExit: 2"), ("error", "Error: ValueError: Exceeds the limit (43"),
-            ("error", "Error: KeyboardInterrupt: "), (None, "8")]
+            ("error", "Error: KeyboardInterrupt"), (None, "8")]
         start = time.perf_counter()
         spin = spun.session.call(ToolCall("spin", {"n": 10 ** 13}))  # C code holding the GIL
         assert time.perf_counter() - start < 3
