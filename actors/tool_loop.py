@@ -27,7 +27,7 @@ from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_envir
 from gdpo_ray.environments.tool_prompt import in_system
 from gdpo_ray.environments.tool_turns import ToolTurns
 from gdpo_ray.forks import fork_context
-from gdpo_ray.reaper import Reaper
+from gdpo_ray.reaper import Reaper, left_behind
 from gdpo_ray.rewards import NOT_APPLICABLE
 from gdpo_ray.tool_format import ToolCall, parse_tool_calls
 
@@ -169,6 +169,7 @@ class ToolEnvironment:
         self._idle: dict[str | None, list[EnvironmentProcess]] = {name: [] for name in self.specs}
         self._processes: set[EnvironmentProcess] = set()  # every one not yet ended
         self._down: dict[tuple, str] = {}  # (class,) or (class, row): why it could not start, this step
+        self._gives: dict[str, set[str]] = {}  # TRL's dict form: the columns each class has given
         self._lock = threading.Lock()
         self._reaper = Reaper()  # kills the processes where this process ends without ``close``
 
@@ -244,19 +245,30 @@ class ToolEnvironment:
         (in the dict form, a column that a rollout's class does not give does not apply to it)."""
         if not names:
             return {}
+        _mark_left_work(trajectories)
         per_rollout = list(self.pool.map(lambda t: self._rewards(t, names), trajectories))
         return _columns(names, per_rollout)
 
     def _rewards(self, t: Trajectory, names: Sequence[str]) -> list[tuple[float, str, str]]:
-        if t.failed is not None:
-            return [(float("nan"), *t.failed)] * len(names)
+        if t.environment is None:  # the one class (or a row naming none of the dict form's)
+            if t.failed is not None:
+                return [(float("nan"), *t.failed)] * len(names)
+            return t.session.rewards(names, self.specs[None].reward_getter, self.floors)
         spec = self.specs[t.environment]
-        if t.environment is None:
-            return t.session.rewards(names, spec.reward_getter, self.floors)
         if spec.reward_getter is None:
             return [(float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which has no reward")] * len(names)
-        return t.session.rewards(names, spec.reward_getter, self.floors, partial=t.environment,
-                                 column=spec.cls.__name__)
+        if t.failed is not None:
+            out = [(float("nan"), *t.failed)] * len(names)
+        else:
+            out = t.session.rewards(names, spec.reward_getter, self.floors, partial=t.environment,
+                                    column=spec.cls.__name__)
+        gives = self._gives.setdefault(t.environment, {spec.cls.__name__} if spec.reward_getter == "get_reward" else set())
+        if t.failed is None and t.session.stopped is None:  # read: the columns its class gives
+            gives.update(name for name, (_, kind, _) in zip(names, out) if kind != NOT_APPLICABLE)
+        elif gives:  # not read: the columns of other classes do not apply to it either
+            out = [o if name in gives else (float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which "
+                                            f"gives no {name!r}") for name, o in zip(names, out)]
+        return out
 
     def read(self, trajectories: Sequence[Trajectory], rows: Sequence[dict],
              limits: Mapping[str, float]) -> dict[str, tuple]:
@@ -266,6 +278,7 @@ class ToolEnvironment:
         names = [s.name for s in self.readers]
         if not names:
             return {}
+        _mark_left_work(trajectories)
 
         def one(t: Trajectory, kwargs: dict) -> list[tuple[float, str, str]]:
             if t.failed is not None:
@@ -275,20 +288,24 @@ class ToolEnvironment:
         return _columns(names, list(self.pool.map(one, trajectories, rows)))
 
     def release(self, trajectories: Sequence[Trajectory]) -> None:
-        """The processes of finished rollouts, for later rollouts (not one that was killed or
-        stopped: its instance's state is unknown)."""
+        """The processes of finished rollouts, for later rollouts; not one that was stopped or
+        lost (its instance's state is unknown), nor one running work a call left behind (a
+        thread, a process of its own: a later rollout would carry it)."""
+        sessions = [(t.environment, t.session) for t in trajectories if t.session is not None]
         for t in trajectories:
-            session, t.session = t.session, None
-            if session is None:
-                continue
-            if session.stopped is None and session.process.idle and len(self._idle[t.environment]) < MAX_IDLE:
+            t.session = None
+        kept = [(name, s) for name, s in sessions if s.stopped is None and s.lost is None and s.process.idle]
+        busy = left_behind(s.process.process.pid for _, s in kept)
+        for name, session in sessions:
+            process = session.process
+            if (name, session) in kept and process.process.pid not in busy and len(self._idle[name]) < MAX_IDLE:
                 with self._lock:
-                    self._idle[t.environment].append(session.process)
+                    self._idle[name].append(process)
             else:
-                self._end(session.process)
+                self._end(process)
 
     def _end(self, process: EnvironmentProcess) -> None:
-        process.close()
+        process.kill()  # at once, with its tree: a process that ended first would leave its orphans to init
         with self._lock:
             self._processes.discard(process)
 
@@ -314,6 +331,15 @@ def preloaded_modules(setting: str | Mapping[str, str]) -> list[str]:
     ``gdpo_ray.forks.fork_context``)."""
     paths = environment_paths(setting).values()
     return ["gdpo_ray.environments.process", *(p.split(":")[0] for p in paths if not p.startswith("__main__:"))]
+
+
+def _mark_left_work(trajectories: Sequence[Trajectory]) -> None:
+    """Before their rewards are read: whether each rollout's calls left work running (a read
+    that then fails is the rollout's doing: ``Session``)."""
+    live = {t.session.process.process.pid: t.session for t in trajectories
+            if t.session is not None and t.session.called and t.session.process.alive}
+    for pid in left_behind(live):
+        live[pid].left_work = True
 
 
 def _row_key(row: Mapping[str, Any]) -> str:

@@ -54,13 +54,19 @@ def starting() -> Iterator[None]:
 
 
 def leader_of_own_group() -> None:
-    """A worker's first step: its own session, so that a kill of its tree
+    """A worker's first step: its own session, and the reaper of its descendants' orphans (a
+    double fork that detaches stays below it), so that a kill of its tree
     (``gdpo_ray.reaper.kill_tree``) reaches every process it starts, and a terminal's Ctrl-C
     reaches the run, which stops it, not it directly. Not killed with its parent: its owner's
     reaper (``gdpo_ray.reaper.Reaper``) kills its tree when the owner ends, which a worker dead
     first would leave the processes that left its session out of reach of."""
     os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):  # a process it starts that detaches stays below it, in reach
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 
 
 def answer_requests(conn: Any, handle: Callable[[Any], Any], stop: Callable[[], None] = lambda: None) -> None:

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Iterable
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +53,40 @@ def start_time(pid: int) -> int | None:
     return None if stat is None else stat[3]
 
 
-def _tree(leader: int) -> set[int]:
-    """``leader``, the processes of its session or process group, and every descendant of those.
-    A session or group keeps its number while any process is in it, so the number cannot name
-    another's (Linux does not reuse a pid still in use as a group or session id)."""
+def _table() -> dict[int, tuple[int, int, int, int]]:
     table = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             stat = _stat(int(name))
             if stat is not None:
                 table[int(name)] = stat
+    return table
+
+
+def left_behind(leaders: Iterable[int]) -> set[int]:
+    """Those of ``leaders`` (idle workers) that run more than one thread, or have a process in
+    their session or below them: work a call started and left running. Without /proc: none."""
+    if not os.path.isdir("/proc"):
+        return set()
+    leaders, out = set(leaders), set()
+    for pid, (parent, _, session, _) in _table().items():
+        if pid not in leaders:
+            out |= {parent, session} & leaders
+    for pid in leaders - out:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if next(int(line.split()[1]) for line in f if line.startswith("Threads:")) > 1:
+                    out.add(pid)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return out
+
+
+def _tree(leader: int) -> set[int]:
+    """``leader``, the processes of its session or process group, and every descendant of those.
+    A session or group keeps its number while any process is in it, so the number cannot name
+    another's (Linux does not reuse a pid still in use as a group or session id)."""
+    table = _table()
     children: dict[int, list[int]] = {}
     for pid, (parent, *_) in table.items():
         children.setdefault(parent, []).append(pid)

@@ -140,16 +140,6 @@ class EnvironmentProcess(WorkerProcess):
         code = self.process.exitcode
         return "exit code unknown" if code is None else f"exit code {code}" if code >= 0 else f"signal {-code}"
 
-    def close(self) -> None:
-        """Asks the process to end, then kills it (at once where it is busy)."""
-        if self.alive:
-            try:
-                self.conn.send(None)
-                self.process.join(timeout=0.5)
-            except (OSError, ValueError):
-                pass
-            self.kill()
-
 
 def payload_of(spec: Any, reward_specs: Sequence[Any]) -> bytes:
     return cloudpickle.dumps((spec, list(reward_specs), list(sys.path), os.getcwd()))
@@ -157,17 +147,26 @@ def payload_of(spec: Any, reward_specs: Sequence[Any]) -> bytes:
 
 class Session:
     """One rollout's environment on its process: ``ToolSession``'s calls, each within
-    ``limit_s``. ``stopped``: why the rollout's own call stopped its environment, once one has."""
+    ``limit_s``. ``stopped``: why the rollout's own calls stopped its environment, once they have:
+    one of its calls (a tool, ``next_message``) was killed or ended the process, or reading its
+    rewards was while its calls had left work running in the process (``left_work``: a thread, a
+    process of its own; set by the owner before the rewards are read). ``lost``: why its process
+    is gone otherwise (a read of its rewards that ran past its limit or ended the process by
+    itself: that read's failure): the later reads fail, kind ``infra``, named so."""
 
     def __init__(self, process: EnvironmentProcess, limit_s: float, converses: bool) -> None:
         self.process, self.limit_s, self.converses = process, limit_s, converses
         self.stopped: str | None = None
+        self.lost: str | None = None
+        self.called = False  # a tool of the rollout's has run
+        self.left_work = False  # its calls left a thread or a process running (``gdpo_ray.reaper.left_behind``)
 
     def call(self, call: Any) -> ToolAnswer:
         if self.stopped is not None:
             return ToolAnswer(f"Error: the environment stopped responding ({self.stopped}); no tool can "
                               "be called", "error")
         name = getattr(call, "name", "the call")
+        self.called = True
         try:
             return self.process.ask(("call", call), self.limit_s)
         except Raised as err:
@@ -189,28 +188,44 @@ class Session:
 
     def rewards(self, names: Sequence[str], getter: str, floors: Mapping[str, float], partial: str | None = None,
                 column: str | None = None) -> list[tuple[float, str, str]]:
-        """``ToolSession.rewards`` of the instance; where the rollout's own call stopped the
+        """``ToolSession.rewards`` of the instance; where the rollout's own calls stopped the
         environment, each column's floor (no failure)."""
+        if self.stopped is None and self.lost is None:
+            try:
+                return self.process.ask(("rewards", names, getter, partial, column), self.limit_s)
+            except Raised as err:
+                return failed(names, "error", f"{getter} raised {err}")
+            except Stopped as err:
+                self._killed(getter, err)
+                if self.stopped is None:
+                    return failed(names, "timeout" if err.kind == "timeout" else "error", f"{getter} {err.text}")
         if self.stopped is not None:
             return [(float(floors.get(name, 0.0)), "", "") for name in names]
-        try:
-            return self.process.ask(("rewards", names, getter, partial, column), self.limit_s)
-        except Raised as err:
-            return failed(names, "error", f"{getter} raised {err}")
-        except Stopped as err:
-            return failed(names, "timeout" if err.kind == "timeout" else "error", f"{getter} {err.text}")
+        return failed(names, "infra", self.lost)
 
     def score(self, name: str, kwargs: dict, limit_s: float, floor: float) -> tuple[float, str, str]:
         """A reward that reads the instance, on this rollout: (value, failure kind, error text);
-        the reward's floor where the rollout's own call stopped the environment."""
+        the reward's floor where the rollout's own calls stopped the environment."""
+        if self.stopped is None and self.lost is None:
+            try:
+                return float(self.process.ask(("score", name, kwargs), limit_s)), "", ""
+            except Raised as err:
+                return math.nan, "error", str(err)
+            except Stopped as err:
+                self._killed(name, err)
+                if self.stopped is None:
+                    return math.nan, "timeout" if err.kind == "timeout" else "error", f"{name} {err.text}"
         if self.stopped is not None:
             return float(floor), "", ""
-        try:
-            return float(self.process.ask(("score", name, kwargs), limit_s)), "", ""
-        except Raised as err:
-            return math.nan, "error", str(err)
-        except Stopped as err:
-            return math.nan, "timeout" if err.kind == "timeout" else "error", f"{name} {err.text}"
+        return math.nan, "infra", self.lost
+
+    def _killed(self, reader: str, err: Stopped) -> None:
+        """Reading the rewards killed the process (or it ended): the rollout's doing where its
+        calls had left work running, else the read's own failure."""
+        if self.left_work:
+            self.stopped = f"{reader} {err.text}, with work the rollout's calls left running"
+        else:
+            self.lost = f"the environment's process was lost: {reader} {err.text}"
 
 
 def started(ctx: Any, payload: bytes, limit_s: float, reaper: Any = None) -> tuple[EnvironmentProcess | None, str, str]:

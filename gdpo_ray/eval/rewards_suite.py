@@ -212,7 +212,7 @@ def _check_resets(setting: Any, items: Sequence[EvalItem], data: Any, timeout_s:
             try:
                 process.ask(("reset", {**row, "prompt": items[i].prompt}), timeout_s)
             finally:
-                process.close()
+                process.kill()
         except (Raised, Stopped) as err:  # the environment's own error, with the row
             raise ValueError(f"{data.where(i)}: environment {paths[name]} cannot start on this row "
                              f"({err}); give the held-out rows the columns its reset "

@@ -49,7 +49,7 @@ VLLM_SMOKES = {
     "rollout.py": ((), {"hf_actor_over_engine", "vllm_actor_over_engine"}),
     "agent.py": (("--engine", "vllm"), {"multi_over_single", "tool_delay_hidden"}),
 }
-#: more than ~30 s on 2 cores (still in the default run)
+#: more than ~30 s on 2 cores (`python -m pytest -m slow` runs them, not the default run)
 SLOW = {"learner.py", "weight_sync.py", "pipeline.py", "gdpo_vs_grpo.py", "lora.py", "paper_studies.py",
         "agent_learns.py", "vs_trl.py", "soak_tools.py"}
 

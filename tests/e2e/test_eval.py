@@ -8,6 +8,8 @@ import pytest
 from gdpo_ray.run.eval_runner import evaluate
 from gdpo_ray.eval.suites import make_suite
 
+pytestmark = pytest.mark.slow  # each test a training run of its own (20-50 s on 2 cores)
+
 
 @pytest.fixture(scope="module")
 def demo_rollouts(ray_cluster):

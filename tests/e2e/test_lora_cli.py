@@ -4,7 +4,11 @@ a plain model, `--resume` continues the adapter, and `gdpo-ray eval` takes the a
 
 import json
 
+import pytest
+
 from gdpo_ray.run.cli import main
+
+pytestmark = pytest.mark.slow  # each test a training run of its own (20-50 s on 2 cores)
 
 LORA = "llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}"
 

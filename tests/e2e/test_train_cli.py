@@ -4,7 +4,11 @@ the metrics (JSONL + TensorBoard), the reward plot, a checkpoint and the exporte
 
 import json
 
+import pytest
+
 from gdpo_ray.run.cli import main
+
+pytestmark = pytest.mark.slow  # each test a training run of its own (20-50 s on 2 cores)
 
 
 def test_train_writes_the_run_directory_and_resumes(ray_cluster, tmp_path, capsys, monkeypatch):

@@ -194,3 +194,54 @@ def test_environment_processes_die_with_the_process_that_owns_them(tiny_model_di
     while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(gone(pid) for pid in pids)
+
+
+def _sleeps(seconds):
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read() == f"sleep\0{seconds}\0".encode():
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def test_work_a_call_leaves_running_is_the_rollouts_and_never_outlives_it(tokenizer):
+    """A read of the rewards broken by work the rollout's calls left running (a thread that ends
+    the process, one that holds the GIL) scores the floor; a process carrying such work (threads,
+    children, a detached grandchild) is not reused and is killed with all of it."""
+    env = ToolEnvironment(f"{ENVS}:LeavesWork", tokenizer, 2, timeout_s=1.0, floors={"done": -1.0})
+    modes = ["thread_exit", "thread_spin", "child", "detached", "none"]
+    try:
+        ts = [t for t, _ in env.start([{"mode": m} for m in modes])]
+        assert [t.session.call(ToolCall("act", {})).text for t in ts] == ["ok"] * 5
+        time.sleep(0.2)
+        assert len(_sleeps(6001)) == 1 and len(_sleeps(6002)) == 1
+        assert env.rewards(ts, ["done"]) == {"done": ([-1.0, -1.0, 1.0, 1.0, 1.0], [""] * 5, [""] * 5)}
+        kept = ts[4].session.process
+        env.release(ts)
+        assert env._idle == {None: [kept]} and env._processes == {kept}
+        assert _sleeps(6001) == [] and _sleeps(6002) == []
+    finally:
+        env.close()
+
+
+def test_a_reader_that_hangs_fails_itself_and_the_later_reads_name_why(tokenizer):
+    from gdpo_ray.rewards import RewardSpec
+
+    readers = [RewardSpec(name="hangs", fn="tests.unit.trl_style_environments:hangs"),
+               RewardSpec(name="reads", fn="tests.unit.trl_style_environments:reads")]
+    env = ToolEnvironment(f"{ENVS}:Calculator", tokenizer, 2, timeout_s=5.0, readers=readers)
+    try:
+        (t, _), = env.start([{"target": 1}])
+        assert t.session.call(ToolCall("add", {"value": 1})).text == "memory = 1"
+        columns = env.read([t], [{"completions": [[]]}], {"hangs": 0.5, "reads": 5.0})
+        hung, read = columns["hangs"], columns["reads"]
+        assert math.isnan(hung[0][0]) and hung[1] == ["timeout"] and "did not return within 0.5 s" in hung[2][0]
+        assert math.isnan(read[0][0]) and read[1] == ["infra"]
+        assert read[2][0].startswith("the environment's process was lost: hangs did not return within 0.5 s")
+    finally:
+        env.close()

@@ -282,3 +282,41 @@ class HangsOnInit:
     def act(self) -> str:
         """Acts."""
         return "ok"
+
+
+class LeavesWork:
+    """A tool that answers at once and leaves work running in its process, by the row's ``mode``:
+    a thread that ends the process, or holds the GIL, once the rewards are being read; a child
+    process; a detached grandchild."""
+
+    def reset(self, **row):
+        self.mode, self.reading = row.get("mode", "none"), threading.Event()
+
+    def act(self) -> str:
+        """Acts."""
+        import subprocess
+
+        if self.mode == "thread_exit":
+            threading.Thread(target=lambda: (self.reading.wait(), _crash()), daemon=True).start()
+        elif self.mode == "thread_spin":
+            threading.Thread(target=lambda: (self.reading.wait(), sum(range(10 ** 13))), daemon=True).start()
+        elif self.mode == "child":
+            subprocess.Popen(["sleep", "6001"])
+        elif self.mode == "detached":  # a double fork into a session of its own
+            subprocess.Popen(["setsid", "-f", "sleep", "6002"])
+        return "ok"
+
+    def get_rewards(self):
+        import time
+
+        self.reading.set()
+        time.sleep(0.5)
+        return {"done": 1.0}
+
+
+def hangs(environments, **kwargs):
+    threading.Event().wait()
+
+
+def reads(environments, **kwargs):
+    return [1.0 for _ in environments]
