@@ -45,14 +45,14 @@ import threading
 import time
 from collections import deque
 from multiprocessing.connection import wait
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import cloudpickle
 import numpy as np
 
 from actors.reward_worker import PARK_AFTER_S, Task, Worker, fork_server
 from gdpo_ray.reaper import Reaper
-from gdpo_ray.rewards import (NOT_APPLICABLE, RewardSpec, TrainerState, apply_conditions, check_specs,
+from gdpo_ray.rewards import (NOT_APPLICABLE, RewardSpec, TrainerState, apply_conditions, check_specs, reward_specs,
                               failure_kind, takes_environments)
 
 logger = logging.getLogger(__name__)
@@ -91,12 +91,14 @@ class RewardPool:
                  rows_per_call: int | None = None) -> None:
         if num_workers < 1 or (rows_per_call is not None and rows_per_call < 1):
             raise ValueError(f"num_workers ({num_workers}) and rows_per_call ({rows_per_call}) must be >= 1")
-        self.specs = [RewardSpec.from_dict(r) for r in rewards]
+        self.specs = reward_specs(rewards)
         fns = check_specs(self.specs)
         self.timeouts = [None if fn is None else spec.call_timeout_s(fn) for spec, fn in zip(self.specs, fns)]
-        # columns not scored here (``score``'s ``given``): an environment's own (``fn: environment``),
-        # and the rewards that read its instances, called where the instances live (``local``)
-        self.environment_columns = [s.name for s, fn in zip(self.specs, fns) if fn is None]
+        # columns not scored here (``score``'s ``given`` and ``judged``): an environment's own (``fn:
+        # environment``), the rewards that read its instances, called where the instances live
+        # (``local``), and the judges' criteria (``fn: judge``: ``actors.judging``)
+        self.environment_columns = [s.name for s in self.specs if s.from_environment]
+        self.judge_columns = [s.name for s in self.specs if s.from_judge]
         self.local = {s.name: fn for s, fn in zip(self.specs, fns) if fn is not None and takes_environments(fn)}
         self.given = [*self.environment_columns, *self.local]
         # sandboxed rewards wait on programs that compute: never parked
@@ -138,11 +140,13 @@ class RewardPool:
               columns: Mapping[str, Sequence[Any]] | None = None,
               completion_ids: Sequence[Sequence[int]] | None = None,
               trainer_state: TrainerState | None = None,
-              given: Mapping[str, GivenColumn] | None = None) -> ScoreResult:
+              given: Mapping[str, GivenColumn] | None = None,
+              judged: Callable[[], Mapping[str, GivenColumn]] | None = None) -> ScoreResult:
         """[N] prompts and completions (strings, or chat messages), plus per-row columns
         (ground_truth, response_length, ...) and the completions' token ids. ``given``: the
-        environment's columns (``fn: environment``), by name, as the rollouts scored them; their
-        conditions apply as any reward's."""
+        environment's columns (``fn: environment``), by name, as the rollouts scored them;
+        ``judged``: called once the workers are done, the judges' columns (``fn: judge``, judged
+        meanwhile). Their conditions apply as any reward's."""
         n, k = len(completions), len(self.specs)
         columns = dict(columns or {})
         ids = list(completion_ids) if completion_ids is not None else [[] for _ in range(n)]
@@ -195,6 +199,9 @@ class RewardPool:
                     w.parked = True
                     self.parked += 1
         self._settle()
+        judge_columns = dict(judged() if judged is not None else {})
+        for name in self.judge_columns:
+            run.take(self.names.index(name), *(judge_columns.get(name) or _not_given(n, "judge")))
         for j, spec in enumerate(self.specs):
             if run.timeouts[j]:
                 logger.warning("reward %r timed out on %d of %d rows (timeout_s %g, process "
@@ -204,7 +211,7 @@ class RewardPool:
     def _tasks(self, n: int, k: int) -> deque:
         """The calls of one score: rewards scored row by row get a task per row, the others
         share tasks of ``rows_per_call`` rows (default: the rows split among the workers)."""
-        scored = [j for j in range(k) if self.specs[j].name not in self.given]
+        scored = [j for j in range(k) if self.specs[j].name not in self.given and not self.specs[j].from_judge]
         single = [j for j in scored if j in self._row_by_row]
         batched = [j for j in scored if j not in self._row_by_row]
         size = self.rows_per_call or max(1, math.ceil(n / self.num_workers))
@@ -348,8 +355,9 @@ class RewardPool:
 GivenColumn = tuple[Sequence[float], Sequence[str], Sequence[str]]
 
 
-def _not_given(n: int) -> GivenColumn:
-    why = "the environment's column was not given to the scoring (no environment ran)"
+def _not_given(n: int, source: str = "environment") -> GivenColumn:
+    why = (f"the {source}'s column was not given to the scoring "
+           + ("(no environment ran)" if source == "environment" else "(no judge was asked)"))
     return [math.nan] * n, ["error"] * n, [why] * n
 
 

@@ -53,7 +53,7 @@ def worker_main(conn: Connection, payload: bytes) -> None:
     try:
         for module in preloaded_modules(specs):
             importlib.import_module(module)
-        fns = [None if spec.from_environment else spec.resolve() for spec in specs]
+        fns = [spec.resolve() if spec.scored_by_function else None for spec in specs]
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # noqa: BLE001 - SystemExit at import too: the pool raises it

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from actors.engines import SamplingParams, engine_class, make_engine, traits_of
+from actors.judging import Judging, merged
 from actors.prompts import Prompt
 from actors.samplers import SAMPLERS
 from actors.tool_loop import ToolEnvironment, preloaded_modules
@@ -78,6 +79,8 @@ class RolloutActor:
         num_threads: torch threads in this actor.
         model_files: ``model_path``'s files in the object store (``gdpo_ray.model_files.pack``),
             used when this node cannot read ``model_path``.
+        judges: the judge pool's actor handles (``actors.judge_pool.JudgePool``) for ``fn: judge``
+            rewards without url, asked ``judge_batch_size`` messages per call (``actors.judging``).
         lora: ``llm.lora``'s PEFT settings (the engine serves the base model plus the pushed
             adapter), or None (full weights).
         environment: ``data.tool_environment``, 'module:Class': multi-turn rollouts with its tools
@@ -95,7 +98,8 @@ class RolloutActor:
                  environment: str | None = None, max_turns: int = default("max_turns"),
                  tool_timeout: float = default("tool_timeout"), system_prompt: str | None = None,
                  tools_in_system_prompt: str = default("tools_in_system_prompt"),
-                 mode: str = "batched", max_staleness: int = 0) -> None:
+                 mode: str = "batched", max_staleness: int = 0, judges: Sequence[Any] | None = None,
+                 judge_batch_size: int = default("judge_batch_size")) -> None:
         import torch
 
         from actors.reward import RewardPool
@@ -121,6 +125,8 @@ class RolloutActor:
         if environment is not None:  # before the reward pool starts the fork server they share
             fork_context(preloaded_modules(environment))
         self.rewards = RewardPool(rewards, num_workers=reward_workers or num_threads) if rewards else None
+        judged = rewards and self.rewards.judge_columns
+        self.judging = Judging(self.rewards.specs, judges, judge_batch_size) if judged else None
         self.tools = None
         if environment is not None:
             specs = self.rewards.specs if self.rewards else []
@@ -227,6 +233,8 @@ class RolloutActor:
                 self.version = int(version)
                 if self.tools is not None:  # a new step: environments that could not start are tried again
                     self.tools.new_step()
+                if self.judging is not None:  # a new step: its rollouts are judged anew
+                    self.judging.new_step()
                 oldest = self.version - self.max_staleness
                 for started, task in list(self._open.values()):
                     if started is not None and started < oldest:
@@ -324,7 +332,7 @@ class RolloutActor:
         batch = real[0] if len(real) == 1 else pa.Table.from_batches(real).combine_chunks().to_batches()[0]
         return CallMeta(groups=describe_groups(batch), filtered=filtered, tokens=sum(m.tokens for m in metas),
                         aborted=tuple(itertools.chain.from_iterable(m.aborted for m in metas)),
-                        timing=metas[-1].timing), batch
+                        timing=metas[-1].timing, judge=merged([m.judge for m in metas])), batch
 
     async def complete(self, prompts: Sequence[str | list], n: int, sampling: Mapping[str, Any],
                        rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list[list[Completion]]:
@@ -439,7 +447,8 @@ class RolloutActor:
         batch = build_groups(out, self.rewards.names, self.sampling.metadata())
         timing = CallTiming(generate_s=generated - start, score_s=time.perf_counter() - generated)
         meta = CallMeta(groups=describe_groups(batch), filtered=filtered,
-                        tokens=sum(len(r.trajectory.tokens) for r in flat), timing=timing)
+                        tokens=sum(len(r.trajectory.tokens) for r in flat), timing=timing,
+                        judge=self.judging.take_stats() if self.judging is not None else None)
         return meta, batch
 
     def _scored(self, rollouts: Sequence[Rollout], columns: Mapping[str, list], version: int) -> Any:
@@ -454,7 +463,10 @@ class RolloutActor:
         completions = [t.messages if self.tools is not None or not isinstance(p, str) else t.messages[0]["content"]
                        for t, p in zip(flat, prompts_in)]
         ids_out, state = [list(t.tokens) for t in flat], TrainerState(global_step=version)
-        given = None
+        given, judged = None, None
+        if self.judging is not None:  # asked now, taken once the reward workers are done
+            rows = [{name: values[i] for name, values in columns.items()} for i in range(len(flat))]
+            judged = self.judging.collector(self.judging.submit(prompts_in, completions, rows), len(flat))
         if self.tools is not None:  # the environments' columns, and the rewards that read them
             given = self.tools.rewards(flat, self.rewards.environment_columns)
             rows = [{**{name: [values[i]] for name, values in columns.items()}, "prompts": [prompts_in[i]],
@@ -463,7 +475,7 @@ class RolloutActor:
             limits = {name: self.rewards.timeouts[self.rewards.names.index(name)] for name in self.rewards.local}
             given |= self.tools.read(flat, rows, limits)
         return self.rewards.score(prompts_in, completions, columns, completion_ids=ids_out,
-                                  trainer_state=state, given=given)
+                                  trainer_state=state, given=given, judged=judged)
 
     async def shutdown(self) -> None:
         """Cancels the groups in flight, lets a push in progress finish (no later one starts),
@@ -475,6 +487,8 @@ class RolloutActor:
             self._scorer.shutdown(wait=False, cancel_futures=True)
             if self.rewards is not None:
                 self.rewards.close()
+            if self.judging is not None:
+                self.judging.close()
             if self.tools is not None:
                 self.tools.close()
             self.engine.shutdown()

@@ -23,6 +23,7 @@ from ray.actor import ActorHandle
 
 from actors.attestation import PushLedger
 from actors.buffer import ArrowBuffer
+from actors.judging import JudgeStats
 from actors.prompts import Prompt, PromptSource
 from actors.rollout import PromptsExhausted, RolloutActor
 from gdpo_ray.batch import CallMeta
@@ -105,6 +106,7 @@ class RolloutGroup:
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0, "aborted": 0,
                       "generate_s": 0.0, "score_s": 0.0}  # summed over the actors' calls
         self._busy_at_last_step = (0.0, 0.0)  # generate_s, score_s at the last step_metrics()
+        self.judge_stats = JudgeStats()  # the judges' work since the last step_metrics()
         self._filtered_in_a_row = 0  # prompts filtered since a group was last generated
         self.resize(num_actors)
 
@@ -271,7 +273,7 @@ class RolloutGroup:
                 "rollout/reissued": float(stats["reissued"]),
                 "rollout/aborted": float(stats["aborted"]),
                 "rollout/actor_restarts": float(stats["actor_restarts"]),
-                "rollout/prompts_filtered": float(stats["filtered"])}
+                "rollout/prompts_filtered": float(stats["filtered"]), **self.judge_stats.take()}
 
     def fit_to_cluster(self, low: int, high: int) -> None:
         """Elastic rollouts (``num_env_runners = [low, high]``): as many actors as the nodes
@@ -402,6 +404,8 @@ class RolloutGroup:
         if meta.timing is not None:
             self.stats["generate_s"] += meta.timing.generate_s
             self.stats["score_s"] += meta.timing.score_s
+        if meta.judge is not None:
+            self.judge_stats.add(meta.judge)
 
     def _reissue(self, calls: list[_Call]) -> None:
         for call in calls:

@@ -21,9 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
 from gdpo_ray.batch import Turns
+from gdpo_ray.environments.columns import Schema
 from gdpo_ray.environments.process import EnvironmentProcess, Raised, Session, Stopped, payload_of, started
 from gdpo_ray.environments.session import ToolAnswer
-from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
+from gdpo_ray.environments.spec import ROW_COLUMN, VERIFIERS, environment_paths, load_environment
 from gdpo_ray.environments.tool_prompt import in_system
 from gdpo_ray.environments.tool_turns import ToolTurns
 from gdpo_ray.forks import fork_context
@@ -52,6 +53,7 @@ class Trajectory:
     failed: tuple[str, str] | None = None  # the environment failed to start: (kind, error text)
     schemas: list[dict] | None = None  # this rollout's tools, where they depend on its row
     environment: str | None = None  # its class's name in TRL's dict form (None: the one class)
+    origin: str = "a rollout"  # which rollout, for the errors that name it (its row's prompt)
     # per token the policy version that sampled it (streaming engines; a tool turn's tokens take
     # the version of the token before them); empty where the engine gives none
     versions: list[int] = dataclasses.field(default_factory=list)
@@ -170,6 +172,7 @@ class ToolEnvironment:
         self._processes: set[EnvironmentProcess] = set()  # every one not yet ended
         self._down: dict[tuple, str] = {}  # (class,) or (class, row): why it could not start, this step
         self._gives: dict[str, set[str]] = {}  # TRL's dict form: the columns each class has given
+        self._schema: Schema | None = None  # the names the classes' rewards give (``rewards``' first call)
         self._lock = threading.Lock()
         self._reaper = Reaper()  # kills the processes where this process ends without ``close``
 
@@ -201,6 +204,7 @@ class ToolEnvironment:
         down = self._down.get((name,)) or self._down.get((name, key))
         if down is not None:
             return Trajectory(None, failed=("infra", down), environment=name), None
+        origin = f"a rollout of the row whose prompt is {_short(row.get('prompt'))}"
         with self._lock:
             process = self._idle[name].pop() if self._idle[name] else None
         if process is None:
@@ -217,15 +221,15 @@ class ToolEnvironment:
         except Raised as err:
             self._end(process)
             return Trajectory(None, failed=("error", f"the environment failed to start: reset raised {err}"),
-                              environment=name), None
+                              environment=name, origin=origin), None
         except Stopped as err:
             self._end(process)
             why = f"environment {label}: reset {err.text}"
             self._trip((name, key), why)
-            return Trajectory(None, failed=("infra", why), environment=name), None
+            return Trajectory(None, failed=("infra", why), environment=name, origin=origin), None
         schemas = schemas if spec.dynamic else None if name is None else list(spec.schemas)
         return Trajectory(Session(process, self.timeout_s, spec.converses), schemas=schemas,
-                          environment=name), observation
+                          environment=name, origin=origin), observation
 
     def _trip(self, key: tuple, why: str) -> None:
         with self._lock:
@@ -241,10 +245,15 @@ class ToolEnvironment:
             self._down.clear()
 
     def rewards(self, trajectories: Sequence[Trajectory], names: Sequence[str]) -> dict[str, tuple]:
-        """The environments' columns ``names`` over the rollouts, as ``RewardPool.score`` takes them
-        (in the dict form, a column that a rollout's class does not give does not apply to it)."""
+        """The environments' columns ``names`` (the ``fn: environment`` ones) over the rollouts,
+        as ``RewardPool.score`` takes them (in the dict form, a column that a rollout's class does
+        not give does not apply to it). Each getter taking ``completion`` gets its rollout's
+        messages. Raises ``columns.SchemaError`` where the names a rollout's rewards gave are not
+        ``names`` (in the dict form: not within them, or not its class's first rollout's)."""
         if not names:
             return {}
+        if self._schema is None or self._schema.declared != list(names):
+            self._schema = Schema(names, partial=None not in self.specs)
         _mark_left_work(trajectories)
         per_rollout = list(self.pool.map(lambda t: self._rewards(t, names), trajectories))
         return _columns(names, per_rollout)
@@ -253,21 +262,32 @@ class ToolEnvironment:
         if t.environment is None:  # the one class (or a row naming none of the dict form's)
             if t.failed is not None:
                 return [(float("nan"), *t.failed)] * len(names)
-            return t.session.rewards(names, self.specs[None].reward_getter, self.floors)
+            spec = self.specs[None]
+            return self._read(t, spec, names, t.session.rewards(names, spec.reward_getter, self.floors,
+                                                                completion=t.messages, keys=True))
         spec = self.specs[t.environment]
         if spec.reward_getter is None:
             return [(float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which has no reward")] * len(names)
         if t.failed is not None:
             out = [(float("nan"), *t.failed)] * len(names)
         else:
-            out = t.session.rewards(names, spec.reward_getter, self.floors, partial=t.environment,
-                                    column=spec.cls.__name__)
+            out = self._read(t, spec, names, t.session.rewards(names, spec.reward_getter, self.floors,
+                                                               partial=t.environment, column=spec.cls.__name__,
+                                                               completion=t.messages, keys=True))
         gives = self._gives.setdefault(t.environment, {spec.cls.__name__} if spec.reward_getter == "get_reward" else set())
         if t.failed is None and t.session.stopped is None:  # read: the columns its class gives
             gives.update(name for name, (_, kind, _) in zip(names, out) if kind != NOT_APPLICABLE)
         elif gives:  # not read: the columns of other classes do not apply to it either
             out = [o if name in gives else (float("nan"), NOT_APPLICABLE, f"a rollout of {t.environment!r}, which "
                                             f"gives no {name!r}") for name, o in zip(names, out)]
+        return out
+
+    def _read(self, t: Trajectory, spec: Any, names: Sequence[str], answer: tuple) -> list:
+        """A rollout's columns, once the names its rewards gave (where they gave any) pass the
+        schema check."""
+        out, keys = answer
+        if keys is not None:
+            self._schema.check(spec.cls.__name__, keys, t.origin)
         return out
 
     def read(self, trajectories: Sequence[Trajectory], rows: Sequence[dict],
@@ -330,7 +350,8 @@ def preloaded_modules(setting: str | Mapping[str, str]) -> list[str]:
     """What an environment process runs (the fork server imports it before any process forks:
     ``gdpo_ray.forks.fork_context``)."""
     paths = environment_paths(setting).values()
-    return ["gdpo_ray.environments.process", *(p.split(":")[0] for p in paths if not p.startswith("__main__:"))]
+    return ["gdpo_ray.environments.process", *("gdpo_ray.environments.verifiers_env" if p.startswith(VERIFIERS)
+                                               else p.split(":")[0] for p in paths if not p.startswith("__main__:"))]
 
 
 def _mark_left_work(trajectories: Sequence[Trajectory]) -> None:
@@ -340,6 +361,11 @@ def _mark_left_work(trajectories: Sequence[Trajectory]) -> None:
             if t.session is not None and t.session.called and t.session.process.alive}
     for pid in left_behind(live):
         live[pid].left_work = True
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _row_key(row: Mapping[str, Any]) -> str:

@@ -354,9 +354,9 @@ def run_trl(args) -> None:
 def trl_rewards(config) -> list:
     """The demo's rewards as TRL reward functions, through gdpo-ray's own: all K scored once per
     batch (the length reward's gate is the correct reward), as gdpo-ray's reward pool does."""
-    from gdpo_ray.rewards import RewardSpec, apply_conditions, call_reward
+    from gdpo_ray.rewards import apply_conditions, call_reward, reward_specs
 
-    specs = [RewardSpec.from_dict(r) for r in config.rewards]
+    specs = reward_specs(config.rewards)
     fns = [s.resolve() for s in specs]
     cache: dict = {}
 

@@ -374,3 +374,4 @@ class CallMeta:
     tokens: int = 0  # response tokens generated
     timing: CallTiming | None = None  # None when nothing was generated
     aborted: tuple[str, ...] = ()  # group ids aborted in flight (too stale to train): to re-issue
+    judge: dict | None = None  # what its judges did (actors.judging.Judging.take_stats), if it has judges

@@ -7,7 +7,9 @@
   hypothesis (neither method better) the wins of n = wins + losses are Binomial(n, 1/2), so
   p = min(1, 2 * P(X <= min(wins, losses))). Five seeds can reach p = 0.0625 at best: it says
   how far a miniature can speak, not more;
-- ``plot_bands``: one panel per metric, one line per method with its shaded band.
+- ``plot_bands``: one panel per metric, one line per method with its shaded band;
+- ``pareto_front``: the points no other point dominates (two objectives or more), for the
+  trade-off of two reward columns across runs and checkpoints (``gdpo-ray plot --pareto``).
 """
 
 from __future__ import annotations
@@ -82,3 +84,40 @@ def plot_bands(curves: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], me
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return png
+
+
+#: points compared at once by ``pareto_front`` (a block of them against all: memory block * n * d)
+_BLOCK = 1024
+
+
+def pareto_front(points: Sequence[Sequence[float]], maximize: Sequence[bool] = (True, True)) -> list[int]:
+    """The indices, in order, of the non-dominated ``points`` ([n][d], one value per objective;
+    ``maximize[k]``: higher is better on objective k, else lower, e.g. a length).
+
+    p dominates q when p is at least as good as q on every objective and strictly better on one.
+    Degenerate cases: equal points do not dominate each other (duplicates are all on the front, or
+    all off it); a tie on one objective is settled by the others ((1, 3) dominates (1, 2) when both
+    are maximized); a point with a NaN value is left out: never on the front and dominating nothing
+    (the caller says so: ``incomplete``); +-inf compare as numbers; no points: []. Vectorized by
+    blocks of points, each against all (O(n^2 d) comparisons)."""
+    d = len(maximize)
+    values = np.asarray(points, dtype=float)
+    if values.size == 0:
+        return []
+    if values.ndim != 2 or values.shape[1] != d:
+        raise ValueError(f"pareto_front takes [n][{d}] points (one value per objective of maximize="
+                         f"{tuple(maximize)}); got shape {values.shape}")
+    signed = np.where(np.asarray(maximize, dtype=bool), values, -values)  # higher is better on every axis
+    kept = ~np.isnan(signed).any(axis=1)
+    pool = signed[kept]
+    front = []
+    for start in range(0, len(signed), _BLOCK):
+        block = signed[start:start + _BLOCK, None, :]  # (b, 1, d) against the pool's (m, d)
+        dominated = ((pool >= block).all(axis=2) & (pool > block).any(axis=2)).any(axis=1)
+        front += [start + i for i in np.flatnonzero(~dominated & kept[start:start + _BLOCK])]
+    return [int(i) for i in front]
+
+
+def incomplete(points: Sequence[Sequence[float]]) -> list[int]:
+    """The indices of the points with a NaN value (``pareto_front`` leaves them out)."""
+    return [i for i, p in enumerate(points) if any(math.isnan(float(v)) for v in p)]

@@ -46,7 +46,7 @@ FIELDS: dict[str, Field] = {
     "estimator": Field("training", "gdpo", "advantage estimator: gdpo, gdpo_no_std, grpo, grpo_no_std"),
     "group_size": Field("training", 8, "G, completions per prompt (>= 2)", at_least=2, why="every prompt needs a group of >= 2 completions to normalize"),
     "prompts_per_step": Field("training", 8, "B, prompt groups per training step (batch sizes count groups)", at_least=1, why="a step trains on >= 1 prompt group"),
-    "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s, floor}, ...]"),
+    "rewards": Field("training", [], "the K rewards: [{name, fn, params, weight, condition, timeout_s, floor}, ...]; a judge's entry {name, fn: judge, judge, criteria, prompt} gives a column per criterion (docs/judges.md)"),
     "reward_failure_limit": Field("training", 1.0, "stop the run when a reward fails (NaN) on at least this fraction of a step's rollouts ...", above=0, why="a fraction of a step's rollouts; > 1 turns the stop off"),
     "reward_failure_steps": Field("training", 2, "... for this many steps in a row (the error is shown; limit > 1 turns the stop off)", at_least=1, why="steps in a row at the failure limit before the run stops"),
     "eps": Field("training", 1e-6, "added to every std before dividing (0 reproduces the paper's numbers)", at_least=0),
@@ -115,11 +115,19 @@ FIELDS: dict[str, Field] = {
     "tools_in_system_prompt": Field("data", "auto", "where the model is shown the environment's tools: auto (in the system message where the chat template ignores tools=, else the template's way), always, never; the format: docs/environments.md"),
     "system_prompt": Field("data", None, "a system message put before every prompt (a chat-message prompt with its own system message keeps its own; needs llm.chat_template)", "str?"),
     "columns": Field("data", {}, "columns taken from nested fields, {name: 'column.field'} (verl's parquet: {ground_truth: reward_model.ground_truth})", fixed_on_resume=True),
+    # judges: the judge pool gdpo-ray serves, for fn: judge rewards that name no url
+    "num_judges": Field("judges", 1, "judge actors of the pool gdpo-ray serves (started only when a judge reward's judge names no url; each holds the judge model)", at_least=1),
+    "num_cpus_per_judge": Field("judges", 1, "CPUs per judge actor (apart from the rollout actors and learners)", "number", at_least=0),
+    "num_gpus_per_judge": Field("judges", 0, "GPUs per judge actor", "number", at_least=0),
+    "judge_engine": Field("judges", "hf", "the judge actors' engine: hf (CPU), vllm, or package.module:Class of an actors.engines.BatchEngine"),
+    "judge_engine_kwargs": Field("judges", {}, "keyword arguments of the judges' engine (e.g. vLLM's gpu_memory_utilization)"),
+    "judge_batch_size": Field("judges", 8, "judge messages per engine call of a judge actor (a rollout actor's messages asked together are split into such batches)", at_least=1),
+    "judge_max_prompt_tokens": Field("judges", 4096, "a longer judge message is not judged: its criteria are NaN with the reason", at_least=1),
     # learners (RLlib's section, beside its learner fields below): the training engine
     "backend": Field("learners", "deepspeed", "the learners' training engine: deepspeed (ZeRO stage training.zero_stage) or fsdp2 (torch's fully_shard), or package.module:Class of a learners.learner.Learner (learners.backend)", fixed_on_resume=True),
 }
 
-SECTIONS = ("training", "llm", "generation", "data")  # GDPO's own builder sections (a field may be of RLlib's)
+SECTIONS = ("training", "llm", "generation", "data", "judges")  # GDPO's own builder sections (a field may be of RLlib's)
 
 
 #: RLlib's own fields that GDPO reads, with GDPO's defaults (``GDPOConfig`` sets them)

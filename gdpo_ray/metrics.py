@@ -17,6 +17,8 @@ Why a reward does not move (``signal_metrics``), per reward k of the step's batc
   but the weighted sum has no spread (the rewards cancel: no signal from the group).
 ``cancelling_pairs`` names the pairs of rewards that cancel in every group where either varies
 (the paper's §3.1 erratum case, r2 = 1 - r1 with equal weights): GDPO gets no signal from them.
+The step's degeneracy diagnostics built on these (cancelling pairs, no-spread columns, near ties
+within a judge's scale, a collapsing share) are ``gdpo_ray.diagnostics``.
 """
 
 from __future__ import annotations
@@ -114,9 +116,7 @@ def signal_metrics(rewards: np.ndarray, details: AdvantageDetails, names: Sequen
                    gates: Mapping[str, tuple[int, float]] = {}) -> dict[str, float]:
     """rewards: [N, K] in contiguous groups of ``details.group_sizes``; gates: {conditioned
     reward: (column of its gate, threshold)} (see the module docstring)."""
-    summed = np.asarray(details.summed, np.float64)
-    power = float(summed @ summed)
-    shares = details.contributions.T @ summed / power if power > 0 else np.zeros(len(names))
+    shares = variance_shares(details)
     spread_zero = _zero_spread_per_reward(rewards, details.group_sizes)
     out = {"adv/cancelled_groups": float(details.cancelled.mean())}
     for k, name in enumerate(names):
@@ -129,13 +129,28 @@ def signal_metrics(rewards: np.ndarray, details: AdvantageDetails, names: Sequen
     return out
 
 
-def _zero_spread_per_reward(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """[B, K] bool: all valid values of the reward in the group equal, or fewer than two valid."""
+def variance_shares(details: AdvantageDetails) -> np.ndarray:
+    """[K] each reward's share of the variance of S, sum_ij c_k,ij S_ij / sum_ij S_ij^2 (all 0
+    when no group carries signal: S is 0 everywhere)."""
+    summed = np.asarray(details.summed, np.float64)
+    power = float(summed @ summed)
+    k = details.contributions.shape[1]
+    return details.contributions.T @ summed / power if power > 0 else np.zeros(k)
+
+
+def group_spread(rewards: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rewards: [N, K] in contiguous groups of ``sizes`` -> ([B, K] computed (non-NaN) values per
+    group and reward, [B, K] their spread max - min: NaN where none was computed)."""
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    valid = ~np.isnan(rewards)
     with np.errstate(invalid="ignore"):
         spread = np.fmax.reduceat(rewards, starts, axis=0) - np.fmin.reduceat(rewards, starts, axis=0)
-    return (np.add.reduceat(valid, starts, axis=0) < 2) | (spread == 0)
+    return np.add.reduceat(~np.isnan(rewards), starts, axis=0), spread
+
+
+def _zero_spread_per_reward(rewards: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """[B, K] bool: all valid values of the reward in the group equal, or fewer than two valid."""
+    count, spread = group_spread(rewards, sizes)
+    return (count < 2) | (spread == 0)
 
 
 def cancelling_pairs(details: AdvantageDetails, names: Sequence[str]) -> list[tuple[str, str]]:

@@ -4,6 +4,10 @@
   methods) and their JSON schemas for the chat template;
 - ``session``: one rollout's instance: its calls answered whatever they do, its reward columns;
 - ``process``: the instance in a process of its own, each call bounded by killing it;
+- ``columns``: the reward columns an environment gives (NeMo-Gym's ``reward_components`` too),
+  one schema in every rollout, checked at start-up and at every rollout;
+- ``verifiers_env``: a verifiers taskset (the ``verifiers`` extra) as an environment, each of its
+  rewards a column of its own;
 - ``tool_turns``: the token ids of a tool turn (or a user turn), as the chat template writes it;
 - ``arithmetic``: the ``agent`` preset's calculator.
 

@@ -7,10 +7,12 @@ ends the process stops only its own rollout's environment.
 
 ``serve`` is the process's side: ``gdpo_ray.environments.session.ToolSession`` on the instance,
 each request answered whatever happens (``raised`` with the error where the code raised).
-``EnvironmentProcess`` is the owner's side: ``ask`` sends a request and waits ``limit_s``; past
-it, or where the process ended, the process (and every process it started) is killed and
-``Stopped`` raised; on its owner's ``gdpo_ray.reaper.Reaper`` list while it lives, so that it is
-killed too where the owner ends without closing it. ``Session`` is one rollout's environment on its process, with the rules of
+``probe`` reads the names a class's rewards give for a row before any tool call (the start-up
+check: ``gdpo_ray.environments.columns``). ``EnvironmentProcess`` is the owner's side: ``ask``
+sends a request and waits ``limit_s``; past it, or where the process ended, the process (and
+every process it started) is killed and ``Stopped`` raised; on its owner's
+``gdpo_ray.reaper.Reaper`` list while it lives, so that it is killed too where the owner ends
+without closing it. ``Session`` is one rollout's environment on its process, with the rules of
 docs/faults.md ("Tool environments"): a call of the rollout's own (a tool call, the next user
 message) that is killed stops the environment, later calls are answered that it stopped, and
 the rollout's environment-reading columns take their floor.
@@ -187,21 +189,25 @@ class Session:
             return None, f"next_message {err.text}"
 
     def rewards(self, names: Sequence[str], getter: str, floors: Mapping[str, float], partial: str | None = None,
-                column: str | None = None) -> list[tuple[float, str, str]]:
-        """``ToolSession.rewards`` of the instance; where the rollout's own calls stopped the
-        environment, each column's floor (no failure)."""
+                column: str | None = None, completion: list | None = None, keys: bool = False) -> Any:
+        """``ToolSession.rewards`` of the instance (``keys``: with the names it gave, None where
+        it gave none); where the rollout's own calls stopped the environment, each column's floor
+        (no failure)."""
+        out, given = None, None
         if self.stopped is None and self.lost is None:
             try:
-                return self.process.ask(("rewards", names, getter, partial, column), self.limit_s)
+                answer = self.process.ask(("rewards", names, getter, partial, column, completion, keys), self.limit_s)
+                out, given = answer if keys else (answer, None)
             except Raised as err:
-                return failed(names, "error", f"{getter} raised {err}")
+                out = failed(names, "error", f"{getter} raised {err}")
             except Stopped as err:
                 self._killed(getter, err)
                 if self.stopped is None:
-                    return failed(names, "timeout" if err.kind == "timeout" else "error", f"{getter} {err.text}")
-        if self.stopped is not None:
-            return [(float(floors.get(name, 0.0)), "", "") for name in names]
-        return failed(names, "infra", self.lost)
+                    out = failed(names, "timeout" if err.kind == "timeout" else "error", f"{getter} {err.text}")
+        if out is None:
+            out = ([(float(floors.get(name, 0.0)), "", "") for name in names] if self.stopped is not None
+                   else failed(names, "infra", self.lost))
+        return (out, given) if keys else out
 
     def score(self, name: str, kwargs: dict, limit_s: float, floor: float) -> tuple[float, str, str]:
         """A reward that reads the instance, on this rollout: (value, failure kind, error text);
@@ -238,3 +244,26 @@ def started(ctx: Any, payload: bytes, limit_s: float, reaper: Any = None) -> tup
         return None, "error", f"the environment failed to start: {err}"
     except Stopped as err:
         return None, "infra", err.text
+
+
+def probe(spec: Any, row: Mapping[str, Any], names: Sequence[str], limit_s: float, ctx: Any,
+          partial: str | None = None) -> tuple[list[str] | None, str]:
+    """The names ``spec``'s class (``EnvironmentSpec``) gives for ``row``, its rewards read right
+    after ``reset``, before any tool call, in a process of its own (``ctx``: the multiprocessing
+    context): (names, "") or (None, why they could not be read)."""
+    if spec.reward_getter is None:
+        return None, f"{spec.cls.__name__} has no get_rewards or get_reward"
+    process, _, why = started(ctx, payload_of(spec, ()), limit_s)
+    if process is None:
+        return None, why
+    try:
+        process.ask(("reset", dict(row)), limit_s)
+        columns, keys = process.ask(("rewards", list(names), spec.reward_getter, partial, spec.cls.__name__,
+                                     [], True), limit_s)
+    except (Raised, Stopped) as err:
+        return None, str(err)
+    finally:
+        process.kill()
+    if keys is None:
+        return None, next((error for _, _, error in columns if error), "its rewards were not read")
+    return list(keys), ""

@@ -16,9 +16,11 @@ An environment whose tools are per rollout (``spec.EnvironmentSpec.dynamic``) ge
 ``tool_schemas()``. One with several user turns answers ``next_message()`` (``next_message``:
 its text, or None when the conversation is over or the method failed, with the failure).
 
-Rewards: ``get_rewards()`` (a dict, several columns) or ``get_reward()`` (one value); an
+Rewards: ``get_rewards()`` (a dict, several columns, or NeMo-Gym's ``reward_components`` shape)
+or ``get_reward()`` (one value), given the rollout's messages where they take ``completion``; an
 exception or a value that is not a number makes the rollout's environment rewards NaN with the
-error text, and the run goes on.
+error text, and the run goes on. The names given are reported to the owner, whose schema check
+(``gdpo_ray.environments.columns``) stops the run where they differ from the declared columns.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import inspect
 import math
 from typing import Any, Callable, Sequence
 
+from gdpo_ray.environments.columns import given
 from gdpo_ray.rewards import NOT_APPLICABLE, failure_text
 from gdpo_ray.tool_format import ToolCall, ToolCallError
 
@@ -112,32 +115,46 @@ class ToolSession:
             return ToolAnswer(f"Error: {failure_text(err)}", "error")
 
     def rewards(self, names: Sequence[str], getter: str, partial: str | None = None,
-                column: str | None = None) -> list[tuple[float, str, str]]:
+                column: str | None = None, completion: list | None = None, keys: bool = False) -> Any:
         """The environment's reward columns ``names`` from ``instance.<getter>()`` (``get_rewards``:
-        a dict with every name; ``get_reward``: one number for the one name, or for ``column``):
-        per column (value, failure kind, error text), the kind "" where computed, else "error"
-        (the value is then NaN). ``partial`` (TRL's dict form: the name of this rollout's class):
-        a column it does not give is ``NOT_APPLICABLE``, not an error."""
+        a dict with every name, or NeMo-Gym's shape, ``gdpo_ray.environments.columns.given``;
+        ``get_reward``: one number for the one name, or for ``column``): per column (value, failure
+        kind, error text), the kind "" where computed, else "error" (the value is then NaN). A getter
+        with a ``completion`` parameter gets ``completion``: the rollout's messages after the prompt
+        (ours). ``partial`` (TRL's dict form: the name of this rollout's class): a column it does not
+        give is ``NOT_APPLICABLE``, not an error. ``keys``: -> (columns, the names it gave, sorted;
+        None where it gave no dict), for the owner's schema check (``columns.Schema``)."""
         try:
-            value = run(getattr(self.instance, getter))
-            if getter == "get_reward":
-                value = {column or names[0]: value}
+            method = getattr(self.instance, getter)
+            takes = _takes_completion(method)
+            value = run(lambda: method(completion=list(completion or [])) if takes else method())
+            value = {column or names[0]: value} if getter == "get_reward" else given(value)
             if not isinstance(value, dict):
-                return failed(names, "error", f"get_rewards returned {type(value).__name__}, not a dict of "
-                                              f"the reward names {list(names)} to numbers")
-            out = []
-            for name in names:
-                v = value.get(name)
-                if partial is not None and name not in value:
-                    out.append((math.nan, NOT_APPLICABLE, f"a rollout of {partial!r}, which gives no {name!r}"))
-                elif isinstance(v, (int, float)) and math.isfinite(v):  # a bool is 0 or 1
-                    out.append((float(v), "", ""))
-                else:
-                    out.append((math.nan, "error", f"{getter} gave {name!r} = {v!r}, not a finite number"[:ERROR_CHARS]
-                                + ("" if name in value else f" (its keys: {sorted(map(str, value))})"[:ERROR_CHARS])))
-            return out
+                out = failed(names, "error", f"get_rewards returned {type(value).__name__}, not a dict of "
+                                             f"the reward names {list(names)} to numbers")
+                return (out, None) if keys else out
+            out = [self._value(value, name, getter, partial) for name in names]
+            return (out, tuple(sorted(map(str, value)))) if keys else out
         except BaseException as err:  # noqa: BLE001 - recorded as the reward's error
-            return failed(names, "error", f"{getter} raised {failure_text(err)}")
+            out = failed(names, "error", f"{getter} raised {failure_text(err)}")
+            return (out, None) if keys else out
+
+    @staticmethod
+    def _value(value: dict, name: str, getter: str, partial: str | None) -> tuple[float, str, str]:
+        v = value.get(name)
+        if partial is not None and name not in value:
+            return math.nan, NOT_APPLICABLE, f"a rollout of {partial!r}, which gives no {name!r}"
+        if isinstance(v, (int, float)) and math.isfinite(v):  # a bool is 0 or 1
+            return float(v), "", ""
+        return (math.nan, "error", f"{getter} gave {name!r} = {v!r}, not a finite number"[:ERROR_CHARS]
+                + ("" if name in value else f" (its keys: {sorted(map(str, value))})"[:ERROR_CHARS]))
+
+
+def _takes_completion(method: Callable) -> bool:
+    try:
+        return "completion" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): called as TRL calls it
+        return False
 
 
 def failed(names: Sequence[str], kind: str, why: str) -> list[tuple[float, str, str]]:

@@ -10,7 +10,14 @@ Beyond TRL (ours, optional): an environment whose tools depend on the row (BFCL'
 involve other APIs) defines ``tool_schemas()`` (after ``reset``: this rollout's tools as JSON
 schemas) and ``call_tool(name, arguments)`` (runs one), and has no tool methods of its own; one
 whose conversation has several user turns defines ``next_message()`` (asked when the model
-answers without a call: the next user message, or None to end the rollout).
+answers without a call: the next user message, or None to end the rollout); a ``get_rewards``
+with a ``completion`` parameter gets the rollout's messages after the prompt; one that knows its
+columns before any rollout defines ``reward_columns()`` (a classmethod: ``{name: default
+weight}``), and those not declared are added, as TRL adds a ``get_reward()`` class's column.
+``get_rewards()`` may return NeMo-Gym's ``reward_components`` shape
+(``gdpo_ray.environments.columns``).
+
+``verifiers:<taskset id>`` names a verifiers environment (``gdpo_ray.environments.verifiers_env``).
 
 ``load_environment`` checks a class before any actor starts and names what is wrong and how to
 fix it: not importable, not a class, no ``reset``, no tool, a tool whose schema cannot be built.
@@ -25,7 +32,10 @@ import threading
 from typing import Any, Mapping, Sequence
 
 #: public methods that are not tools
-NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards", "tool_schemas", "call_tool", "next_message"})
+NOT_TOOLS = frozenset({"reset", "get_reward", "get_rewards", "tool_schemas", "call_tool", "next_message",
+                       "reward_columns"})
+#: ``data.tool_environment: verifiers:<taskset id>``: a verifiers taskset as an environment
+VERIFIERS = "verifiers:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +92,9 @@ def with_environment_columns(rewards: Sequence[Any], setting: Any, limit_s: floa
     gets one, named after the class, weight 1 (``{name: <Class>, fn: environment}``), after the
     declared ones (``limit_s``: ``load_environment``'s). Declaring it (for a weight or a
     condition) still works; an environment whose one class declares its column under another
-    name is left for validation to name."""
+    name is left for validation to name. A class with ``reward_columns()`` (a verifiers
+    environment: one per rubric function) gets each of its columns not declared, with its default
+    weight."""
     from gdpo_ray.rewards.spec import ENVIRONMENT
 
     out = list(rewards)
@@ -96,7 +108,28 @@ def with_environment_columns(rewards: Sequence[Any], setting: Any, limit_s: floa
         if env.reward_getter == "get_reward" and name not in declared and not (len(envs) == 1 and from_environment):
             out.append({"name": name, "fn": ENVIRONMENT})
             declared.add(name)
+        for column, weight in reward_columns(env).items():
+            if column not in declared:
+                out.append({"name": column, "fn": ENVIRONMENT, "weight": weight})
+                declared.add(column)
     return out
+
+
+def reward_columns(env: EnvironmentSpec) -> dict[str, float]:
+    """``{name: default weight}`` of a class that names its columns (``reward_columns()``), else {}."""
+    names = getattr(env.cls, "reward_columns", None)
+    if not callable(names):
+        return {}
+    try:
+        columns = dict(names())
+    except Exception as err:  # noqa: BLE001 - the class's own error, with its path
+        raise ValueError(f"environment {env.path!r}: reward_columns() raised {type(err).__name__}: {err}") from err
+    bad = [(k, v) for k, v in columns.items() if not isinstance(k, str) or isinstance(v, bool)
+           or not isinstance(v, (int, float))]
+    if bad:
+        raise ValueError(f"environment {env.path!r}: reward_columns() must map column names to weights "
+                         f"(numbers); got {bad[0][0]!r}: {bad[0][1]!r}")
+    return {k: float(v) for k, v in columns.items()}
 
 
 def _name(declaration: Any) -> Any:
@@ -112,6 +145,13 @@ def load_environment(path: str, limit_s: float = 30.0) -> EnvironmentSpec:
     within ``limit_s`` (``generation.tool_timeout``)."""
     from gdpo_ray.rewards.adapters import import_object
 
+    if isinstance(path, str) and path.startswith(VERIFIERS):
+        try:
+            from gdpo_ray.environments.verifiers_env import environment_class
+        except ImportError as err:
+            raise ValueError(f"data.tool_environment {path!r} needs the verifiers package ({err}): pip install "
+                             "-c constraints/cpu.txt 'gdpo-ray[verifiers]'") from err
+        return _checked(path, environment_class(path[len(VERIFIERS):]), limit_s)
     if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"data.tool_environment must be 'module:Class' (a class whose public methods are "
                          f"the tools, importable from the run's working directory); got {path!r}")
@@ -119,6 +159,10 @@ def load_environment(path: str, limit_s: float = 30.0) -> EnvironmentSpec:
     if not inspect.isclass(cls):
         raise ValueError(f"data.tool_environment {path!r} is a {type(cls).__name__}, not a class: name the "
                          "class whose public methods are the tools (one instance is made per rollout)")
+    return _checked(path, cls, limit_s)
+
+
+def _checked(path: str, cls: type, limit_s: float) -> EnvironmentSpec:
     if not callable(getattr(cls, "reset", None)):
         raise ValueError(f"environment {path!r} has no reset method: add `def reset(self, **row)` "
                          "(it starts a rollout; it may return text to append to the prompt)")

@@ -5,8 +5,9 @@
   per family: ``task_suites`` (``task:<name>``), ``math_suite`` (``math:<path>``), ``humaneval``,
   ``rewards_suite`` (``rewards:<path>``: a run's own rewards on held-out prompts); BFCL's
   (``bfcl``, ``bfcl:<category>``) are in ``gdpo_ray.bfcl`` (``single_turn``, ``multi_turn_suite``);
-- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare`` (with
-  each report's settings, and a warning where they differ);
+- ``report``: avg@n, per-category and overall metrics, the JSON report, tables, ``compare`` (a row
+  per metric, every reward column's mean first, a column per run and checkpoint; each report's
+  settings, and a warning where they differ);
 - ``time_limit``: the bounds on scoring's time: worker processes killed at an item's limit
   (``ScoringPool``) and the nestable in-process ``time_limit``;
 - ``pass_at_k``: Chen et al.'s unbiased pass@k estimator, and the checks of its ks.

@@ -43,10 +43,11 @@ class Condition:
         return f"{self.name}{self.op}{self.value:g}"
 
 
-def parse_correct(texts: Sequence[str] | str, metrics: Sequence[str],
-                  where: str = "--correct") -> tuple[Condition, ...]:
-    """The conditions of ``texts`` ('NAME>=VALUE', each), every NAME one of ``metrics``; a
-    ValueError naming ``where``, the text and the fix for anything else."""
+def parse_correct(texts: Sequence[str] | str, metrics: Sequence[str], where: str = "--correct",
+                  of: str = "this suite") -> tuple[Condition, ...]:
+    """The conditions of ``texts`` ('NAME>=VALUE', each; NAME may hold "/": ``quality/helpful``),
+    every NAME one of ``metrics`` (those ``of`` reports); a ValueError naming ``where``, the text
+    and the fix for anything else."""
     if isinstance(texts, str):
         texts = [texts]
     if not isinstance(texts, (list, tuple)) or not texts:
@@ -63,7 +64,7 @@ def parse_correct(texts: Sequence[str] | str, metrics: Sequence[str],
         except ValueError:
             raise ValueError(f"{where} {text!r}: {match['value']!r} is not a number") from None
         if name not in metrics:
-            raise ValueError(f"{where} {text!r}: {name!r} is not a metric of this suite; its metrics: "
+            raise ValueError(f"{where} {text!r}: {name!r} is not a metric of {of}; its metrics: "
                              f"{', '.join(metrics)}")
         out.append(Condition(name, op, value))
     return tuple(out)

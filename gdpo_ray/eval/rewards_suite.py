@@ -61,9 +61,9 @@ class RewardsSuite(Suite):
                  max_tokens: int | None = None, length_limit: int | None = None,
                  environment: Any = None, max_turns: int | None = None, source: str | None = None,
                  tool_settings: Mapping[str, Any] | None = None, system_prompt: str | None = None,
-                 chat_template: bool | None = None) -> None:
+                 chat_template: bool | None = None, judges: Mapping[str, Any] | None = None) -> None:
         from gdpo_ray.data import read_dataset
-        from gdpo_ray.rewards import RewardSpec, check_specs, takes_environments
+        from gdpo_ray.rewards import check_specs, reward_specs, takes_environments
 
         self.name, self.source = f"rewards:{Path(path).stem}", source
         if not Path(path).expanduser().is_file():
@@ -75,7 +75,8 @@ class RewardsSuite(Suite):
         self.environment, self.max_turns = environment, max_turns or self.max_turns
         self.tool_settings, self.system_prompt = dict(tool_settings or {}), system_prompt
         self.chat_template = chat_template
-        self.specs = [RewardSpec.from_dict(r) for r in rewards]
+        self.judges = dict(judges or {})  # the judge pool's settings (the judges: section) for judges without url
+        self.specs = reward_specs(rewards)
         self.fns = check_specs(self.specs)
         self.rollout_rewards = [dict(r) for r in rewards]
         rollout_only = {s.name for s, fn in zip(self.specs, self.fns) if fn is None or takes_environments(fn)}
@@ -99,9 +100,9 @@ class RewardsSuite(Suite):
         """Raises when a column can be computed only inside a rollout (an environment's own, one
         that reads its instances, or one conditioned on those): ``what`` cannot score it."""
         if self.rollout_only:
-            raise ValueError(f"{what}: rewards {self.rollout_only} are computed inside a rollout (an "
-                             f"environment's columns, rewards reading its instances, or conditioned on "
-                             f"them), which a file of completions does not have; evaluate the policy "
+            raise ValueError(f"{what}: rewards {self.rollout_only} are computed by the rollout actors (an "
+                             f"environment's columns, rewards reading its instances, a judge's criteria, or "
+                             f"conditioned on them), which a file of completions does not have; evaluate the policy "
                              f"instead (gdpo-ray eval POLICY --suite rewards:FILE --rewards CONFIG), which "
                              f"runs each row through the environment")
 

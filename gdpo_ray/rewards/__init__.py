@@ -19,7 +19,7 @@ from gdpo_ray.rewards.adapters import (CALL_KEYWORDS, ROLLOUT_COLUMNS, RewardFn,
                                        TrainerState, call_reward, completion_text, failure_text, from_verl,
                                        required_columns, takes_environments, to_floats)
 from gdpo_ray.rewards.registry import REWARDS, get
-from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check_specs
+from gdpo_ray.rewards.spec import Condition, RewardSpec, apply_conditions, check_specs, reward_specs
 
 #: the classes of a failed (row, reward), the prefix of its ``reward_errors`` text
 FAILURE_KINDS = ("error", "timeout", "infra", "condition")

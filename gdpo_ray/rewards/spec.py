@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from gdpo_ray.judges.rubric import JUDGE, expand_judges, rubric_of
 from gdpo_ray.rewards.adapters import bind_params
 from gdpo_ray.rewards.registry import get
 
@@ -62,6 +63,16 @@ class RewardSpec:
                    floor=d.get("floor"))
 
     @property
+    def from_judge(self) -> bool:
+        """``fn: judge``: one criterion of a judge's rubric (``gdpo_ray.judges.rubric``), scored by
+        the rollout actor's judges, not by a function."""
+        return self.fn == JUDGE
+
+    @property
+    def scored_by_function(self) -> bool:
+        return not (self.from_environment or self.from_judge)
+
+    @property
     def from_environment(self) -> bool:
         """``fn: environment``: the column is the rollout environment's (``get_rewards()[name]``,
         or ``get_reward()`` for the one column named after its class), not a function's."""
@@ -69,8 +80,9 @@ class RewardSpec:
 
     def resolve(self) -> Callable:
         """The reward function, params bound (fails now on unknown names or params)."""
-        if self.from_environment:
-            raise ValueError(f"reward {self.name!r} is the environment's (fn: {ENVIRONMENT}): no function to call")
+        if not self.scored_by_function:
+            by = "its environment" if self.from_environment else "a judge"
+            raise ValueError(f"reward {self.name!r} is scored by {by} (fn: {self.fn}): no function to call")
         fn = self.fn if self.fn is not None else self.name
         if callable(fn):
             return bind_params(fn, dict(self.params), self.name)
@@ -88,6 +100,12 @@ class RewardSpec:
                 "timeout; raise timeout_s or lower the sandbox limits (wall_s, max_tests)"
             )
         return float(self.timeout_s)
+
+
+def reward_specs(declarations: Sequence[Any]) -> list[RewardSpec]:
+    """``training.rewards`` as its K columns: a judge's entry gives one per criterion
+    (``gdpo_ray.judges.rubric.expand_judges``), any other entry one."""
+    return [RewardSpec.from_dict(d) for d in expand_judges(declarations)]
 
 
 def plain_declaration(reward: Any) -> Any:
@@ -110,7 +128,7 @@ MAX_TIMEOUT_S = 3600.0
 
 def check_specs(specs: Sequence[RewardSpec]) -> list[Callable | None]:
     """Validates a reward list (before any worker starts); returns the resolved functions (None
-    for an environment's column)."""
+    for an environment's column and a judge's)."""
     if not specs:
         raise ValueError("rewards: at least one reward is needed")
     names = [s.name for s in specs]
@@ -135,12 +153,19 @@ def check_specs(specs: Sequence[RewardSpec]) -> list[Callable | None]:
             if not math.isfinite(s.condition.min):
                 raise ValueError(f"reward {s.name!r}: condition.min must be finite; got {s.condition.min}")
     _condition_order(specs)
-    fns = [None if s.from_environment else s.resolve() for s in specs]
+    fns = [s.resolve() if s.scored_by_function else None for s in specs]
     for s, fn in zip(specs, fns):
+        if s.from_judge:
+            rubric_of(s.params)  # (names what is wrong)
+            if s.floor is not None or s.timeout_s is not None:
+                raise ValueError(f"reward {s.name!r} is a judge's criterion: it takes no floor or timeout_s "
+                                 "(judge.timeout_s bounds each request)")
+            continue
         if s.floor is not None:
             from gdpo_ray.rewards.adapters import takes_environments
 
-            if not (isinstance(s.floor, (int, float)) and not isinstance(s.floor, bool) and math.isfinite(s.floor)):
+            if not (isinstance(s.floor, (int, float)) and not isinstance(s.floor, bool)
+                    and math.isfinite(s.floor)):
                 raise ValueError(f"reward {s.name!r}: floor must be a finite number; got {s.floor!r}")
             if fn is not None and not takes_environments(fn):
                 raise ValueError(f"reward {s.name!r}: floor applies only to a column read from the rollout's "

@@ -38,9 +38,11 @@ from gdpo_ray.completion_log import CompletionLog
 from gdpo_ray.data import load_prompts
 from gdpo_ray.environments.spec import with_environment_columns
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
+from gdpo_ray.judges.rubric import expand_judges
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
+from gdpo_ray.run import judges as run_judges
 from gdpo_ray.run import preflight, quiet, validation
 from gdpo_ray.run.algorithm_state import GDPOState
 from gdpo_ray.run.cluster import ensure_ray
@@ -119,12 +121,16 @@ class GDPOConfig(AlgorithmConfig):
         """The prompts: ``prompts`` (path, ``task:<name>`` or rows), ``tool_environment``, ..."""
         return _section(self, "data", kwargs)
 
+    def judges(self, **kwargs: Any) -> "GDPOConfig":
+        """The judge pool gdpo-ray serves: ``num_judges``, ``num_cpus_per_judge``, ``judge_engine``, ..."""
+        return _section(self, "judges", kwargs)
+
     def validate(self) -> None:
         """GDPO's rules first (their messages name the fix), then RLlib's own. An environment
         class scoring with ``get_reward()`` gets its column if it is not declared, as in TRL
         (``gdpo_ray.environments.spec.with_environment_columns``)."""
         fields.check_fields(self)
-        self.rewards = with_environment_columns(self.rewards, self.tool_environment, self.tool_timeout)
+        self.rewards = expand_judges(with_environment_columns(self.rewards, self.tool_environment, self.tool_timeout))
         validation.check(self)
         model_files.check_available(self.model_path)  # smollm2 without gguf: the install command
         super().validate()
@@ -169,6 +175,7 @@ class GDPOConfig(AlgorithmConfig):
                     system_prompt=self.system_prompt,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,
                     num_threads=self.num_threads, seed=self.seed or 0, lora=self.lora,
+                    judge_batch_size=self.judge_batch_size,
                     **fields.environment_settings(self))  # data.tool_environment: multi-turn rollouts
 
 
@@ -192,7 +199,7 @@ class GDPO(GDPOState, Algorithm):
             learner = fields.merge_resources(learner, config.rollout_resources)
         else:
             bundles += [config.rollout_resources] * fields.env_runner_range(config)[0]
-        bundles += [learner] * max(1, config.num_learners)
+        bundles += [learner] * max(1, config.num_learners) + run_judges.demand(config)
         return PlacementGroupFactory([fields.merge_resources(b) for b in bundles],
                                      strategy=config.placement_strategy)
 
@@ -204,7 +211,7 @@ class GDPO(GDPOState, Algorithm):
 
         from actors.buffer import ArrowBuffer
         from actors.prompts import PromptSource
-        from gdpo_ray.rewards import RewardSpec
+        from gdpo_ray.rewards import reward_specs
 
         # RLlib's setup() would build env runners and an RLModule learner group: not ours.
         self.callbacks = [cls() for cls in force_list(self.config.callbacks_class)]
@@ -214,13 +221,14 @@ class GDPO(GDPOState, Algorithm):
         c = self.config
         ensure_ray(c)  # as RLlib's algorithms do: a local Ray when none is running
         preflight.ensure(c)  # model, dataset, rewards on sample rows: before any actor starts
-        specs = [RewardSpec.from_dict(r) for r in c.rewards]
+        specs = reward_specs(c.rewards)
         self.reward_names = [s.name for s in specs]
         self.reward_weights = np.array([s.weight for s in specs], np.float64)
         self.reward_gates = {s.name: (self.reward_names.index(s.condition.on), s.condition.min)
                              for s in specs if s.condition is not None}
-        self.reward_watch = RewardWatch(
-            self.reward_names, c.reward_failure_limit, c.reward_failure_steps)
+        self.reward_watch = RewardWatch(  # judge criteria declare their scale: near-tie diagnostics
+            self.reward_names, c.reward_failure_limit, c.reward_failure_steps, estimator=c.estimator,
+            scales={s.name: tuple(s.params["scale"]) for s in specs if s.fn == "judge" and "scale" in s.params})
         self.model_path = model_files.resolve_model_path(c.model_path)
         self.model_files = model_files.pack(self.model_path)  # for nodes that cannot read it
         self.prompts = PromptSource(load_prompts(c.prompts, c.num_prompts, c.seed or 0), prompt_column=c.prompt_column,
@@ -235,16 +243,22 @@ class GDPO(GDPOState, Algorithm):
         self._last_checkpoint: str | None = None
         self.last_recovery: tuple[int, int] | None = None  # (the step a learner died in, the step restored)
         self.completion_log, self.last_completions = CompletionLog(self.model_path, self.reward_names, c.log_completions), []
-        if c.colocate:  # the rollout actors go into the learners' placement group
-            self._start_learners()
-            self.rollouts = self._build_rollouts()
-        else:  # the rollout actors start while the learners set up (both take seconds)
-            self.rollouts = self._build_rollouts()
-            try:
+        self.judge_pool = run_judges.start_pool(c, c.seed or 0)  # the judges the rollout actors ask
+        try:
+            if c.colocate:  # the rollout actors go into the learners' placement group
                 self._start_learners()
-            except BaseException:
-                self.rollouts.shutdown()
-                raise
+                self.rollouts = self._build_rollouts()
+            else:  # the rollout actors start while the learners set up (both take seconds)
+                self.rollouts = self._build_rollouts()
+                try:
+                    self._start_learners()
+                except BaseException:
+                    self.rollouts.shutdown()
+                    raise
+        except BaseException:
+            if self.judge_pool is not None:
+                self.judge_pool.shutdown()
+            raise
         from gdpo_ray.eval.suites import held_out_suite
         from gdpo_ray.run.eval_rewards import training_suite_options
 
@@ -277,8 +291,8 @@ class GDPO(GDPOState, Algorithm):
         low, high = fields.env_runner_range(c)
         if low != high:
             request_rollout_nodes(c.custom_resources_per_env_runner, high)
-        return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path),
-                                 model_files=self.model_files),
+        return RolloutGroup(dict(c.rollout_actor_kwargs, model_path=str(self.model_path), model_files=self.model_files,
+                                 judges=self.judge_pool.handles if self.judge_pool is not None else None),
                             num_actors=low, prompts=self.prompts, buffer=self.buffer,
                             prompts_per_call=c.prompts_per_call, calls_per_actor=c.calls_per_actor,
                             num_cpus=c.num_cpus_per_env_runner, num_gpus=c.num_gpus_per_env_runner,
@@ -292,7 +306,7 @@ class GDPO(GDPOState, Algorithm):
                       callbacks_functions=getattr(self.config, f"callbacks_{name}", None), kwargs=kwargs)
 
     def cleanup(self) -> None:
-        for part in ("rollouts", "learners"):
+        for part in ("rollouts", "learners", "judge_pool"):
             obj = getattr(self, part, None)
             if obj is not None:
                 try:
@@ -426,7 +440,7 @@ class GDPO(GDPOState, Algorithm):
             values |= step_metrics.sampled_reward_metrics(rewards, rewards_matrix(dropped)[0], self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)
         values |= step_metrics.signal_metrics(rewards, details, self.reward_names, self.reward_gates)
-        self.reward_watch.warn_cancelling(details)
+        values |= self.reward_watch.diagnose(step, rewards, details)  # degeneracy: metrics, warnings once
         values |= step_metrics.rollout_metrics(lengths, reasons, turns)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
         values |= self.rollouts.step_metrics()

@@ -19,8 +19,13 @@ default: eval/<suite>.json in the run directory, or in the current folder) and p
 reward column): accuracy, NAME/pass_rate and pass@k are then reported. With a tool environment in
 the rewards' config, each held-out row runs through the same multi-turn loop as training, and
 every column is scored as training scores it, the environment's own included.
-With --compare, prints one row per run from reports already written (report files, or run
-directories holding eval/*.json), then one line per setting that differs between them."""
+With --compare, prints the reports already written side by side (report files, or run directories:
+their eval/*.json and the in-training evals of their metrics.jsonl), one table per suite: a row per
+metric (each reward column's mean first, then the pass rates), a column per run and checkpoint;
+--correct 'NAME>=VALUE' there recomputes NAME/pass_rate from each report's samples. Then each
+report's settings, and one line per setting that differs between them. Evaluating a training
+checkpoint writes its report beside the run's others (eval/<suite>@step_<N>.json), so --compare
+shows it as that step's column."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -58,7 +63,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                    "one (default: data.system_prompt of the --rewards config, else of POLICY's run; '' for none)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--output", help="the report's path")
-    p.add_argument("--compare", nargs="+", metavar="RUN", help="print the table of these runs' reports")
+    p.add_argument("--compare", nargs="+", metavar="RUN", help="print the tables of these runs' reports "
+                   "(report files, or run directories: every checkpoint evaluated; with --correct, its pass rates)")
     p.add_argument("--json", action="store_true", help="print the report's overall section as JSON")
     p.set_defaults(run=run)
 
@@ -111,43 +117,101 @@ def check_options(args: argparse.Namespace) -> dict:
     return engine_kwargs
 
 
-def default_output(policy: str | None, suite_name: str) -> Path:
-    """eval/<suite>.json in the policy's run directory (a run, or a run's policy/), else here."""
+def default_output(policy: str | None, suite_name: str, step: int | None = None) -> Path:
+    """eval/<suite>.json in the policy's run directory (a run, or a run's policy/), else here; a
+    training checkpoint's (``step``: its policy version) is eval/<suite>@step_<step>.json in its run
+    (``runs/x/checkpoints/step_000010``), else here."""
     from gdpo_ray.eval.report import report_path
 
     if policy and policy != "demo":
         path = Path(policy)
-        for run in (path, path.parent):
+        for run in (path, path.parent, *([path.parent.parent] if step is not None else [])):
             if (run / "metrics.jsonl").is_file():
-                return report_path(run, suite_name)
-    return report_path(".", suite_name)
+                return report_path(run, suite_name, step)
+    return report_path(".", suite_name, step)
 
 
-def reports_of(run: str) -> list[dict]:
+def checkpoint_step(policy: str | None) -> int | None:
+    """The policy version of POLICY where it is a training checkpoint, else None."""
+    from gdpo_ray.run.checkpoints import checkpoint_version
+
+    return checkpoint_version(policy) if policy and policy != "demo" else None
+
+
+def eval_reports(path: str | Path) -> list[dict]:
     """The reports of a run: a report file, or every eval/*.json of a run directory (or of a
-    directory of reports)."""
-    from gdpo_ray.eval.report import read_report
+    directory of reports), then the in-training evals its metrics.jsonl logged at steps no report
+    is of (``gdpo_ray.eval.report.training_evals``: their overall metrics alone); [] for none."""
+    from gdpo_ray.eval.report import read_report, training_evals
+    from gdpo_ray.run.outputs import latest_rows, read_metrics
 
-    path = Path(run)
+    path = Path(path)
     if path.is_file():
         return [read_report(path)]
+    reports = []
     for folder in (path / "eval", path):
         files = sorted(folder.glob("*.json")) if folder.is_dir() else []
         if files:
-            return [read_report(f) for f in files]
-    raise ValueError(f"--compare {run}: no eval report there (a report .json, or a run directory with "
-                     f"eval/*.json; write one with gdpo-ray eval {run} --suite NAME)")
+            reports = [read_report(f) for f in files]
+            break
+    if (path / "metrics.jsonl").is_file():
+        written = {(r["suite"], r.get("step")) for r in reports}
+        rows = latest_rows([r for r in read_metrics(path / "metrics.jsonl") if "step" in r])
+        reports += [r for r in training_evals(rows) if (r["suite"], r["step"]) not in written]
+    return reports
+
+
+def reports_of(run: str) -> list[dict]:
+    """``eval_reports`` of ``run``, a ValueError naming it where there are none."""
+    reports = eval_reports(run)
+    if not reports:
+        raise ValueError(f"--compare {run}: no eval report there (a report .json, or a run directory with "
+                         f"eval/*.json or in-training evals, training.eval_every; write one with gdpo-ray eval "
+                         f"{run} --suite NAME)")
+    return reports
+
+
+def compared(runs: list[str], correct: list[str] | None) -> str:
+    """``--compare``'s text: the runs' reports side by side (``gdpo_ray.eval.report.compare``);
+    with ``correct`` ('NAME>=VALUE', each), every report's NAME/pass_rate recomputed from its
+    samples, then a line that says so and which reports have no samples to recompute from."""
+    from gdpo_ray.eval.correct import parse_correct
+    from gdpo_ray.eval.report import compare, pass_rates, step_label
+
+    reports = {run: reports_of(run) for run in runs}
+    if not correct:
+        return compare(reports)
+    sampled = {id(r): r for rs in reports.values() for r in rs
+               if any(item.get("samples") for item in (r.get("items") or {}).values())}
+    if not sampled:
+        raise ValueError(f"--correct recomputes pass rates from the reports' samples; {', '.join(runs)} "
+                         f"hold in-training evals only (metrics.jsonl keeps no samples): evaluate a "
+                         f"checkpoint with gdpo-ray eval CHECKPOINT --suite NAME --correct ...")
+    metrics = list(dict.fromkeys(m for r in sampled.values() for m in r["overall"]))
+    conditions = parse_correct(correct, metrics, of="the reports' samples")
+    unsampled = []
+    for label, run_reports in reports.items():
+        for r in run_reports:
+            if id(r) in sampled:
+                r["overall"] = {**r["overall"], **pass_rates(r, conditions)}
+            else:
+                unsampled.append(f"{label} {step_label(r)}")
+    said = (f"--correct {', '.join(map(str, conditions))}: each NAME/pass_rate above is recomputed from "
+            f"the report's samples (a report's own, made with other conditions, replaced)")
+    if unsampled:
+        said += f"; no samples to recompute from (in-training evals keep none): {', '.join(unsampled)}"
+    return compare(reports) + "\n\n" + said
 
 
 def run(args: argparse.Namespace) -> int:
-    from gdpo_ray.eval.report import compare, format_report, write_report
+    from gdpo_ray.eval.report import format_report, write_report
 
     try:
         engine_kwargs = check_options(args)  # before anything is read or started
         if args.compare:
             if args.policy or args.suite:
                 raise ValueError("--compare takes run directories or reports only (no POLICY or --suite)")
-            print(compare({run: reports_of(run) for run in args.compare}))
+            print(compared(args.compare, args.correct))
             return 0
         if not args.suite:
             raise ValueError("--suite is required (task:<name>, math:<path>, humaneval, bfcl, bfcl:<category>, "
@@ -165,7 +229,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"gdpo-ray eval: {err}", file=sys.stderr)
         return 2
-    path = write_report(report, args.output or default_output(args.policy, report["suite"]))
+    step = checkpoint_step(args.policy)
+    if step is not None:  # --compare shows it as that step of its run
+        report["step"] = step
+    path = write_report(report, args.output or default_output(args.policy, report["suite"], step))
     print(format_report(report))
     if report["suite"].startswith("rewards:"):
         from gdpo_ray.eval.rewards_suite import failure_lines

@@ -55,14 +55,17 @@ def config_options(c, source: str) -> dict:
     its rewards (an environment's ``get_reward()`` column added as training adds it), what it
     reads the held-out file with, and how its rollouts are made (tool environment, turns, tool
     settings, system prompt, template)."""
-    from gdpo_ray.config import environment_settings
+    from gdpo_ray.config import environment_settings, section_fields
     from gdpo_ray.environments.spec import with_environment_columns
+    from gdpo_ray.judges.rubric import expand_judges
 
     tools = environment_settings(c)
-    return dict(rewards=with_environment_columns(list(c.rewards), c.tool_environment, c.tool_timeout), prompt_column=c.prompt_column,
+    rewards = expand_judges(with_environment_columns(list(c.rewards), c.tool_environment, c.tool_timeout))
+    return dict(rewards=rewards, prompt_column=c.prompt_column,
                 id_column=c.id_column, columns=dict(c.columns), max_tokens=c.max_tokens,
                 environment=c.tool_environment, max_turns=c.max_turns, source=source,
                 tool_settings={k: tools[k] for k in ("tool_timeout", "tools_in_system_prompt") if k in tools},
+                judges={k: getattr(c, k) for k in section_fields("judges")},
                 system_prompt=c.system_prompt, chat_template=c.chat_template)
 
 

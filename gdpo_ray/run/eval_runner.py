@@ -37,10 +37,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from actors.engines import SamplingParams
 from actors.rollout_group import RolloutGroup
 from gdpo_ray import model_files
+from gdpo_ray.config import default
 from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.report import build_report
 from gdpo_ray.eval.suite import Completion, EvalItem, Suite, exceeds
 from gdpo_ray.eval.time_limit import ScoringPool, ScoringTimeout, time_limit, timeout_reason
+from gdpo_ray.run.judges import pool_for
 
 logger = logging.getLogger(__name__)
 
@@ -166,24 +168,32 @@ def generate(model_path: str | None, suite: Suite, items: Sequence[EvalItem], n:
     from tqdm import tqdm
 
     own, environment, rewards = rollouts is None, suite.environment, suite.rollout_rewards
-    if own:
-        rollouts = RolloutGroup(
-            dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=rewards,
-                 group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
-                 chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
-                 environment=environment, max_turns=suite.max_turns,
-                 system_prompt=system_prompt, **(suite.tool_settings if environment else {})),
-            num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
-            calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
-    bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
+    judges = getattr(suite, "judges", {})
+    pool = pool_for(rewards, judges) if own and rewards else None  # judges without url: served here
     try:
-        rows = [suite.environment_row(it) for it in items] if environment or rewards else None
-        samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update, rows=rows,
-                                    score=rewards is not None)
-    finally:
-        bar.close()
         if own:
-            rollouts.shutdown()
+            rollouts = RolloutGroup(
+                dict(model_path=model_path, model_files=model_files.pack(model_path), rewards=rewards,
+                     group_size=max(n, 2), engine=engine, engine_kwargs=dict(engine_kwargs or {}),
+                     chat_template=chat_template, max_prompt_tokens=max_prompt_tokens, seed=0,
+                     environment=environment, max_turns=suite.max_turns, system_prompt=system_prompt,
+                     judges=pool.handles if pool is not None else None,
+                     judge_batch_size=judges.get("judge_batch_size", default("judge_batch_size")),
+                     **(suite.tool_settings if environment else {})),
+                num_actors=num_actors, prompts=None, buffer=None, prompts_per_call=prompts_per_call,
+                calls_per_actor=calls_per_actor, num_cpus=1, num_gpus=num_gpus_per_actor)
+        bar = tqdm(total=len(items), desc="eval", unit="item", disable=not progress)
+        try:
+            rows = [suite.environment_row(it) for it in items] if environment or rewards else None
+            samples = rollouts.complete([it.prompt for it in items], n, sampling, progress=bar.update, rows=rows,
+                                        score=rewards is not None)
+        finally:
+            bar.close()
+            if own:
+                rollouts.shutdown()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return {it.id: list(done) for it, done in zip(items, samples)}
 
 

@@ -208,7 +208,7 @@ def plot_rewards(rows: Sequence[Mapping[str, float]], reward_names: Sequence[str
 
     suites: dict[str, list[str]] = {}
     for key in dict.fromkeys(k for r in rows for k in r if k.startswith("eval/")):
-        suite, _, metric = key.removeprefix("eval/").rpartition("/")
+        suite, _, metric = key.removeprefix("eval/").partition("/")  # (a metric may hold a slash: quality/helpful)
         suites.setdefault(suite, []).append(metric)
     panels = len(reward_names) + len(suites)
     fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2), squeeze=False)

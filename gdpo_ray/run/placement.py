@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gdpo_ray import config as fields
+from gdpo_ray.run import judges
 
 
 def demand(config: Any) -> dict[str, float]:
@@ -23,7 +24,7 @@ def demand(config: Any) -> dict[str, float]:
                **config.custom_resources_per_env_runner}
     learner = {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner}
     low = fields.env_runner_range(config)[0]
-    bundles = [learner] * max(1, config.num_learners) + [rollout] * low
+    bundles = [learner] * max(1, config.num_learners) + [rollout] * low + judges.demand(config)
     return fields.merge_resources(*bundles)
 
 
@@ -45,12 +46,15 @@ def check_placement(config: Any) -> str | None:
             f"{config.num_cpus_per_learner:g} CPU / {config.num_gpus_per_learner:g} GPU and "
             f"{fields.env_runner_range(config)[0]} rollout actor(s) x {config.num_cpus_per_env_runner:g} "
             f"CPU / {config.num_gpus_per_env_runner:g} GPU"
-            + (f" / {dict(config.custom_resources_per_env_runner)}" if config.custom_resources_per_env_runner else ""))
+            + (f" / {dict(config.custom_resources_per_env_runner)}" if config.custom_resources_per_env_runner else "")
+            + (f" and {config.num_judges} judge actor(s) x {config.num_cpus_per_judge:g} CPU / "
+               f"{config.num_gpus_per_judge:g} GPU" if judges.demand(config) else ""))
     if _autoscaling():
         return f"{what}; waiting for the autoscaler to add nodes"
     raise ValueError(f"{what}, more than the cluster will ever have (no autoscaler). Ask for less "
                      f"(env_runners.num_env_runners, env_runners.num_cpus_per_env_runner, "
-                     f"learners.num_learners, learners.num_cpus_per_learner; CPUs may be fractions, "
+                     f"learners.num_learners, learners.num_cpus_per_learner, judges.num_judges, "
+                     f"judges.num_cpus_per_judge; CPUs may be fractions, "
                      f"e.g. 0.5), or give the local Ray more logical CPUs (run.num_cpus, or "
                      f"ray.init(num_cpus=N) from Python), or add nodes")
 

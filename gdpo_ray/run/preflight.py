@@ -13,7 +13,9 @@ run it first) checks, each failure a ``ValueError`` naming the setting, file or 
    completions (an empty one and the row's ground truth as the answer): a reward that raises
    on all of them (a signature that does not fit the call, a column it reads that is missing,
    a crash on any text) stops the run with its error; partial failures, timeouts and
-   infrastructure failures (no code sandbox here) are warnings.
+   infrastructure failures (no code sandbox here) are warnings;
+5. with a tool environment, the names its rewards give, read on the first row right after
+   ``reset``, are the declared ``fn: environment`` columns (``check_environment_columns``).
 
 A config that passed is remembered for the process, so the run's setup does not check it twice.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gdpo_ray.model_files import BUILT_IN_MODELS
+from gdpo_ray.run import judges
 from gdpo_ray.run.placement import check_placement
 
 #: dataset rows scored on placeholders at start-up
@@ -78,7 +81,7 @@ def ensure(config: Any) -> Report | None:
 def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     from actors.prompts import PromptSource
     from gdpo_ray.data import check_column_types, load_prompts
-    from gdpo_ray.rewards import ROLLOUT_COLUMNS, RewardSpec, check_specs, required_columns, takes_environments
+    from gdpo_ray.rewards import ROLLOUT_COLUMNS, check_specs, reward_specs, required_columns, takes_environments
 
     c = config
     check_model(c.model_path)
@@ -90,9 +93,10 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
                           seed=c.seed or 0, columns=dict(c.columns))
     check_column_types(source.rows, source.columns, source.dataset.where)
     check_environment_rows(c, source)
-    specs = [RewardSpec.from_dict(r) for r in c.rewards]
+    specs = reward_specs(c.rewards)
     fns = check_specs(specs)
     available = [*source.columns, *ROLLOUT_COLUMNS]
+    judges.check_columns(c, available, source.dataset.source)
     for spec, fn in zip(specs, fns):
         for column in required_columns(fn) if fn is not None else ():  # None: an environment's column
             if column not in available:
@@ -112,7 +116,8 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     rollout_only = {s.name for s, fn in zip(specs, fns) if fn is None or takes_environments(fn)}
     report = _score_samples(specs, source, available, sample_rows, rollout_only)
     report.weights = [s.weight for s in specs]
-    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"] + learner_notes(c)
+    columns_said = check_environment_columns(c, source, specs)
+    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"] + columns_said + learner_notes(c)
     _PASSED.add(fingerprint(c))
     return report
 
@@ -188,6 +193,41 @@ def check_environment_rows(c: Any, source: Any) -> None:
     if bad is not None:
         raise ValueError(f"{source.dataset.where(bad)}: {ROW_COLUMN} is {source.rows[bad].get(ROW_COLUMN)!r}, "
                          f"not one of data.tool_environment's {names}")
+
+
+def check_environment_columns(c: Any, source: Any, specs: Sequence[Any]) -> list[str]:
+    """With ``data.tool_environment``: the names each class's rewards give for its first row, read
+    right after ``reset`` (before any tool call) in a process of its own, are the declared ``fn:
+    environment`` columns (in TRL's dict form: within them), else a ``SchemaError`` naming both
+    (``gdpo_ray.environments.columns``). Where they cannot be read so (a reward that needs a
+    tool call, a row that does not reset), a note: the first rollout checks them."""
+    if c.tool_environment is None:
+        return []
+    from actors.tool_loop import preloaded_modules
+    from gdpo_ray.environments.columns import Schema
+    from gdpo_ray.environments.process import probe
+    from gdpo_ray.environments.spec import ROW_COLUMN, environment_paths, load_environment
+    from gdpo_ray.forks import fork_context
+
+    declared = [s.name for s in specs if s.from_environment]
+    paths = environment_paths(c.tool_environment)
+    schema, notes, ctx = Schema(declared, partial=None not in paths), [], None
+    for name, path in paths.items():
+        spec = load_environment(path, c.tool_timeout)
+        first = next((i for i, r in enumerate(source.rows) if name is None or r.get(ROW_COLUMN) == name), None)
+        if spec.reward_getter is None or not declared or first is None:
+            continue
+        prompt = source.first(first + 1)[first]
+        row = {k: v for k, v in {"prompt": prompt.prompt, **prompt.columns}.items() if name is None or k != ROW_COLUMN}
+        ctx = ctx or fork_context(preloaded_modules(c.tool_environment))
+        keys, why = probe(spec, row, declared, c.tool_timeout, ctx, partial=name)
+        if keys is None:
+            notes.append(f"environment {spec.cls.__name__}: the columns its rewards give could not be read "
+                         f"before any tool call ({why}); the first rollout checks them")
+            continue
+        schema.check(spec.cls.__name__, keys, f"{source.dataset.where(first)}, reset and scored before any "
+                                              "tool call by the start-up check")
+    return notes
 
 
 def check_tool_template(c: Any) -> dict[str, list[str]]:

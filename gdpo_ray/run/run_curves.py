@@ -6,17 +6,28 @@
 named metric (any key of ``metrics.jsonl``), each with one ``Line`` per run that logged the key:
 its steps and values (the latest row of each step: ``outputs.latest_rows``), labelled by the
 run's name and, where its ``config.yaml`` names one, its estimator ("demo-1 (GRPO)").
+
+``pareto_points(sources, columns)`` gives the points of ``gdpo-ray plot --pareto A B``: one per
+run and checkpoint, each column's mean there. From eval reports (a report file, or a run
+directory's ``eval/*.json`` and the in-training evals of its ``metrics.jsonl``:
+``gdpo_ray.run.eval_command.eval_reports``), one point per step (a report without one: its own
+point); from a run without any (or with ``training=True``), the training rewards' batch means
+``rewards/<name>/mean`` (or any metrics.jsonl key), one point per step. Which points are
+non-dominated is ``gdpo_ray.comparison.pareto_front``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from gdpo_ray.config import FIELDS
+from gdpo_ray.eval.report import TRAINING_EVAL
+from gdpo_ray.run.eval_command import eval_reports
 from gdpo_ray.run.outputs import latest_rows, read_metrics
 
 _REWARD_MEAN = re.compile(r"rewards/(.+)/mean")
@@ -128,3 +139,102 @@ def curves(run_dirs: Sequence[str | Path], metrics: Sequence[str] = ()) -> list[
                 lines.append(Line(i, names[i], tuple(s for s, _ in at), tuple(v for _, v in at)))
         panels.append(Panel(title, key, tuple(lines)))
     return panels
+
+
+#: where a point's values come from
+EVAL_REPORT, IN_TRAINING, TRAINING_REWARDS = "eval report", "in-training eval", "training rewards"
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """A run's checkpoint in ``gdpo-ray plot --pareto``: ``run``, the source's position among those
+    given (its colour), ``name`` its name; ``step``, None for a report that records none; ``values``,
+    one per column (NaN: not reported there); ``source``: EVAL_REPORT, IN_TRAINING or TRAINING_REWARDS."""
+
+    run: int
+    name: str
+    step: int | None
+    values: tuple[float, ...]
+    source: str
+
+    @property
+    def label(self) -> str:
+        return self.name if self.step is None else f"{self.name} step {self.step}"
+
+
+def source_names(sources: Sequence[str | Path]) -> list[str]:
+    """A run directory's name, a report file's without .json; sources of one name by their paths."""
+    names = [Path(s).resolve().stem if Path(s).is_file() else Path(s).resolve().name for s in sources]
+    return [n if names.count(n) == 1 else str(s) for n, s in zip(names, sources)]
+
+
+def _checkpoint_columns(reports: Sequence[Mapping]) -> dict[str, object]:
+    """Column -> value at one checkpoint, over its suites' reports: each metric as ``NAME`` where
+    one suite reports it (else the suites that do, a tuple: ambiguous), and as ``SUITE/NAME``."""
+    qualified: dict[str, object] = {}
+    suites: dict[str, list[str]] = {}
+    for r in reports:
+        for metric, value in r["overall"].items():
+            qualified[f"{r['suite']}/{metric}"] = math.nan if value is None else value
+            suites.setdefault(metric, []).append(r["suite"])
+    plain = {m: qualified[f"{by[0]}/{m}"] if len(by) == 1 else tuple(by) for m, by in suites.items()}
+    return plain | qualified
+
+
+def _eval_checkpoints(path: Path) -> list[tuple[int | None, dict, str, list[str]]]:
+    """(step, columns, source, the columns to name in a message) per checkpoint evaluated."""
+    by_step: dict[int | None, list] = {}
+    for r in eval_reports(path):
+        by_step.setdefault(r.get("step"), []).append(r)
+    return [(step, _checkpoint_columns(rs),
+             IN_TRAINING if all(r.get("source") == TRAINING_EVAL for r in rs) else EVAL_REPORT,
+             [m for r in rs for m in r["overall"]])
+            for step, rs in sorted(by_step.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+
+
+def _training_checkpoints(path: Path) -> list[tuple[int | None, dict, str, list[str]]]:
+    """(step, columns, source, its rewards) per step of a run's metrics.jsonl."""
+    out = []
+    for row in read_run(path).rows:
+        columns = {k: v for k, v in row.items() if k not in ("step", "time") and _number(v)}
+        rewards = reward_names([row])
+        columns |= {name: columns.get(f"rewards/{name}/mean", math.nan) for name in rewards}
+        out.append((int(row["step"]), columns, TRAINING_REWARDS, rewards))
+    return out
+
+
+def pareto_points(sources: Sequence[str | Path], columns: Sequence[str], training: bool = False) -> list[Point]:
+    """The points of ``gdpo-ray plot --pareto`` (see the module docstring), in the order of the
+    sources, then of their steps. ValueError for a source that is neither a report nor a run
+    directory, a column no source reports (naming those they do), or a column that two suites of
+    one checkpoint report (name it ``SUITE/NAME``)."""
+    if not sources:
+        raise ValueError("no run or report to plot: give run directories or eval report files")
+    names, points, found = source_names(sources), [], {}
+    for i, source in enumerate(sources):
+        path = Path(source)
+        if not path.exists():
+            raise ValueError(f"{source} does not exist; give a run directory (as gdpo-ray train printed it) "
+                             f"or an eval report (.json)")
+        checkpoints = [] if training else _eval_checkpoints(path)
+        if not checkpoints:  # no eval of it at all: its training rewards, said as such
+            checkpoints = _training_checkpoints(path)
+        for step, values, kind, shown in checkpoints:
+            for column in columns:
+                if isinstance(values.get(column), tuple):
+                    raise ValueError(f"--pareto {column!r}: suites {', '.join(values[column])} of {source} "
+                                     f"both report it; name one, e.g. {values[column][0]}/{column}")
+            found.setdefault(kind, {}).update(dict.fromkeys(shown))
+            points.append(Point(i, names[i], step, tuple(float(values.get(c, math.nan)) for c in columns), kind))
+    for k, column in enumerate(columns):
+        if all(math.isnan(p.values[k]) for p in points):
+            raise ValueError(missing_column(column, found))
+    return points
+
+
+def missing_column(column: str, found: Mapping[str, Mapping[str, None]]) -> str:
+    """The message for a --pareto column that no point has: the columns there are, by source."""
+    plural = {EVAL_REPORT: "eval reports", IN_TRAINING: "in-training evals", TRAINING_REWARDS: "training rewards"}
+    said = [f"{plural[kind]}: {', '.join(names) or 'none'}" for kind, names in found.items()]
+    more = " (or any key of metrics.jsonl)" if TRAINING_REWARDS in found else ""
+    return f"--pareto {column!r}: no run or report has it; the columns of the {'; of the '.join(said)}{more}"

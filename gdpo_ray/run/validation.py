@@ -16,7 +16,8 @@ from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
 from gdpo_ray.eval.suites import make_suite
 from gdpo_ray.lora import lora_settings
 from gdpo_ray.losses import PolicyLossConfig
-from gdpo_ray.rewards import RewardSpec, check_specs
+from gdpo_ray.rewards import RewardSpec, check_specs, reward_specs
+from gdpo_ray.run import judges
 from gdpo_ray.run.transports import TRANSPORTS
 from learners.backend import learner_class
 
@@ -35,9 +36,10 @@ def check(config: Any) -> None:
     if not c.rewards:
         raise ValueError("no rewards: use .training(rewards=[{'name': 'correct', 'fn': "
                          "'math_correctness'}, ...]) (see gdpo_ray.rewards for the built-ins)")
-    specs = [RewardSpec.from_dict(r) for r in c.rewards]
+    specs = reward_specs(c.rewards)
     fns = check_specs(specs)  # unknown functions or params fail here, before any actor starts
     _check_environment(c, specs, fns)
+    judges.check(c)
     if c.weight_sync not in TRANSPORTS:
         raise ValueError(f"training.weight_sync must be one of {sorted(TRANSPORTS)}; got {c.weight_sync!r}")
     if c.precision not in ("fp32", "bf16"):

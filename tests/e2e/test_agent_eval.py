@@ -146,4 +146,4 @@ def test_a_users_environment_task_is_judged_before_and_after_training(scratch):
     (scratch / "c.jsonl").write_text(json.dumps({"id": "0", "completions": ["4"]}) + "\n")
     refused = gdpo_ray(scratch, "eval", "--suite", "rewards:held_out.jsonl", "--rewards", "calc.yaml",
                        "--completions", "c.jsonl")
-    assert refused.returncode == 2 and "rewards ['calls', 'Calc'] are computed inside a rollout" in refused.stderr
+    assert refused.returncode == 2 and "rewards ['calls', 'Calc'] are computed by the rollout actors" in refused.stderr

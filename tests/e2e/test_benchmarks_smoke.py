@@ -40,6 +40,8 @@ SMOKES = {
     "agent_learns.py": ((), {"heldout_success_base", "heldout_success_sft", "heldout_success_gdpo",
                              "tool_call_rate_sft"}),
     "soak_tools.py": ((), {"steps", "tool_timeouts", "processes_left", "max_processes_last_quarter"}),
+    "judges.py": ((), {"judge_overhead_sync", "judge_overhead_overlapped", "hidden_fraction",
+                       "pool_hidden_fraction", "judge_calls_per_s_per_actor"}),
     "vs_trl.py": ((), {"async_speedup_vs_trl", "sync_speedup_vs_trl", "wall_ratio_vs_trl", "pss_ratio_vs_trl",
                        "reward_gap_vs_trl"}),
 }

@@ -99,7 +99,12 @@ def test_a_run_evaluates_during_training_and_its_checkpoint_evaluates_as_its_pol
     capsys.readouterr()
     assert main(["eval", "--compare", str(run), str(by_policy)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split()[:2] == ["run", "task:addition/pass@1"] and table[4:6] == ["", "settings"]
+    # a column per checkpoint: step 2 from metrics.jsonl, step 3 the final report; the policy's own
+    assert table[0].split() == ["task:addition", str(run), str(by_policy)]
+    assert table[1].split() == ["step", "2", "step", "3", "-"]
+    assert [line.split()[0] for line in table[3:7]] == ["pass@1", "pass@2", "format_ratio", "exceed_ratio"]
+    assert table[7:9] == ["", f"from metrics.jsonl (in-training evals, the run's training.eval_* settings; no "
+                              f"report was written of them): {run} step 2"] and table[10] == "settings"
     # the in-training eval (6 items, the suite's max_tokens) and this one (8 items, 16): said
     assert any(line.startswith("warning: task:addition max_tokens differs: ") for line in table)
 

@@ -39,7 +39,7 @@ def verl_parquet(path, task):
     ("tool_calling", {"format": (0, 1), "correctness": (-3, 3)}, None),
     ("math", {"correct": (0, 1), "length": (0, 1)}, "arithmetic"),  # the data as verl has it
     ("code", {"passrate": (0, 1), "length": (0, 1), "bug": (0, 1)}, None),
-    ("bfcl_multi_turn", {"format": (0, 1), "state": (0, 1), "response": (0, 1)}, None),
+    ("bfcl_multi_turn", {"format": (0, 1), "state": (0, 1), "response": (0, 1), "valid": (0, 1)}, None),
 ])
 def test_paper_preset_trains_a_step_on_cpu(ray_cluster, tmp_path, preset, rewards, verl_task):
     from gdpo_ray import GDPOConfig

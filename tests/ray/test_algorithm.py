@@ -381,7 +381,8 @@ def test_a_run_with_a_tool_environment_trains_on_multi_turn_records(ray_cluster)
     config = demo_config("data.tool_environment=tests.unit.trl_style_environments:Calculator",
                          "generation.max_turns=3",  # the demo's template ignores tools=; its prompts stay short
                          "data.tools_in_system_prompt=never")
-    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}]
+    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"},
+               {"name": "state", "fn": "environment", "weight": 0}]  # every column Calculator gives is declared
     algo = config.training(rewards=rewards).build_algo()
     try:
         results = [algo.train() for _ in range(2)]
@@ -404,7 +405,8 @@ def test_a_run_in_trls_dict_form_scores_each_row_with_its_own_class(ray_cluster)
     envs = {"calc": "tests.unit.trl_style_environments:Calculator", "count": "tests.unit.trl_style_environments:Counter"}
     config = demo_config("generation.max_turns=3", "data.tools_in_system_prompt=never").data(
         prompts=rows, tool_environment=envs)
-    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}, {"name": "Counter", "fn": "environment"}]
+    rewards = [config.rewards[0], {"name": "memory_used", "fn": "environment"}, {"name": "Counter", "fn": "environment"},
+               {"name": "state", "fn": "environment", "weight": 0}]
     algo = config.training(rewards=rewards).build_algo()
     try:
         r = algo.train()

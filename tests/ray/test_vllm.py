@@ -317,6 +317,7 @@ def test_streaming_multi_turn_rollouts_run_tools_and_score_with_the_environment(
     call = '<tool_call>\n{"name": "add", "arguments": {"value": 3}}\n</tool_call>'
     actor = ray.remote(RolloutActor).options(num_cpus=1, num_gpus=0.3 if gpu_share() else 0).remote(
         mode="streaming", model_path=tiny_model_dir, rewards=[{"name": "state", "fn": "environment"},
+                                            {"name": "memory_used", "fn": "environment", "weight": 0},
                                             {"name": "short", "fn": "length", "params": {"limit": 40}}],
         group_size=2, engine="tests.ray.streaming_scripted:FirstTurnStreaming", sampling={"max_tokens": 240},
         max_prompt_tokens=256, environment="tests.unit.trl_style_environments:Calculator", max_turns=3,
@@ -329,7 +330,7 @@ def test_streaming_multi_turn_rollouts_run_tools_and_score_with_the_environment(
         check_groups(batch)
         assert batch.num_rows == 2 and batch.column("num_tool_calls").to_pylist() == [1, 1]
         assert batch.column("tool_errors").to_pylist() == [0, 0]
-        assert batch.column("rewards").flatten().to_pylist()[0::2] == [1.0, 1.0]  # the memory holds 3
+        assert batch.column("rewards").flatten().to_pylist()[0::3] == [1.0, 1.0]  # the memory holds 3
         for mask, logprobs in zip(batch.column("response_mask").to_pylist(), batch.column("response_logprobs").to_pylist()):
             assert mask[0] == 1 and 0 in mask  # the model's turn, then the tool turn's tokens
             assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if m == 0)

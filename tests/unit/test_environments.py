@@ -7,11 +7,42 @@ import math
 import pytest
 
 from gdpo_ray.environments.session import ToolSession
-from gdpo_ray.environments.spec import load_environment, tool_names
+from gdpo_ray.environments.spec import load_environment, tool_names, with_environment_columns
 from gdpo_ray.tool_format import ToolCall, ToolCallError, parse_tool_calls
 from tests.unit.trl_style_environments import Calculator, Counter, Sleepy
 
 ENVS = "tests.unit.trl_style_environments"
+HERE = "tests.unit.test_environments"
+
+
+class Graded:
+    """Ours beyond TRL: names its columns before any rollout (``reward_columns``, not a tool) and
+    scores the conversation it is given (``get_rewards(completion)``)."""
+
+    @classmethod
+    def reward_columns(cls):
+        return {"answered": 1.0, "brief": 0.25}
+
+    def reset(self, **row):
+        pass
+
+    def note(self, text: str) -> str:
+        """Notes a text.
+
+        Args:
+            text: The text.
+        """
+        return text
+
+    def get_rewards(self, completion):
+        last = completion[-1]["content"] if completion else ""
+        return {"answered": float(bool(last)), "brief": float(len(last) < 10)}
+
+
+class BadColumns(Graded):
+    @classmethod
+    def reward_columns(cls):
+        return {"answered": "high"}
 
 
 def test_tool_calls_in_the_templates_layout_and_toolrls():
@@ -116,3 +147,27 @@ def test_environment_rewards_that_fail_are_nan_with_the_reason():
     assert counter.call(ToolCall("bump", {})).text == "2"  # async: run to its end
     assert counter.call(ToolCall("unit", {})).text == "items"
     assert counter.rewards(["Counter"], "get_reward") == [(2.0, "", "")]
+
+
+def test_a_class_that_names_its_columns_gets_them_and_is_given_the_conversation():
+    spec = load_environment(f"{HERE}:Graded")
+    assert spec.tools == ("note",) and spec.reward_getter == "get_rewards"  # reward_columns is no tool
+    assert with_environment_columns([{"name": "brief", "fn": "environment"}], f"{HERE}:Graded") == [
+        {"name": "brief", "fn": "environment"}, {"name": "answered", "fn": "environment", "weight": 1.0}]
+    with pytest.raises(ValueError, match=r"reward_columns\(\) must map column names to weights \(numbers\); "
+                                         r"got 'answered': 'high'"):
+        with_environment_columns([], f"{HERE}:BadColumns")
+    s = ToolSession(Graded(), spec.tools)
+    s.reset({})
+    said = [{"role": "assistant", "content": "A long answer, surely."}]
+    assert s.rewards(["answered", "brief"], "get_rewards", completion=said) == [(1.0, "", ""), (0.0, "", "")]
+    assert s.rewards(["answered", "brief"], "get_rewards") == [(0.0, "", ""), (1.0, "", "")]  # none: []
+
+
+def test_a_verifiers_environment_without_the_extra_names_the_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gdpo_ray.environments.verifiers_env", None)  # as without `verifiers`
+    with pytest.raises(ValueError, match=r"'verifiers:my-taskset' needs the verifiers package .*pip install "
+                                         r"-c constraints/cpu.txt 'gdpo-ray\[verifiers\]'"):
+        load_environment("verifiers:my-taskset")

@@ -53,9 +53,11 @@ def test_reports_round_trip_and_compare(tmp_path):
     write_report(a, tmp_path / "a" / "eval" / "toy.json")
     back = read_report(tmp_path / "a" / "eval" / "toy.json")
     assert back["overall"] == {"pass@1": 1.0, "exceed_ratio": None}  # NaN is written as null
-    lines = compare({"gdpo": [back], "grpo": [b]}).splitlines()
-    assert lines[0].split() == ["run", "toy/pass@1", "toy/exceed_ratio"]
-    assert lines[2].split() == ["gdpo", "1.000", "-"] and lines[3].split() == ["grpo", "0.000", "0.000"]
+    lines = compare({"gdpo": [back], "grpo": [b]}).splitlines()  # a table per suite, a row per metric
+    assert lines[:4] == ["toy            gdpo   grpo",
+                         "------------  -----  -----",
+                         "pass@1        1.000  0.000",
+                         "exceed_ratio      -  0.000"]
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not an eval report"):
         read_report(tmp_path / "bad.json")

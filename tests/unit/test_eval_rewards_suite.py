@@ -153,7 +153,7 @@ def test_columns_only_a_rollout_computes_are_scored_by_it_never_left_out(held_ou
     assert suite.rollout_rewards == rewards and suite.rollout_only == ["solved", "after"]
     assert suite.report_settings() == {"rewards_config": "cfg.yaml", "reward_weights": {
         "correct": 1.0, "brief": 0.5, "flaky": 2.0, "solved": 1.0, "after": 1.0}}
-    with pytest.raises(ValueError, match=r"--completions: rewards \['solved', 'after'\] are computed inside a rollout"):
+    with pytest.raises(ValueError, match=r"--completions: rewards \['solved', 'after'\] are computed by the rollout actors"):
         suite.check_scorable_here()
     item = suite.items()[0]  # 2+2? -> 4
     given = Completion("4", 1, "stop", rewards={"correct": 1.0, "brief": 1.0, "flaky": 0.25, "solved": 0.0,

@@ -157,8 +157,10 @@ def test_the_report_gets_pass_at_k_per_item_category_and_overall():
     # the table and --compare show the new columns
     assert format_report(report).splitlines()[0].split() == ["toy", "pass@1", "exceed_ratio", "pass@2",
                                                              "pass@4", "items"]
-    assert compare({"run": [report]}).splitlines()[0].split() == [
-        "run", "toy/pass@1", "toy/exceed_ratio", "toy/pass@2", "toy/pass@4"]
+    table = compare({"run": [report]}).splitlines()  # a row per metric, a column per run
+    assert table[0].split() == ["toy", "run"]
+    assert [line.split() for line in table[2:6]] == [["pass@1", "0.250"], ["pass@2", "0.444"], ["pass@4", "0.667"],
+                                                     ["exceed_ratio", "0.000"]]
 
 
 def test_pass_at_1_equals_the_estimator_at_k_1_on_every_item():
@@ -233,7 +235,9 @@ def test_the_eval_command_reports_pass_at_k(tmp_path, capsys):
     header = printed.splitlines()[0].split()
     assert header == ["task:addition", "pass@1", "format_ratio", "exceed_ratio", "pass@2", "pass@4", "items"]
     assert main(["eval", "--compare", str(out)]) == 0
-    assert "task:addition/pass@4" in capsys.readouterr().out
+    compared = capsys.readouterr().out.splitlines()
+    assert compared[0].split()[0] == "task:addition"
+    assert [line.split()[1] for line in compared if line.startswith("pass@4")] == ["0.667"]
 
 
 @pytest.mark.parametrize("flag, message", [

@@ -29,7 +29,8 @@ def test_a_demonstration_is_the_rollout_the_loop_would_record(tiny_model_dir):
     from actors.rollout import RolloutActor
     from gdpo_ray.environments.spec import load_environment
 
-    actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"}], group_size=2,
+    actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"},
+                                          {"name": "memory_used", "fn": "environment", "weight": 0}], group_size=2,
                          engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": [sft.call_block(CALL), "Done."]}, sampling={"max_tokens": 300},
                          environment=SPEC, max_turns=4, tool_timeout=5, max_prompt_tokens=4096,

@@ -134,6 +134,7 @@ def test_an_environments_columns_are_left_to_the_rollouts_in_the_start_up_check(
               "training": {"group_size": 2, "prompts_per_step": 2, "rewards": [
                   {"name": "fmt", "fn": "regex", "params": {"pattern": "<tool_call>"}},
                   {"name": "state", "fn": "environment"},
+                  {"name": "memory_used", "fn": "environment", "weight": 0},
                   {"name": "memory", "fn": "tests.unit.test_tool_loop:memory_left"}]},
               "run": {"steps": 1, "output_dir": "runs"}}
     (tmp_path / "config.yaml").write_text(json.dumps(config))

@@ -264,7 +264,7 @@ def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_
 
     call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
     rewards = [{"name": "tools_used", "fn": "tests.unit.test_tool_loop:completion_roles"},
-               {"name": "state", "fn": "environment"}]
+               {"name": "state", "fn": "environment"}, {"name": "memory_used", "fn": "environment", "weight": 0}]
     actor = RolloutActor(tiny_model_dir, rewards, group_size=2, engine="tests.unit.scripted_engine:ScriptedEngine",
                          engine_kwargs={"script": [call, "Done."]}, sampling={"max_tokens": 200},
                          environment="tests.unit.trl_style_environments:Fragile", max_turns=4, tool_timeout=5,
@@ -274,14 +274,14 @@ def test_an_environment_that_fails_to_start_costs_only_its_rollouts_environment_
                                       Prompt("1", 1, 0, 0, "Put 3 in memory.", {"target": 3, "broken": True})]))
     finally:
         asyncio.run(actor.shutdown())
-    values = batch.column("rewards").flatten().to_numpy().reshape(4, 2)
+    values = batch.column("rewards").flatten().to_numpy().reshape(4, 3)
     errors = batch.column("reward_errors").to_pylist()
-    assert values[:2].tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    assert values[:2].tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
     # the broken rows: no tools (their calls are text), one turn, the environment's column NaN with the reason
-    assert values[2:, 0].tolist() == [0.0, 0.0] and all(math.isnan(v) for v in values[2:, 1])
+    assert values[2:, 0].tolist() == [0.0, 0.0] and all(math.isnan(v) for v in values[2:, 1:].flat)
     assert errors[2][1] == "error: the environment failed to start: reset raised ConnectionError: backend unreachable"
     assert batch.column("num_turns").to_pylist() == [2, 2, 1, 1]
-    assert meta.groups[1].rewards.shape == (2, 2)
+    assert meta.groups[1].rewards.shape == (2, 3)
 
 
 def multi_turn_logprobs_match_a_forward_pass(engine, model_dir, atol):
@@ -386,7 +386,8 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
     from actors.rollout import RolloutActor
 
     call = '<tool_call>{"name": "add", "arguments": {"value": 3}}</tool_call>'
-    actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"}], group_size=2,
+    actor = RolloutActor(tiny_model_dir, [{"name": "state", "fn": "environment"},
+                                          {"name": "memory_used", "fn": "environment", "weight": 0}], group_size=2,
                          engine="tests.unit.scripted_engine:ScriptedEngine", engine_kwargs={"script": [call, "Done."]},
                          sampling={"max_tokens": 200}, environment="tests.unit.trl_style_environments:Counted",
                          max_turns=4, tool_timeout=5, max_prompt_tokens=4096)
@@ -398,7 +399,7 @@ def test_instances_are_made_once_and_reset_for_later_rollouts(tiny_model_dir):
         asyncio.run(actor.shutdown())
     assert made == 4  # 4 rollouts at a time, 12 rollouts in all
     for b in batches:  # every reuse starts from reset's state: the same rewards each time
-        np.testing.assert_array_equal(b.column("rewards").flatten().to_numpy(), [1, 1, 0, 0])
+        np.testing.assert_array_equal(b.column("rewards").flatten().to_numpy().reshape(4, 2), [[1, 1], [1, 1], [0, 1], [0, 1]])
 
 
 def test_an_instance_that_hung_is_not_reused(tokenizer):
