@@ -51,7 +51,8 @@ class Judging:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="gdpo-judges")
         self._thread.start()
-        self._judges = {name: (EndpointJudge(r.judge) if r.judge.url else PoolJudge(pool or (), r.judge, batch_size))
+        self._judges = {name: (EndpointJudge(r.judge) if r.judge.url
+                               else PoolJudge(pool or (), r.judge, batch_size, r.criteria))
                         for name, r in self.rubrics.items()}
         self._cache: dict[tuple[str, str], asyncio.Future] = {}
         self._lock = threading.Lock()

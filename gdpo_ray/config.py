@@ -122,6 +122,7 @@ FIELDS: dict[str, Field] = {
     "judge_engine": Field("judges", "hf", "the judge actors' engine: hf (CPU), vllm, or package.module:Class of an actors.engines.BatchEngine"),
     "judge_engine_kwargs": Field("judges", {}, "keyword arguments of the judges' engine (e.g. vLLM's gpu_memory_utilization)"),
     "judge_batch_size": Field("judges", 8, "judge messages per engine call of a judge actor (a rollout actor's messages asked together are split into such batches)", at_least=1),
+    "judge_decoding": Field("judges", "generate", "how a pool judge gives its verdict: generate (writes it) or scores (the hf engine: each criterion's score the expected value of the scale's integers under the next-token probabilities after {\"<name>\":, as G-Eval; for small judges that cannot write the format)"),
     "judge_max_prompt_tokens": Field("judges", 4096, "a longer judge message is not judged: its criteria are NaN with the reason", at_least=1),
     # learners (RLlib's section, beside its learner fields below): the training engine
     "backend": Field("learners", "deepspeed", "the learners' training engine: deepspeed (ZeRO stage training.zero_stage) or fsdp2 (torch's fully_shard), or package.module:Class of a learners.learner.Learner (learners.backend)", fixed_on_resume=True),

@@ -65,9 +65,13 @@ def check(config: Any) -> None:
                              "which is not set: export it (where the rollout actors run too; never put the key "
                              "itself in the config)")
     model = served_model(config)
+    if config.judge_decoding not in ("generate", "scores"):
+        raise ValueError(f"judges.judge_decoding must be generate or scores; got {config.judge_decoding!r}")
     if model is None:
         return
     engine_class(config.judge_engine, "batched")
+    if config.judge_decoding == "scores":
+        _check_scores(config)
     model_files.check_available(model)
     if model in model_files.BUILT_IN_MODELS or os.path.isdir(os.path.expanduser(model)):
         return
@@ -96,12 +100,19 @@ def pool_for(rewards: Any, settings: Mapping[str, Any], num_threads: int = 1, se
     if model is None:
         return None
     s = {k: settings.get(k, default(k)) for k in ("num_judges", "num_cpus_per_judge", "num_gpus_per_judge",
-                                                 "judge_engine", "judge_engine_kwargs", "judge_max_prompt_tokens")}
+                                                 "judge_engine", "judge_engine_kwargs", "judge_max_prompt_tokens",
+                                                 "judge_decoding")}
     path = model_files.resolve_model_path(model)
+    import ray
+
+    # the model's files travel by the object store only to a cluster of several nodes (a reference
+    # among an actor's arguments is what Ray warns of for actors it restarts)
+    shipped = model_files.pack(path) if len([n for n in ray.nodes() if n.get("Alive")]) > 1 else None
     return JudgePool(str(path), num_judges=s["num_judges"], num_cpus=s["num_cpus_per_judge"],
                      num_gpus=s["num_gpus_per_judge"], engine=s["judge_engine"],
                      engine_kwargs=dict(s["judge_engine_kwargs"]), num_threads=num_threads,
-                     max_prompt_tokens=s["judge_max_prompt_tokens"], model_files=model_files.pack(path), seed=seed)
+                     max_prompt_tokens=s["judge_max_prompt_tokens"], model_files=shipped, seed=seed,
+                     decoding=s["judge_decoding"])
 
 
 def check_columns(config: Any, columns: list[str], where: str) -> None:
@@ -116,3 +127,19 @@ def check_columns(config: Any, columns: list[str], where: str) -> None:
             if missing:
                 raise ValueError(f"the prompt of judge {rubric.name!r} names {missing[0]!r}, which {where} does "
                                  f"not have; its columns: {columns}. Name one of them, or add the column")
+
+
+def _check_scores(config: Any) -> None:
+    """``judge_decoding: scores`` reads the hf judge's logits over integer scales."""
+    from gdpo_ray.judges.rubric import rubric_of
+
+    if config.judge_engine != "hf":
+        raise ValueError(f"judges.judge_decoding: scores reads the judge model's logits: use judges.judge_engine: hf "
+                         f"(got {config.judge_engine!r}), or judge_decoding: generate")
+    for s in reward_specs(config.rewards):
+        if s.from_judge and rubric_of(s.params).judge.served:
+            low, high = s.params["scale"]
+            if low != int(low) or high != int(high) or high - low > 20:
+                raise ValueError(f"judge column {s.name!r}: judges.judge_decoding: scores reads a score per integer "
+                                 f"of its scale; [{low:g}, {high:g}] is not one of at most 21 integers (e.g. [0, 1], "
+                                 "[1, 10])")

@@ -474,11 +474,12 @@ def summary(rows: Sequence[dict], names: Sequence[str], window: int = 3) -> str:
     first, last = steps[:window], steps[-window:]
     span = lambda s: f"step {s[0]}" if len(s) == 1 else f"steps {s[0]}-{s[-1]}"
     width = max(len(span(first)), len(span(last)), 7)
-    lines = ["batch mean of each reward", f"{'reward':<12} {span(first):>{width}} {span(last):>{width}}"]
+    first_width = max([12, *(len(n) for n in names)])  # a judge's columns are long: quality/helpful
+    lines = ["batch mean of each reward", f"{'reward':<{first_width}} {span(first):>{width}} {span(last):>{width}}"]
     with warnings.catch_warnings():  # all NaN (a reward that never computed): nan, no warning
         warnings.simplefilter("ignore", RuntimeWarning)
         for name in names:
             values = [r.get(f"rewards/{name}/mean", float("nan")) for r in rows]
-            lines.append(f"{name:<12} {np.nanmean(values[:window]):>{width}.3f} "
+            lines.append(f"{name:<{first_width}} {np.nanmean(values[:window]):>{width}.3f} "
                          f"{np.nanmean(values[-window:]):>{width}.3f}")
     return "\n".join(lines)

@@ -263,3 +263,31 @@ def test_the_judges_page_shows_the_default_prompt_as_it_is():
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "judges.md").read_text()
     assert f"```text\n{DEFAULT_PROMPT}\n```" in page
+
+
+def test_scores_decoding_is_the_expected_score_under_the_judges_next_token_probabilities(tiny_model_dir):
+    """judges.judge_decoding: scores: each criterion's score is the mean of its scale's integers
+    under the probabilities of their tokens after '{"<name>":', as one plain forward pass gives them
+    (the actor reads them through a cache of the message)."""
+    import json
+
+    import torch
+
+    from actors.judge_pool import JudgeActor
+
+    actor = JudgeActor(tiny_model_dir, decoding="scores")
+    criteria = [("helpful", 0, 1), ("grounded", 1, 5)]
+    messages = [message("It is 4."), message("MALFORMED")]
+    answers = actor.judge(messages, 8, 0.0, criteria)
+    for m, (text, tokens, error) in zip(messages, answers):
+        assert error == "" and tokens == len(actor._tokens(m))
+        verdict = json.loads(text)
+        for name, low, high in criteria:
+            ids = actor._tokens(m) + actor.tokenizer(f'{{"{name}":', add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logits = actor.engine.model(torch.tensor([ids])).logits[0, -1].double()
+            values = list(range(low, high + 1))
+            p = torch.softmax(logits[[actor._score_token(v) for v in values]], dim=0)
+            assert verdict[name] == pytest.approx(float((p * torch.tensor(values, dtype=torch.float64)).sum()), abs=2e-6)
+            assert low <= verdict[name] <= high
+    assert "an integer scale" in actor.judge(messages[:1], 8, 0.0, [("helpful", 0, 0.5)])[0][2]
