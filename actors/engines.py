@@ -85,11 +85,15 @@ class EngineTraits:
       attestation also accepts the push rounded to ``gdpo_ray.weights.digest.VARIANTS``.
     - ``adapter_slots``: the keyword that sets how many LoRA adapters it serves at once (a
       streaming actor keeps ``max_staleness + 1`` versions live), or None.
+    - ``model_logits``: it holds its model as a torch module (``engine.model``, on
+      ``engine.device``) whose forward gives logits, which a judge's ``scores`` decoding reads
+      (``actors.judge_pool``).
     """
 
     exact_dtype: bool = False
     default_dtype: str = "auto"
     adapter_slots: str | None = None
+    model_logits: bool = False
 
 
 def traits_of(cls: Any) -> EngineTraits:

@@ -25,7 +25,7 @@ class HFEngine:
     ``actors.engines.BatchEngine``; any top-p/top-k (its logprobs are of the full distribution)."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
-    traits = EngineTraits(exact_dtype=True, default_dtype="float32")
+    traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True)
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:

@@ -44,7 +44,7 @@ class JudgeActor:
                  decoding: str = "generate") -> None:
         import torch
 
-        from actors.engines import make_engine
+        from actors.engines import make_engine, traits_of
         from gdpo_ray.model_files import local_dir
 
         torch.set_num_threads(num_threads)
@@ -53,7 +53,7 @@ class JudgeActor:
                                   **dict(engine_kwargs or {}))
         self.tokenizer = self.engine.tokenizer
         self.max_prompt_tokens, self.decoding = max_prompt_tokens, decoding
-        if decoding == "scores" and not hasattr(self.engine, "model"):
+        if decoding == "scores" and not traits_of(type(self.engine)).model_logits:
             raise ValueError(f"judges.judge_decoding: scores reads the judge model's logits: it needs the hf engine "
                              f"(judges.judge_engine: hf); got {engine!r}")
 

@@ -11,4 +11,4 @@ python3 -m venv .venv-vllm
 # With the engine tests, the smokes of the benchmarks' vLLM modes (streaming.py, rollout.py and
 # agent.py --engine vllm, each as `python benchmarks/X.py --smoke --json`).
 VLLM_CPU_KVCACHE_SPACE=1 VLLM_ENABLE_V1_MULTIPROCESSING=0 .venv-vllm/bin/python -m pytest -m vllm tests/ray/test_vllm.py \
-    tests/ray/test_vllm_lora.py tests/e2e/test_benchmarks_smoke.py "$@"
+    tests/ray/test_vllm_lora.py tests/ray/test_vllm_judge.py tests/e2e/test_benchmarks_smoke.py "$@"

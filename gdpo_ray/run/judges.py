@@ -56,7 +56,7 @@ def demand(config: Any) -> list[dict[str, float]]:
 def check(config: Any) -> None:
     """The judges' rules across components (before any actor starts): one served model, that
     model available and the judges' engine known; an endpoint's key variable set here."""
-    from actors.engines import engine_class
+    from actors.engines import engine_class, traits_of
     from gdpo_ray import model_files
 
     for j in judge_settings(config):
@@ -69,9 +69,9 @@ def check(config: Any) -> None:
         raise ValueError(f"judges.judge_decoding must be generate or scores; got {config.judge_decoding!r}")
     if model is None:
         return
-    engine_class(config.judge_engine, "batched")
+    traits = traits_of(engine_class(config.judge_engine, "batched"))
     if config.judge_decoding == "scores":
-        _check_scores(config)
+        _check_scores(config, traits.model_logits)
     model_files.check_available(model)
     if model in model_files.BUILT_IN_MODELS or os.path.isdir(os.path.expanduser(model)):
         return
@@ -129,13 +129,15 @@ def check_columns(config: Any, columns: list[str], where: str) -> None:
                                  f"not have; its columns: {columns}. Name one of them, or add the column")
 
 
-def _check_scores(config: Any) -> None:
-    """``judge_decoding: scores`` reads the hf judge's logits over integer scales."""
+def _check_scores(config: Any, model_logits: bool) -> None:
+    """``judge_decoding: scores`` reads the judge model's logits (an engine whose traits say it
+    holds them: hf) over integer scales."""
     from gdpo_ray.judges.rubric import rubric_of
 
-    if config.judge_engine != "hf":
-        raise ValueError(f"judges.judge_decoding: scores reads the judge model's logits: use judges.judge_engine: hf "
-                         f"(got {config.judge_engine!r}), or judge_decoding: generate")
+    if not model_logits:
+        raise ValueError(f"judges.judge_decoding: scores reads the judge model's logits, which engine "
+                         f"{config.judge_engine!r} does not hold: use judges.judge_engine: hf, or judge_decoding: "
+                         "generate")
     for s in reward_specs(config.rewards):
         if s.from_judge and rubric_of(s.params).judge.served:
             low, high = s.params["scale"]
