@@ -134,7 +134,9 @@ def next_message(t: Trajectory, text: str | None, failure: str | None, tool_turn
 
 #: threads waiting on environment processes (each wait bounded by ``generation.tool_timeout``)
 ENV_THREADS = 32
-#: idle environment processes kept per class for later rollouts (the rest are ended)
+#: idle environment processes kept per class for later rollouts (the rest are ended): this many,
+#: or as many as were alive at once (a call of 128 rollouts keeps 128: forking half of them again
+#: each call cost a third of the multi-turn throughput, benchmarks/agent.py)
 MAX_IDLE = 64
 
 
@@ -170,6 +172,7 @@ class ToolEnvironment:
         self.pool = ThreadPoolExecutor(ENV_THREADS, thread_name_prefix="gdpo-env")
         self._idle: dict[str | None, list[EnvironmentProcess]] = {name: [] for name in self.specs}
         self._processes: set[EnvironmentProcess] = set()  # every one not yet ended
+        self._peak = 0  # the most processes alive at once (how many idle ones later calls will want)
         self._down: dict[tuple, str] = {}  # (class,) or (class, row): why it could not start, this step
         self._gives: dict[str, set[str]] = {}  # TRL's dict form: the columns each class has given
         self._schema: Schema | None = None  # the names the classes' rewards give (``rewards``' first call)
@@ -216,6 +219,7 @@ class ToolEnvironment:
                 return Trajectory(None, failed=(kind, why), environment=name), None
             with self._lock:
                 self._processes.add(process)
+                self._peak = max(self._peak, len(self._processes))
         try:
             observation, schemas = process.ask(("reset", row), self.timeout_s)
         except Raised as err:
@@ -318,7 +322,8 @@ class ToolEnvironment:
         busy = left_behind(s.process.process.pid for _, s in kept)
         for name, session in sessions:
             process = session.process
-            if (name, session) in kept and process.process.pid not in busy and len(self._idle[name]) < MAX_IDLE:
+            if (name, session) in kept and process.process.pid not in busy and len(self._idle[name]) < max(
+                    MAX_IDLE, self._peak):
                 with self._lock:
                     self._idle[name].append(process)
             else:

@@ -19,8 +19,8 @@ on this machine's other core; its answers are not verdicts, so its criteria are 
 what is measured). ``judge_calls_per_s_per_actor``: messages one pool actor answers per second,
 ``--judge-max-tokens`` each, in batches of ``judges.judge_batch_size``.
 
-    python benchmarks/judges.py [--json] [--calls 8] [--prompts 4] [--group-size 8] [--max-tokens 48]
-        [--endpoint-delay-ms 40] [--judge-max-tokens 16] [--smoke]
+    python benchmarks/judges.py [--json] [--calls 8] [--prompts 8] [--group-size 8] [--max-tokens 96]
+        [--policy tiny] [--endpoint-delay-ms 100] [--max-in-flight 64] [--judge-max-tokens 16] [--smoke]
 """
 
 from __future__ import annotations
@@ -77,7 +77,13 @@ def pool_rate(args, pool) -> float:
     """Messages per second one judge actor answers (batches of ``judge_batch_size``)."""
     import ray
 
-    messages = [f"Judge this: {i} + {i} = {2 * i}" for i in range(args.judge_batch_size * 4)]
+    from gdpo_ray.judges.rubric import expand_judges, rubric_of
+    from gdpo_ray.judges.verdict import render
+
+    entry = {"name": "q", "fn": "judge", "judge": {"model": "m"}, "criteria": CRITERIA}
+    rubric = rubric_of(expand_judges([entry])[0]["params"])
+    messages = [render(None, rubric.criteria, f"What is {i} + {i}?", f"<think>{i} and {i}</think> <answer>{2 * i}</answer>",
+                       {}) for i in range(args.judge_batch_size * 4)]  # the judge's real messages
     handle = pool.handles[0]
     ray.get(handle.judge.remote(messages[:2], args.judge_max_tokens, 0.0))  # warm up
     start = time.perf_counter()
@@ -102,14 +108,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--calls", type=int, default=8, help="rollout calls per measurement")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per call")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per call")
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--endpoint-delay-ms", type=float, default=40.0)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--policy", default="tiny", help="the rollout model: tiny (random: every sample max-tokens long) or demo")
+    parser.add_argument("--endpoint-delay-ms", type=float, default=100.0)
+    parser.add_argument("--max-in-flight", type=int, default=64, help="the endpoint judge's requests open at once")
     parser.add_argument("--judge-max-tokens", type=int, default=16)
     parser.add_argument("--judge-batch-size", type=int, default=8)
     args = parse_args(parser, {"calls": 2, "prompts": 2, "group_size": 2, "max_tokens": 8,
-                               "endpoint_delay_ms": 5.0, "judge_max_tokens": 4})
+                               "endpoint_delay_ms": 5.0, "judge_max_tokens": 4, "policy": "demo"})
 
     import ray
 
@@ -119,16 +127,20 @@ def main() -> None:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     root = str(Path(__file__).resolve().parents[1])
-    model = str(demo_model_dir())
+    from gdpo_ray.model_files import resolve_model_path
+
+    judge_model = str(demo_model_dir())
+    model = str(resolve_model_path(args.policy))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": root, "RAY_AUTH_MODE": "disabled"}})
     try:
         base = walls(args, model, None)
         with JudgeServer(delay_s=args.endpoint_delay_ms / 1000) as server:
-            endpoint = walls(args, model, {"url": server.url, "model": "bench", "max_tokens": args.judge_max_tokens})
-        pool = JudgePool(model, num_judges=1, num_cpus=1)
+            endpoint = walls(args, model, {"url": server.url, "model": "bench", "max_tokens": args.judge_max_tokens,
+                                           "max_in_flight": args.max_in_flight})
+        pool = JudgePool(judge_model, num_judges=1, num_cpus=1)
         try:
-            served = walls(args, model, {"model": model, "max_tokens": args.judge_max_tokens}, pool)
+            served = walls(args, model, {"model": judge_model, "max_tokens": args.judge_max_tokens}, pool)
             rate = pool_rate(args, pool)
         finally:
             pool.shutdown()
