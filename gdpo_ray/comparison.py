@@ -78,10 +78,17 @@ def plot_bands(curves: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], me
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=11)
+    return save_figure(fig, png, dpi=110)
+
+
+def save_figure(fig, png: str | Path, dpi: int = 100) -> Path:
+    """``fig`` laid out and written to ``png`` (its folder made), then closed."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=dpi)
     plt.close(fig)
     return png
 

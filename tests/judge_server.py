@@ -18,6 +18,8 @@ import re
 import threading
 import time
 
+from tests.unit.scripted_engine import ScriptedEngine
+
 RESPONSE = re.compile(r"The response:\n(.*)\n\nReply with one JSON object", re.DOTALL)
 CRITERION = re.compile(r"^- ([A-Za-z0-9_\-]+) \(", re.MULTILINE)
 
@@ -131,28 +133,18 @@ class JudgeServer:
         self.close()
 
 
-class VerdictEngine:
+class VerdictEngine(ScriptedEngine):
     """A batch engine (``actors.engines.BatchEngine``) whose answer to a judge message is
-    ``scripted_verdict``'s (its tokenizer the model directory's); ``SLOW`` sleeps ``slow_s``."""
-
-    weight_transfer = False
-    device = "cpu"
-
-    @classmethod
-    def check_sampling(cls, sampling):
-        pass
+    ``scripted_verdict``'s (its tokenizer the model directory's; the rest a ``ScriptedEngine``'s);
+    ``SLOW`` sleeps ``slow_s``."""
 
     def __init__(self, model_path, seed=0, slow_s=30.0):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        super().__init__(model_path, seed)
         self.slow_s = slow_s
-        self.calls = 0
 
     def generate(self, prompt_token_ids, n, sampling, logprobs=True):
         from actors.engines import Sample
 
-        self.calls += 1
         out = []
         for ids in prompt_token_ids:
             message = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -161,18 +153,3 @@ class VerdictEngine:
             tokens = self.tokenizer(scripted_verdict(message), add_special_tokens=False)["input_ids"]
             out.append([Sample(tokens, [], "stop")] * n)
         return out
-
-    def load_weights(self, named_tensors):
-        raise NotImplementedError
-
-    def weight_digests(self, sent):
-        raise NotImplementedError
-
-    def sleep(self):
-        pass
-
-    def wake_up(self):
-        pass
-
-    def shutdown(self):
-        pass

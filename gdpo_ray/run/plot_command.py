@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from gdpo_ray.comparison import save_figure
 from gdpo_ray.run.run_curves import TRAINING_REWARDS, Panel, Point, curves, pareto_points
 
 DESCRIPTION = """\
@@ -71,12 +72,7 @@ def draw(panels: Sequence[Panel], png: str | Path) -> Path:
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    fig.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return png
+    return save_figure(fig, png)
 
 
 def plot_runs(runs: Sequence[str | Path], metrics: Sequence[str] = (), out: str | Path = "plot.png") -> list[Panel]:
@@ -186,12 +182,7 @@ def draw_pareto(points: Sequence[Point], front: Sequence[int], columns: Sequence
     _label(ax, points, labelled, on)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
-    return png
+    return save_figure(fig, png)
 
 
 def _label(ax, points: Sequence[Point], labelled: Sequence[int], on: set) -> None:
