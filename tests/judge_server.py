@@ -104,9 +104,15 @@ class JudgeServer:
                                       "usage": {"prompt_tokens": len(message) // 4, "completion_tokens": 10,
                                                 "total_tokens": len(message) // 4 + 10}})
 
+        async def models(request: web.Request) -> web.Response:
+            if self.key is not None and request.headers.get("Authorization") != f"Bearer {self.key}":
+                return web.json_response({"error": "bad key"}, status=401)
+            return web.json_response({"object": "list", "data": [{"id": "judge", "object": "model"}]})
+
         async def start() -> None:
             app = web.Application()
             app.router.add_post("/v1/chat/completions", completions)
+            app.router.add_get("/v1/models", models)
             self._runner = web.AppRunner(app)
             await self._runner.setup()
             site = web.TCPSite(self._runner, "127.0.0.1", 0)

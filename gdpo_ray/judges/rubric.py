@@ -151,6 +151,8 @@ def _rubric(entry: Mapping[str, Any]) -> Rubric:
         raise ValueError(f"a judge reward needs a name without '/' (its columns are <name>/<criterion>); got {name!r}")
     _known(entry, ENTRY_KEYS, where)
     judge = _judge(entry.get("judge"), where)
+    if "criteria" not in entry:
+        _known(entry, [k for k in ENTRY_KEYS if k != "criteria"], where)  # `critera`: named with its fix
     criteria_in = entry.get("criteria")
     if not isinstance(criteria_in, Sequence) or isinstance(criteria_in, str) or not criteria_in:
         raise ValueError(f"{where}: criteria must be a non-empty list of {{name, describe, scale}}; "
@@ -165,7 +167,7 @@ def _rubric(entry: Mapping[str, Any]) -> Rubric:
     if prompt is not None:
         from gdpo_ray.judges.verdict import check_template
 
-        check_template(prompt, where)
+        check_template(prompt, where, [c.name for c in criteria])
     return Rubric(name, judge, criteria, prompt)
 
 
@@ -178,6 +180,8 @@ def _known(d: Mapping[str, Any], keys: Sequence[str], where: str) -> None:
 
 
 def _judge(d: Any, where: str) -> JudgeSetting:
+    if isinstance(d, Mapping) and "api_key" not in d:
+        _known(d, JudgeSetting._KEYS, f"{where}: judge")  # a misspelt key first: `modle`
     if not isinstance(d, Mapping) or not isinstance(d.get("model"), str) or not d.get("model"):
         raise ValueError(f"{where}: judge must be a mapping with a model: {{url: 'http://host:8000/v1', "
                          f"model: NAME, api_key_env: VAR}} for an OpenAI-compatible server, or {{model: "
@@ -185,7 +189,6 @@ def _judge(d: Any, where: str) -> JudgeSetting:
     if "api_key" in d:
         raise ValueError(f"{where}: never write a key in the config (it would be saved with the run): put "
                          "it in an environment variable and name the variable, e.g. api_key_env: JUDGE_KEY")
-    _known(d, JudgeSetting._KEYS, f"{where}: judge")
     url = d.get("url")
     if url is not None and not (isinstance(url, str) and re.match(r"^https?://[^/\s]+", url)):
         raise ValueError(f"{where}: judge.url must be an http(s) URL of an OpenAI-compatible server, e.g. "

@@ -48,10 +48,18 @@ OWN = ("criteria", "prompt", "completion", "format")
 QUOTED_CHARS = 200
 
 
-def check_template(template: Any, where: str) -> None:
+def check_template(template: Any, where: str, criteria: Sequence[str] = ()) -> None:
+    """A prompt template holds ``{completion}``, and tells the judge every criterion: through
+    ``{criteria}`` or ``{format}``, or by its name (else the judge can never score it)."""
     if not isinstance(template, str) or "{completion}" not in template:
         raise ValueError(f"{where}: prompt must be a template string holding {{completion}} (and usually "
                          f"{{prompt}} and {{criteria}}; docs/judges.md); got {template!r:.200}")
+    if "{criteria}" not in template and "{format}" not in template:
+        unnamed = [c for c in criteria if c not in template]
+        if unnamed:
+            raise ValueError(f"{where}: the prompt never names the criteria {unnamed}, so the judge cannot score "
+                             "them: put {criteria} (each criterion with its scale and description) and {format} "
+                             "(the answer's JSON form) in it, or write their names")
 
 
 def columns_asked(template: str) -> list[str]:

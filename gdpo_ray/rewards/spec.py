@@ -110,11 +110,16 @@ def reward_specs(declarations: Sequence[Any]) -> list[RewardSpec]:
 
 def plain_declaration(reward: Any) -> Any:
     """A reward declaration as plain data (JSON-able, for Tune): YAML 1.1 reads an unquoted
-    ``on:`` key of a condition as the boolean True; it becomes "on" again."""
-    if isinstance(reward, Mapping) and isinstance(reward.get("condition"), Mapping):
-        condition = {("on" if k is True else k): v for k, v in reward["condition"].items()}
-        return {**reward, "condition": condition}
-    return reward
+    ``on:`` key of a condition as the boolean True; it becomes "on" again (a judge's criteria's
+    conditions too)."""
+    if not isinstance(reward, Mapping):
+        return reward
+    out = dict(reward)
+    if isinstance(out.get("condition"), Mapping):
+        out["condition"] = {("on" if k is True else k): v for k, v in out["condition"].items()}
+    if isinstance(out.get("criteria"), list):
+        out["criteria"] = [plain_declaration(c) for c in out["criteria"]]
+    return out
 
 
 #: the ``fn`` of a reward column an environment gives (``RewardSpec.from_environment``)

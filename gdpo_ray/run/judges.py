@@ -145,3 +145,33 @@ def _check_scores(config: Any, model_logits: bool) -> None:
                 raise ValueError(f"judge column {s.name!r}: judges.judge_decoding: scores reads a score per integer "
                                  f"of its scale; [{low:g}, {high:g}] is not one of at most 21 integers (e.g. [0, 1], "
                                  "[1, 10])")
+
+
+#: seconds the start-up check waits for an endpoint's answer to GET /models
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_endpoints(config: Any) -> list[str]:
+    """One ``GET {url}/models`` per endpoint judge (the key sent as the requests will send it),
+    before any actor starts: a warning for each that cannot be reached or refuses the key (its
+    criteria would be NaN on every rollout, and the run would stop)."""
+    import urllib.error
+    import urllib.request
+
+    warnings = []
+    for j in {j.url: j for j in judge_settings(config) if not j.served}.values():
+        key = os.environ.get(j.api_key_env) if j.api_key_env else None
+        request = urllib.request.Request(f"{j.url}/models", headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError as err:
+            if err.code in (401, 403):
+                warnings.append(f"the judge at {j.url} refused the key in {j.api_key_env or '(none: no api_key_env)'} "
+                                f"(HTTP {err.code} to GET /models): every request would fail")
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            warnings.append(f"the judge at {j.url} cannot be reached from here (GET /models: {reason}): its "
+                            "criteria would be NaN on every rollout and the run would stop; start the server, "
+                            "or fix judge.url (an OpenAI-compatible base URL ending in /v1)")
+    return warnings

@@ -117,7 +117,8 @@ def preflight(config: Any, sample_rows: int = SAMPLE_ROWS) -> Report:
     report = _score_samples(specs, source, available, sample_rows, rollout_only)
     report.weights = [s.weight for s in specs]
     columns_said = check_environment_columns(c, source, specs)
-    report.warnings[:0], report.notes = tools_said["warnings"], tools_said["notes"] + columns_said + learner_notes(c)
+    report.warnings[:0] = tools_said["warnings"] + judges.probe_endpoints(c)
+    report.notes = tools_said["notes"] + columns_said + learner_notes(c)
     _PASSED.add(fingerprint(c))
     return report
 

@@ -59,6 +59,8 @@ def test_expanding_twice_changes_nothing_and_keeps_plain_data():
     ({"criteria": [{"name": "a", "scael": [0, 1]}]}, "did you mean 'scale'"),
     ({"prompt": "judge {prompt}"}, "holding {completion}"),
     ({"criterion": []}, "did you mean 'criteria'"),
+    ({"judge": {"modle": "m"}}, "did you mean 'model'"),
+    ({"prompt": "Score it: {completion}"}, "never names the criteria ['helpful', 'concise', 'grounded']"),
     ({"name": "a/b"}, "without '/'"),
 ])
 def test_a_wrong_judge_entry_names_what_and_how(change, words):
@@ -93,9 +95,11 @@ def test_the_default_prompt_holds_criteria_conversation_response_and_format():
 
 
 def test_a_template_takes_row_columns_and_leaves_other_braces():
-    rubric = rubric_of(expand_judges([entry(prompt='Ref: {ground_truth}\n{completion}\nAnswer like {"x": 1}')])[0]["params"])
+    template = 'Ref: {ground_truth}\n{completion}\nScore helpful, concise, grounded like {"x": 1}'
+    rubric = rubric_of(expand_judges([entry(prompt=template)])[0]["params"])
     assert columns_asked(rubric.prompt) == ["ground_truth"]
-    assert render(rubric.prompt, rubric.criteria, "q", "a", {"ground_truth": 4}) == 'Ref: 4\na\nAnswer like {"x": 1}'
+    assert render(rubric.prompt, rubric.criteria, "q", "a", {"ground_truth": 4}) == (
+        'Ref: 4\na\nScore helpful, concise, grounded like {"x": 1}')
     with pytest.raises(KeyError, match="names {ground_truth}, which is not a column"):
         render(rubric.prompt, rubric.criteria, "q", "a", {"answer": 4})
 
@@ -291,3 +295,41 @@ def test_scores_decoding_is_the_expected_score_under_the_judges_next_token_proba
             assert verdict[name] == pytest.approx(float((p * torch.tensor(values, dtype=torch.float64)).sum()), abs=2e-6)
             assert low <= verdict[name] <= high
     assert "an integer scale" in actor.judge(messages[:1], 8, 0.0, [("helpful", 0, 0.5)])[0][2]
+
+
+def test_a_criterions_condition_written_in_yaml_reads_as_any_condition():
+    """YAML 1.1 reads an unquoted `on:` as True; a criterion's condition is mended as a reward's."""
+    import yaml
+
+    from gdpo_ray import GDPOConfig
+
+    rewards = yaml.safe_load("""
+- {name: format, fn: regex, params: {pattern: 'x'}}
+- name: quality
+  fn: judge
+  judge: {url: "http://127.0.0.1:9/v1", model: m}
+  criteria:
+    - {name: helpful, condition: {on: format, min: 1}}
+""")
+    assert True in rewards[1]["criteria"][0]["condition"]
+    config = GDPOConfig().training(rewards=rewards)
+    specs = reward_specs(config.rewards)
+    assert specs[1].condition.on == "format" and specs[1].condition.min == 1
+
+
+def test_the_start_up_check_asks_each_endpoint_for_its_models(monkeypatch):
+    from types import SimpleNamespace
+
+    from gdpo_ray.run.judges import probe_endpoints
+
+    def config(url, **judge):
+        return SimpleNamespace(rewards=[entry(url=url, judge=judge)])
+
+    monkeypatch.setenv("TEST_JUDGE_KEY", "sk-1")
+    with JudgeServer(key="sk-1") as server:
+        assert probe_endpoints(config(server.url, api_key_env="TEST_JUDGE_KEY")) == []
+        monkeypatch.setenv("TEST_JUDGE_KEY", "sk-2")
+        refused = probe_endpoints(config(server.url, api_key_env="TEST_JUDGE_KEY"))
+        assert len(refused) == 1 and "refused the key in TEST_JUDGE_KEY (HTTP 401" in refused[0]
+    dead = probe_endpoints(config(server.url))  # nothing listens there any more
+    assert len(dead) == 1 and f"the judge at {server.url} cannot be reached" in dead[0]
