@@ -350,7 +350,8 @@ class GDPO(GDPOState, Algorithm):
         with step_metrics.timed(timers, "advantages"):  # from the groups' metadata: no payload is read here
             rewards, index = rewards_matrix(groups)
             errors = reward_errors(groups)
-            self.reward_watch.check_failures(step, rewards, errors)  # stops a run whose reward always fails
+            # (named as the metrics name the step: the version it makes)
+            self.reward_watch.check_failures(step + 1, rewards, errors)  # stops a run whose reward always fails
             details = compute_advantage_details(rewards, index, estimator=c.estimator,
                                                 weights=self.reward_weights, eps=c.eps)
         with step_metrics.timed(timers, "update"):
@@ -440,7 +441,7 @@ class GDPO(GDPOState, Algorithm):
             values |= step_metrics.sampled_reward_metrics(rewards, rewards_matrix(dropped)[0], self.reward_names)
         values |= step_metrics.advantage_metrics(details, self.reward_names)
         values |= step_metrics.signal_metrics(rewards, details, self.reward_names, self.reward_gates)
-        values |= self.reward_watch.diagnose(step, rewards, details)  # degeneracy: metrics, warnings once
+        values |= self.reward_watch.diagnose(step + 1, rewards, details)  # degeneracy: metrics, warnings once
         values |= step_metrics.rollout_metrics(lengths, reasons, turns)
         values |= step_metrics.staleness_metrics(step, np.array([g.policy_version for g in groups]))
         values |= self.rollouts.step_metrics()

@@ -118,7 +118,7 @@ def test_a_reward_failing_on_every_rollout_stops_the_run_with_its_error(ray_clus
         first = algo.train()  # trains (format still has signal), loudly
         assert first["rewards/judge/errors"] == 16 and first["rewards/judge/failure_rate"] == 1
         assert first["rewards/judge/timeouts"] == first["rewards/judge/infra_failures"] == 0
-        assert "reward 'judge' failed on 16 of 16 rollouts of step 0; first error: error: " \
+        assert "reward 'judge' failed on 16 of 16 rollouts of step 1; first error: error: " \
                "ValueError: model output is not JSON" in caplog.text
         with pytest.raises(RewardFailure, match=r"reward 'judge' failed on 100% of the rollouts "
                                                 r"for 2 steps in a row .* its error: error: "
