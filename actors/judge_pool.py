@@ -189,6 +189,7 @@ class PoolJudge:
         self.retried = 0  # batches sent again
         self._waiting: list[tuple[str, asyncio.Future]] = []
         self._flushing = False
+        self._batches: set[asyncio.Task] = set()  # held: the loop keeps only weak references to tasks
 
     async def ask(self, message: str) -> Answer:
         future = asyncio.get_running_loop().create_future()
@@ -202,7 +203,9 @@ class PoolJudge:
         self._flushing = False
         waiting, self._waiting = self._waiting, []
         for start in range(0, len(waiting), self.batch_size):
-            asyncio.ensure_future(self._batch(waiting[start:start + self.batch_size]))
+            task = asyncio.ensure_future(self._batch(waiting[start:start + self.batch_size]))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
 
     async def _batch(self, batch: list[tuple[str, asyncio.Future]]) -> None:
         import ray

@@ -133,6 +133,9 @@ class Judging:
             except JudgeUnavailable as err:
                 self._fail(out, rubric, i, err.kind if err.kind in ("timeout", "infra") else "error", str(err))
                 continue
+            except Exception as err:  # noqa: BLE001 - the client itself broke: this row's criteria say so
+                self._fail(out, rubric, i, "infra", f"the judge's client raised {type(err).__name__}: {err}")
+                continue
             for c, (value, why) in zip(rubric.criteria, parse_verdict(answer.text, rubric.criteria)):
                 values, kinds, errors = out[rubric.column(c)]
                 values[i], kinds[i], errors[i] = value, ("" if not why else "error"), why
@@ -198,13 +201,11 @@ class JudgeStats:
         calls, self._calls = self._calls, []
         if not self._judged:
             return {}
-        calls = calls or [_new_stats()]  # nothing judged since the last step: zeros
-        out = {f"judge/{key}": float(sum(c[key] for c in calls))
-               for key in ("calls", "cached", "tokens", "failures", "retries", "wait_s")}
-        latencies = [t for c in calls for t in c["latencies"]]
+        step = merged(calls) or _new_stats()  # nothing judged since the last step: zeros
+        latencies = step.pop("latencies")
+        out = {f"judge/{key}": float(value) for key, value in step.items()}
         out["judge/latency_s"] = float(sum(latencies) / len(latencies)) if latencies else math.nan
         out["judge/latency_p95_s"] = _quantile(latencies, 0.95)
-        out["judge/queue"] = float(max(c["queue"] for c in calls))
         return out
 
 

@@ -17,12 +17,8 @@ from typing import Any, Mapping
 from gdpo_ray.rewards import reward_specs
 
 
-def judge_settings(config: Any) -> list:
-    """The ``JudgeSetting`` of every judge reward of ``config`` (one per rubric)."""
-    return settings_of(config.rewards)
-
-
-def settings_of(rewards: Any) -> list:
+def judge_settings(rewards: Any) -> list:
+    """The ``JudgeSetting`` of every judge reward of ``rewards`` (one per rubric)."""
     from gdpo_ray.judges.rubric import rubric_of
 
     rubrics = {}
@@ -33,13 +29,9 @@ def settings_of(rewards: Any) -> list:
     return list(rubrics.values())
 
 
-def served_model(config: Any) -> str | None:
-    """The model the run's judge pool serves, or None where every judge is an endpoint."""
-    return _served(config.rewards)
-
-
-def _served(rewards: Any) -> str | None:
-    models = sorted({j.model for j in settings_of(rewards) if j.served})
+def served_model(rewards: Any) -> str | None:
+    """The model the judge pool serves for ``rewards``, or None where every judge is an endpoint."""
+    models = sorted({j.model for j in judge_settings(rewards) if j.served})
     if len(models) > 1:
         raise ValueError(f"the judge pool serves one model; judges without url name {models}: serve one of "
                          "them and give the others an endpoint (judge.url, e.g. `vllm serve MODEL`)")
@@ -48,7 +40,7 @@ def _served(rewards: Any) -> str | None:
 
 def demand(config: Any) -> list[dict[str, float]]:
     """The judge actors' bundles (none where no judge is served)."""
-    if served_model(config) is None:
+    if served_model(config.rewards) is None:
         return []
     return [{"CPU": config.num_cpus_per_judge, "GPU": config.num_gpus_per_judge}] * config.num_judges
 
@@ -59,12 +51,12 @@ def check(config: Any) -> None:
     from actors.engines import engine_class, traits_of
     from gdpo_ray import model_files
 
-    for j in judge_settings(config):
+    for j in judge_settings(config.rewards):
         if j.api_key_env and not os.environ.get(j.api_key_env):
             raise ValueError(f"the judge at {j.url} reads its key from the environment variable {j.api_key_env}, "
                              "which is not set: export it (where the rollout actors run too; never put the key "
                              "itself in the config)")
-    model = served_model(config)
+    model = served_model(config.rewards)
     if config.judge_decoding not in ("generate", "scores"):
         raise ValueError(f"judges.judge_decoding must be generate or scores; got {config.judge_decoding!r}")
     if model is None:
@@ -96,7 +88,7 @@ def pool_for(rewards: Any, settings: Mapping[str, Any], num_threads: int = 1, se
     from gdpo_ray import model_files
     from gdpo_ray.config import default
 
-    model = _served(rewards)
+    model = served_model(rewards)
     if model is None:
         return None
     s = {k: settings.get(k, default(k)) for k in ("num_judges", "num_cpus_per_judge", "num_gpus_per_judge",
@@ -159,7 +151,7 @@ def probe_endpoints(config: Any) -> list[str]:
     import urllib.request
 
     warnings = []
-    for j in {j.url: j for j in judge_settings(config) if not j.served}.values():
+    for j in {j.url: j for j in judge_settings(config.rewards) if not j.served}.values():
         key = os.environ.get(j.api_key_env) if j.api_key_env else None
         request = urllib.request.Request(f"{j.url}/models", headers={"Authorization": f"Bearer {key}"} if key else {})
         try:
