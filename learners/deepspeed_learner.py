@@ -11,10 +11,10 @@ import os
 from typing import Any, Iterable, Iterator
 
 from learners.deepspeed_env import deepspeed_for
-from learners.learner import Learner, LearnerConfig, _rows, plan_micro_batches
+from learners.learner import Learner, LearnerConfig
 
-# LearnerConfig, _rows and plan_micro_batches: also imported from here (the tests, the benchmarks)
-__all__ = ["DeepSpeedLearner", "LearnerConfig", "_rows", "plan_micro_batches"]
+# LearnerConfig: also imported from here (the tests, the benchmarks)
+__all__ = ["DeepSpeedLearner", "LearnerConfig"]
 
 
 def _save_trainable_only(engine) -> None:

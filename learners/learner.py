@@ -26,13 +26,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdpo_ray.batch import as_numpy
 from gdpo_ray.causal_lm import takes_cache
 from gdpo_ray.config import check_value, default
-from gdpo_ray.losses import PolicyLossConfig, entropy_from_logits, policy_loss
+from gdpo_ray.losses import PolicyLossConfig, policy_loss
+from gdpo_ray.off_policy import Tally
+from gdpo_ray.truncation import Truncation
 from gdpo_ray.weights.digest import VARIANTS
 from learners.backend import LearnerBackend
-from learners.shared_prompts import distinct_prompts, response_outputs
+from learners.response_logprobs import response_logprobs
+from learners.rows import Row, plan_micro_batches, rows_of
+from learners.shared_prompts import distinct_prompts
 from learners.thread_dial import ThreadDial
 from learners.weight_sender import WeightSender
 
@@ -54,6 +57,7 @@ class LearnerConfig:
     mini_batches: int = default("mini_batches")  # optimizer steps per epoch over a batch
     epochs: int = default("num_epochs")
     temperature: float = default("temperature")  # logits / T, as in the rollouts
+    truncation: Truncation = Truncation()  # the rollouts' truncated sampling (gdpo_ray.truncation.Truncation.of)
     gradient_checkpointing: bool = default("gradient_checkpointing")  # recompute activations in backward
     loss: PolicyLossConfig = PolicyLossConfig()
     seed: int = 0
@@ -72,10 +76,6 @@ class LearnerConfig:
             raise ValueError(f"precision must be 'fp32' or 'bf16'; got {self.precision!r}")
 
 
-#: logits rows per slice of the entropy metric
-ENTROPY_ROWS = 256
-
-
 def without_dropout(model) -> None:
     """Turns the model's own dropout off (its modules and the attention's functional dropout
     rate): in train mode, which gradient checkpointing and lora_dropout need, a learner's
@@ -88,52 +88,6 @@ def without_dropout(model) -> None:
         for name in ("attention_dropout", "dropout"):
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
-
-
-@dataclasses.dataclass
-class _Row:
-    prompt: np.ndarray
-    response: np.ndarray
-    rollout_logprobs: np.ndarray
-    advantage: float
-    sampled: np.ndarray | None = None  # multi-turn: 1 where the policy sampled the token; None: all
-
-    def sampled_tokens(self) -> int:
-        """Tokens of the loss and of the token-mean count (a tool turn's are not)."""
-        return len(self.response) if self.sampled is None else int(np.count_nonzero(self.sampled))
-
-
-def _rows(batches: Sequence[Any], advantages: np.ndarray) -> list[_Row]:
-    """Per-rollout views (no copies) of the prompt, response and rollout logprobs."""
-    def split(column: Any, dtype: type) -> list[np.ndarray]:
-        values = as_numpy(column.flatten()).astype(dtype, copy=False)
-        offsets = as_numpy(column.offsets)
-        return np.split(values, offsets[1:-1] - offsets[0])
-
-    rows = []
-    for b in batches:
-        masks = split(b.column("response_mask"), np.int8) if "response_mask" in b.schema.names \
-            else [None] * b.num_rows
-        rows.extend(_Row(p, r, lp, 0.0, m) for p, r, lp, m in zip(
-            split(b.column("prompt_token_ids"), np.int64), split(b.column("response_token_ids"), np.int64),
-            split(b.column("response_logprobs"), np.float32), masks))
-    if len(rows) != len(advantages):
-        raise ValueError(f"{len(advantages)} advantages for {len(rows)} rollouts")
-    for row, a in zip(rows, advantages):
-        row.advantage = float(a)
-    return rows
-
-
-def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Row indices per micro-batch: longest first, rows x longest <= budget (one row at least)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 class Learner(LearnerBackend):
@@ -150,6 +104,7 @@ class Learner(LearnerBackend):
         self.step = 0
         self._ticket = 0  # the update running (or last run): LearnerGroup's count
         self._lent = (-1, config.num_threads)  # (the update it is for, torch threads) of the last set_threads
+        self._version: int | None = None  # the policy version the running update trains
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port (asked of rank 0 for the rendezvous)."""
@@ -197,64 +152,14 @@ class Learner(LearnerBackend):
 
     # -- the update -------------------------------------------------------------------------
 
-    def _logprobs(self, model, rows: list[_Row], want_entropy: bool = False):
-        """[B, R] logprobs of the response tokens under logits / T, the loss mask (the tokens
-        the policy sampled: a multi-turn rollout's tool turns are out), their entropy sum.
+    def _logprobs(self, model, rows: list[Row], want_entropy: bool = False):
+        """[B, R] logprobs of the response tokens, the loss mask, their entropy sum
+        (``learners.response_logprobs``)."""
+        return response_logprobs(model, rows, device=self.device, temperature=self.config.temperature,
+                                 truncation=self.config.truncation, shared=self._prompt_sharing(model, rows),
+                                 fused=self._fused_head(model), want_entropy=want_entropy)
 
-        Where the model's logits are its head's product (``_fused_head``), the head runs on the
-        positions that predict a response token alone, in slices of rows
-        (``learners/token_logprobs.py``): neither a prompt's positions nor a short row's padding
-        become [V]-wide logits, and those that do never exist whole. Otherwise (ZeRO-3, a
-        head with a scale or soft cap) every position's logits, as the model computes them."""
-        torch = self.torch
-        lengths = [len(r.prompt) + len(r.response) for r in rows]
-        width, rlen = max(lengths), max(max(len(r.response) for r in rows), 1)
-        ids = np.zeros((len(rows), width), np.int64)
-        attn = np.zeros((len(rows), width), np.int64)
-        keep = np.zeros((len(rows), width), bool)  # the positions whose logits predict a response token
-        present = np.zeros((len(rows), rlen), bool)  # a response token (the rest: padding)
-        mask = np.zeros((len(rows), rlen), bool)  # a token the policy sampled
-        for i, r in enumerate(rows):
-            p, n = len(r.prompt), len(r.response)
-            ids[i, :p], ids[i, p:p + n], attn[i, :p + n] = r.prompt, r.response, 1
-            keep[i, p - 1:p - 1 + n], present[i, :n] = True, True
-            mask[i, :n] = True if r.sampled is None else r.sampled.astype(bool)
-        targets = torch.from_numpy(np.concatenate([r.response for r in rows]).astype(np.int64)).to(self.device)
-        keep_t, mask_t, present_t = (torch.from_numpy(a).to(self.device) for a in (keep, mask, present))
-        sampled = mask_t[present_t]  # per response token, row-major: the policy sampled it
-
-        def forward():
-            return model(input_ids=torch.from_numpy(ids).to(self.device),
-                         attention_mask=torch.from_numpy(attn).to(self.device))
-
-        shared = self._prompt_sharing(model, rows)
-
-        def at_responses(outputs):  # [N, X]: what predicts each response token, row-major as the mask
-            if shared is not None:  # each distinct prompt forwarded once
-                return response_outputs(model, *shared, [r.response for r in rows], self.device, outputs)
-            return outputs(forward)[keep_t]
-
-        if self._fused_head(model):  # the response positions' [N, V] logits in slices only
-            from learners.token_logprobs import head_input, output_embedding, token_logprobs
-
-            head = output_embedding(model)
-            # (the weight read after the forward: a sharded model's gathered one, FSDP2's)
-            flat, entropies = token_logprobs(at_responses(lambda f: head_input(model, head, f)), head.weight,
-                                             targets, self.config.temperature)
-            entropy = entropies[sampled].sum()
-        else:  # every position's logits, then the response positions'
-            picked = at_responses(lambda f: f().logits).float()  # [N, V]
-            if self.config.temperature != 1.0:
-                picked = picked / self.config.temperature
-            flat = picked.gather(1, targets[:, None])[:, 0] - torch.logsumexp(picked, -1)
-            entropy = torch.zeros((), device=self.device)
-            if want_entropy:  # a metric: in slices of rows, so its [N, V] temporaries stay small
-                entropy = sum(entropy_from_logits(part).sum()
-                              for part in picked.detach()[sampled].split(ENTROPY_ROWS))
-        out = torch.zeros(mask_t.shape, dtype=flat.dtype, device=self.device).masked_scatter(present_t, flat)
-        return out, mask_t, entropy
-
-    def _prompt_sharing(self, model, rows: list[_Row]) -> tuple[list[np.ndarray], np.ndarray] | None:
+    def _prompt_sharing(self, model, rows: list[Row]) -> tuple[list[np.ndarray], np.ndarray] | None:
         """``distinct_prompts`` of the rows where the forward runs each distinct prompt once
         (``learners/shared_prompts.py``), else None: it does where rows share prompts (a group's
         do), the model takes a cache, no checkpointing turns the cache off, and the backend
@@ -289,10 +194,11 @@ class Learner(LearnerBackend):
             self.dial.set(threads)
 
     def update(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None,
-               ticket: int = 0) -> dict[str, float]:
+               ticket: int = 0, version: int | None = None) -> dict[str, float]:
         """One policy update over this rank's share: whole groups (GroupRefs, read zero-copy
         here) and the advantages of their rows, in order. ``threads``: torch threads to start
-        with (default ``num_threads``); ``set_threads(n, ticket)`` turns them while it runs."""
+        with (default ``num_threads``); ``set_threads(n, ticket)`` turns them while it runs;
+        ``version``: the policy version it trains (the off-policy metrics by staleness)."""
         from gdpo_ray.groups import read_rows
 
         cfg = self.config
@@ -304,30 +210,32 @@ class Learner(LearnerBackend):
             self.dial.set(lent)
         self.dial.apply()
         turns = self.dial.turns
-        rows = _rows(read_rows(groups), np.asarray(advantages))
+        rows = rows_of(read_rows(groups), np.asarray(advantages))
         if not rows:
             raise ValueError(f"learner {self.rank} received no rollouts: give every learner a group")
         compute_start = time.perf_counter()
         fresh = cfg.epochs == 1 and cfg.mini_batches == 1  # old policy = current: no extra pass
         old = None if fresh else self._old_logprobs(rows)
         rng = np.random.default_rng([cfg.seed, self.step])  # the same mini-batch split on every rank
-        history = []
+        history, tally = [], Tally()
+        self._version = version
         for _ in range(cfg.epochs):
             for mb in np.array_split(rng.permutation(len(rows)), cfg.mini_batches):
                 history.append(self._mini_batch([rows[i] for i in mb],
-                                                None if old is None else [old[i] for i in mb]))
+                                                None if old is None else [old[i] for i in mb], tally))
         self.step += 1
         threads_end, turns = self.dial.applied, self.dial.turns - turns
         self.dial.set(cfg.num_threads)  # the lent cores back before generation resumes beside it
         self.dial.apply()
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+        out.update(self._gathered(tally).metrics())
         out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(threads_end),
                    thread_turns=float(turns), lr=float(self.param_groups[0]["lr"]),
                    time_s=time.perf_counter() - start,
                    compute_s=time.perf_counter() - compute_start)  # forward, backward, step
         return out
 
-    def _old_logprobs(self, rows: list[_Row]) -> list[np.ndarray]:
+    def _old_logprobs(self, rows: list[Row]) -> list[np.ndarray]:
         """Logprobs under the policy at the start of the update (the PPO "old" policy)."""
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
         plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
@@ -353,7 +261,7 @@ class Learner(LearnerBackend):
         finally:
             self.engine.train(training)
 
-    def _reference_logprobs(self, rows: list[_Row]):
+    def _reference_logprobs(self, rows: list[Row]):
         """Logprobs under the reference policy of the KL term: the initial model, or under
         LoRA the model with its adapter disabled (the base model, no second copy)."""
         with self._inference():
@@ -368,7 +276,31 @@ class Learner(LearnerBackend):
             out[i, :len(v)] = v
         return self.torch.from_numpy(out).to(self.device)
 
-    def _mini_batch(self, rows: list[_Row], old: list[np.ndarray] | None) -> dict[str, float]:
+    def _gathered(self, tally: Tally) -> Tally:
+        """Every rank's off-policy tally merged (each rank's on all: one small gather per update)."""
+        if self.world_size == 1:
+            return tally
+        parts: list[Any] = [None] * self.world_size
+        self.torch.distributed.all_gather_object(parts, (tally.sums, tally.extremes))
+        merged = Tally()
+        for sums, extremes in parts:
+            part = Tally()
+            part.sums, part.extremes = sums, extremes
+            merged.merge(part)
+        return merged
+
+    def _staleness(self, rows: list[Row], width: int):
+        """[B, width] per token: the update's version minus the one that sampled it (None where
+        the version is not known)."""
+        if self._version is None:
+            return None
+        out = np.zeros((len(rows), width), np.int64)
+        for i, r in enumerate(rows):
+            if r.versions is not None:
+                out[i, :len(r.versions)] = self._version - r.versions
+        return self.torch.from_numpy(out).to(self.device)
+
+    def _mini_batch(self, rows: list[Row], old: list[np.ndarray] | None, tally: Tally) -> dict[str, float]:
         torch, cfg = self.torch, self.config
         plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], cfg.micro_batch_tokens)
         tokens, seqs = self._all_reduce([sum(r.sampled_tokens() for r in rows), len(rows)])
@@ -390,7 +322,9 @@ class Learner(LearnerBackend):
             loss, metrics = policy_loss(
                 logp, old_t, adv, mask, cfg.loss,
                 rollout_logprobs=self._padded([r.rollout_logprobs for r in part], logp.shape[1]),
-                ref_logprobs=ref, num_tokens=norm_tokens, num_sequences=norm_seqs)
+                ref_logprobs=ref, num_tokens=norm_tokens, num_sequences=norm_seqs,
+                staleness=self._staleness(part, logp.shape[1]) if real else None,
+                tally=tally if real else Tally())
             self.backward(loss if real else loss * 0.0, last=m == n_micro - 1)
             if real:
                 loss_sum += metrics.pop("loss")

@@ -81,12 +81,14 @@ class LearnerGroup:
         addr, port = ray.get(self.learners[0].address.remote())
         ray.get([learner.setup.remote(addr, port) for learner in self.learners])
 
-    def update(self, groups: Sequence[Any], advantages: np.ndarray) -> dict[str, float]:
+    def update(self, groups: Sequence[Any], advantages: np.ndarray, version: int | None = None) -> dict[str, float]:
         """Whole groups (GroupRefs) and the advantages of their rows, split across learners;
-        returns rank 0's metrics (global values)."""
-        return self._ray.get(self.update_async(groups, advantages))[0]
+        returns rank 0's metrics (global values). ``version``: the policy version trained (the
+        off-policy metrics by staleness)."""
+        return self._ray.get(self.update_async(groups, advantages, version=version))[0]
 
-    def update_async(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None) -> list[Any]:
+    def update_async(self, groups: Sequence[Any], advantages: np.ndarray, threads: int | None = None,
+                     version: int | None = None) -> list[Any]:
         """``update`` without waiting: the ObjectRefs of every learner's metrics (rank 0 first).
         ``threads``: each learner's torch threads to start with (default ``num_threads``)."""
         self._updates += 1
@@ -95,7 +97,7 @@ class LearnerGroup:
         calls = []
         for learner, share in zip(self.learners, split_groups(sizes, len(self.learners))):
             rows = np.concatenate([advantages[starts[g]:starts[g + 1]] for g in share])
-            calls.append(learner.update.remote([groups[g] for g in share], rows, threads, self._updates))
+            calls.append(learner.update.remote([groups[g] for g in share], rows, threads, self._updates, version))
         return calls
 
     def set_threads(self, threads: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from gdpo_ray.causal_lm import unwrapped
+from gdpo_ray.truncation import Truncation, narrowed
 
 #: bytes of one slice's float32 logits
 SLICE_BYTES = 64 << 20
@@ -30,19 +31,23 @@ SLICE_BYTES = 64 << 20
 
 class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, rows: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, truncation: Truncation):
         logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         lse = torch.empty_like(logprobs)
         for start in range(0, hidden.shape[0], rows):
             end = start + rows
             logits = torch.nn.functional.linear(hidden[start:end], weight).float() / temperature
-            lse[start:end] = torch.logsumexp(logits, -1)
-            logprobs[start:end] = logits.gather(1, targets[start:end, None])[:, 0] - lse[start:end]
-            logp = logits - lse[start:end, None]
-            entropy[start:end] = -(logp.exp() * logp).sum(-1)
+            full = torch.logsumexp(logits, -1)
+            logp = logits - full[:, None]
+            entropy[start:end] = -(logp.exp() * logp).sum(-1)  # of the full distribution
+            if truncation.active:
+                logits = narrowed(logits, truncation, always=targets[start:end])
+                full = torch.logsumexp(logits, -1)
+            lse[start:end] = full
+            logprobs[start:end] = logits.gather(1, targets[start:end, None])[:, 0] - full
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.rows = temperature, rows
+        ctx.temperature, ctx.rows, ctx.truncation = temperature, rows, truncation
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -55,6 +60,8 @@ class _TokenLogprobs(torch.autograd.Function):
             end = start + ctx.rows
             h = hidden[start:end]
             logits = torch.nn.functional.linear(h, weight).float() / ctx.temperature
+            if ctx.truncation.active:  # the same support as forward's: 0 outside it
+                logits = narrowed(logits, ctx.truncation, always=targets[start:end])
             g = -(logits - lse[start:end, None]).exp()  # d logprob / d logits: onehot - softmax
             g.scatter_add_(1, targets[start:end, None], torch.ones_like(g[:, :1]))
             g *= grad_logprobs[start:end, None] / ctx.temperature
@@ -65,15 +72,16 @@ class _TokenLogprobs(torch.autograd.Function):
                 grad_weight += (g.t() @ h).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """([N] logprobs of ``targets`` under softmax(hidden @ weight.T / T), [N] entropies, no
-    gradient), in slices of rows of at most ``SLICE_BYTES`` of logits."""
+                   temperature: float = 1.0, truncation: Truncation = Truncation()) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N] logprobs of ``targets`` under softmax(hidden @ weight.T / T), renormalized over the
+    ``truncation``'s support where it is active (``gdpo_ray.truncation``), [N] entropies of the
+    full distributions, no gradient), in slices of rows of at most ``SLICE_BYTES`` of logits."""
     rows = max(1, SLICE_BYTES // (4 * weight.shape[0]))
-    return _TokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), rows)
+    return _TokenLogprobs.apply(hidden, weight, targets.long(), float(temperature), rows, truncation)
 
 
 def output_embedding(model: Any) -> Any:

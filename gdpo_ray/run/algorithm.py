@@ -40,6 +40,7 @@ from gdpo_ray.environments.spec import with_environment_columns
 from gdpo_ray.groups import finish_reasons, response_lengths, reward_errors, rewards_matrix, turn_counts
 from gdpo_ray.judges.rubric import expand_judges
 from gdpo_ray.losses import PolicyLossConfig
+from gdpo_ray.truncation import Truncation
 from gdpo_ray.reward_watch import RewardWatch
 from gdpo_ray.rewards.spec import plain_declaration
 from gdpo_ray.run import judges as run_judges
@@ -160,7 +161,7 @@ class GDPOConfig(AlgorithmConfig):
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
             micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
-            loss=PolicyLossConfig.of(self), seed=self.seed or 0, num_threads=self.num_threads,
+            loss=PolicyLossConfig.of(self), truncation=Truncation.of(self), seed=self.seed or 0, num_threads=self.num_threads,
             threads_alone=self.threads_alone, lora=self.lora,
             base_model_name=model_files.hub_name(self.model_path),
             digest_variants=digest_variants(self.engine, self.mode, self.engine_kwargs))
@@ -408,7 +409,8 @@ class GDPO(GDPOState, Algorithm):
         before = self.rollouts.stats["groups"]
         alone = self.config.threads_alone or self.config.num_threads
         idle = self.rollouts.in_flight == 0  # the rollout actors' cores are free from the start
-        refs = self.learners.update_async(groups, advantages, threads=alone if idle else None)
+        refs = self.learners.update_async(groups, advantages, threads=alone if idle else None,
+                                          version=self.policy_version)
         lent = idle or alone == self.config.num_threads  # nothing (more) to lend
         while pending := ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
             self.rollouts.pump(timeout=0.05, until=pending)  # wakes as a learner finishes

@@ -40,6 +40,7 @@ SMOKES = {
     "agent_learns.py": ((), {"heldout_success_base", "heldout_success_sft", "heldout_success_gdpo",
                              "tool_call_rate_sft"}),
     "soak_tools.py": ((), {"steps", "tool_timeouts", "processes_left", "max_processes_last_quarter"}),
+    "off_policy.py": ((), {"runs", "steps"}),
     "judges.py": ((), {"judge_overhead_sync", "judge_overhead_overlapped", "hidden_fraction",
                        "pool_hidden_fraction", "judge_calls_per_s_per_actor"}),
     "vs_trl.py": ((), {"async_speedup_vs_trl", "sync_speedup_vs_trl", "wall_ratio_vs_trl", "pss_ratio_vs_trl",
@@ -53,7 +54,7 @@ VLLM_SMOKES = {
 }
 #: more than ~30 s on 2 cores (`python -m pytest -m slow` runs them, not the default run)
 SLOW = {"learner.py", "weight_sync.py", "pipeline.py", "gdpo_vs_grpo.py", "lora.py", "paper_studies.py",
-        "agent_learns.py", "vs_trl.py", "soak_tools.py"}
+        "agent_learns.py", "vs_trl.py", "soak_tools.py", "off_policy.py"}
 
 
 def run_smoke(script: str, extra: tuple, cwd: Path) -> dict:

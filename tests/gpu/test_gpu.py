@@ -45,7 +45,7 @@ def learner_config(model_dir, **kw):
     from gdpo_ray.losses import PolicyLossConfig
     from learners.deepspeed_learner import LearnerConfig
 
-    kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(is_cap=None), **kw}
+    kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(off_policy="none"), **kw}
     return LearnerConfig(model_path=model_dir, **kw)
 
 

@@ -18,7 +18,7 @@ from tests.ray.test_lora import LORA, _rollouts
 #: 2 epochs x 2 mini-batches: four AdamW steps per update, the old-policy pass, the gradient
 #: clipped at every step (its norm: 1.2-1.5 full, 0.2 LoRA), the KL to the reference (full: a
 #: second model; LoRA: the adapter disabled), the stale-sample weight truncated
-STEPS = dict(epochs=2, mini_batches=2, lr=1e-3, grad_clip=0.1, loss=PolicyLossConfig(is_cap=2.0, kl_coef=0.05))
+STEPS = dict(epochs=2, mini_batches=2, lr=1e-3, grad_clip=0.1, loss=PolicyLossConfig(off_policy={"cap": 2.0}, kl_coef=0.05))
 METRICS = ("loss", "loss_first", "loss_last", "pg_loss", "kl", "grad_norm", "entropy", "tokens")
 
 

@@ -7,7 +7,8 @@ from gdpo_ray.groups import GroupRef
 from gdpo_ray.batch import GroupData, build_groups, group_bounds
 from gdpo_ray.losses import PolicyLossConfig
 from gdpo_ray.run.transports import BroadcastTransport, ObjectStoreTransport, push_weights
-from learners.deepspeed_learner import LearnerConfig, plan_micro_batches
+from learners.deepspeed_learner import LearnerConfig
+from learners.rows import plan_micro_batches
 from learners.learner_group import LearnerGroup, split_groups
 from tests.digests import actor_digests, learner_digests, optimizer_digests
 from tests.engines import actor_greedy, greedy_with
@@ -44,7 +45,7 @@ def two_rollout_actors(model_dir):
 
 
 def config(model_dir, **kw):
-    kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(is_cap=None), "micro_batch_tokens": 64, **kw}
+    kw = {"lr": 1e-3, "epochs": 4, "loss": PolicyLossConfig(off_policy="none"), "micro_batch_tokens": 64, **kw}
     return LearnerConfig(model_path=model_dir, **kw)
 
 
@@ -131,9 +132,9 @@ def test_rows_sharing_a_prompt_get_the_loss_and_gradient_of_their_own_forwards(r
 def shares_prompts(learner, groups) -> bool:
     """(On a learner actor) whether its forward over these groups' rows shares their prompts."""
     from gdpo_ray.groups import read_rows
-    from learners.deepspeed_learner import _rows
+    from learners.rows import rows_of
 
-    return learner._prompt_sharing(learner.engine, _rows(read_rows(groups), ADV)) is not None
+    return learner._prompt_sharing(learner.engine, rows_of(read_rows(groups), ADV)) is not None
 
 
 def test_checkpoint_round_trip(ray_cluster, tiny_model_dir, fixed_batch, tmp_path):
@@ -178,9 +179,9 @@ def test_weights_reach_the_rollout_actors(ray_cluster, tiny_model_dir, fixed_bat
 
 def _learner_logprobs(learner, groups):
     from gdpo_ray.groups import read_rows
-    from learners.deepspeed_learner import _rows
+    from learners.rows import rows_of
 
-    rows = _rows(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
+    rows = rows_of(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
     logp, mask, _ = learner._logprobs(learner.engine, rows)
     return [logp[i, :len(r.response)].detach().numpy() for i, r in enumerate(rows)], mask.sum().item()
 
@@ -248,9 +249,9 @@ def _loss_gradient(learner, groups):
 
     from gdpo_ray.groups import read_rows
     from gdpo_ray.losses import policy_loss
-    from learners.deepspeed_learner import _rows
+    from learners.rows import rows_of
 
-    rows = _rows(read_rows(groups), ADV)
+    rows = rows_of(read_rows(groups), ADV)
     logp, mask, _ = learner._logprobs(learner.engine, rows)
     adv = torch.tensor([r.advantage for r in rows])
     rollout = learner._padded([r.rollout_logprobs for r in rows], logp.shape[1])
@@ -270,7 +271,7 @@ def test_tool_tokens_are_out_of_the_loss(ray_cluster, tiny_model_dir):
     weights, metrics = [], []
     for batch in (plain, all_sampled, tools, tools_garbage):
         group = LearnerGroup(config(tiny_model_dir, zero_stage=2, epochs=2, lr=0.01,
-                                    loss=PolicyLossConfig(is_cap=2.0)), num_learners=1)
+                                    loss=PolicyLossConfig(off_policy={"cap": 2.0})), num_learners=1)
         try:
             if batch is tools:
                 grad, mask, lengths = ray_cluster.get(group.learners[0].__ray_call__.remote(_loss_gradient, tools))
@@ -413,7 +414,7 @@ def test_uneven_shares_with_epochs_and_kl_under_zero3(ray_cluster, tiny_model_di
     # 3 groups of one size and 1 of another: the learners get different micro-batch counts, and the
     # old-policy pass, the mini-batches and the reference model must keep ZeRO-3's collectives in step
     learners = LearnerGroup(config(tiny_model_dir, zero_stage=3, epochs=2, mini_batches=2, micro_batch_tokens=24,
-                                   loss=PolicyLossConfig(is_cap=2.0, kl_coef=0.1)), num_learners=2)
+                                   loss=PolicyLossConfig(off_policy={"cap": 2.0}, kl_coef=0.1)), num_learners=2)
     try:
         m = learners.update(fixed_batch[:3], ADV[:12])
         digests = learner_digests(learners)

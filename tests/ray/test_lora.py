@@ -69,9 +69,9 @@ def test_one_update_changes_the_adapter_and_nothing_else(ray_cluster, tiny_model
 def _dropout_probe(learner, groups):
     """Two training-mode forwards, then two old-logprob passes, of the same rows."""
     from gdpo_ray.groups import read_rows
-    from learners.deepspeed_learner import _rows
+    from learners.rows import rows_of
 
-    rows = _rows(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
+    rows = rows_of(read_rows(groups), np.zeros(sum(g.stop - g.start for g in groups)))
     train = [learner._logprobs(learner.engine, rows)[0].detach().numpy() for _ in range(2)]
     old = [np.concatenate(learner._old_logprobs(rows)) for _ in range(2)]
     return train, old

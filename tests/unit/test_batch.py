@@ -170,7 +170,7 @@ def test_several_groups_in_one_batch_are_zero_copy_slices():
 
 def test_learner_rows_are_views_of_group_slices():
     from gdpo_ray.batch import GroupData, build_groups
-    from learners.deepspeed_learner import _rows
+    from learners.rows import rows_of
 
     groups = [GroupData(prompt_id=p, group_id=p, prompt_token_ids=[i, i + 1],
                         response_token_ids=[[i] * (j + 1) for j in range(2)],
@@ -178,13 +178,13 @@ def test_learner_rows_are_views_of_group_slices():
                         finish_reasons=["stop"] * 2, policy_version=0, rewards=np.zeros((2, 1)),
                         reward_errors=[[""]] * 2) for i, p in enumerate("abc")]
     batch = build_groups(groups, ["r"])
-    rows = _rows([batch.slice(2, 4)], np.array([1.0, 2.0, 3.0, 4.0]))  # groups b and c
+    rows = rows_of([batch.slice(2, 4)], np.array([1.0, 2.0, 3.0, 4.0]))  # groups b and c
     assert [r.prompt.tolist() for r in rows] == [[1, 2], [1, 2], [2, 3], [2, 3]]
     assert [r.response.tolist() for r in rows] == [[1], [1, 1], [2], [2, 2]]
     assert [r.rollout_logprobs.tolist() for r in rows] == [[-0.5], [-0.5, -0.5], [-1.0], [-1.0, -1.0]]
     assert [r.advantage for r in rows] == [1.0, 2.0, 3.0, 4.0]
     with pytest.raises(ValueError, match="3 advantages for 4 rollouts"):
-        _rows([batch.slice(2, 4)], np.zeros(3))
+        rows_of([batch.slice(2, 4)], np.zeros(3))
 
 
 def test_ragged_columns_from_lists_arrays_and_empty_rows():
@@ -230,7 +230,7 @@ import sys
 import numpy as np
 from gdpo_ray.batch import GroupData, arrow_without_pandas, build_groups, check_groups
 from gdpo_ray.groups import describe_groups
-from learners.deepspeed_learner import _rows
+from learners.rows import rows_of
 
 arrow_without_pandas()
 groups = [GroupData(prompt_id=p, group_id=p, prompt_token_ids=[1, 2], response_token_ids=[[3], [4, 5]],
@@ -240,7 +240,7 @@ groups = [GroupData(prompt_id=p, group_id=p, prompt_token_ids=[1, 2], response_t
 batch = build_groups(groups, ["r"])
 check_groups(batch)
 describe_groups(batch)
-_rows([batch], np.zeros(4))
+rows_of([batch], np.zeros(4))
 print("pandas" in sys.modules, type(batch.to_pandas()).__name__)
 """
 

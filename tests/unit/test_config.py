@@ -45,7 +45,8 @@ def test_defaults_and_sections():
     (lambda c: c.data(prompts=None), "no prompts: use .data(prompts="),
     (lambda c: c.data(columns={"ground_truth": 3}), "columns must map column names to nested fields"),
     (lambda c: c.generation(engine="tgi"), "unknown engine 'tgi'; known: hf, vllm"),
-    (lambda c: c.generation(engine="vllm", top_p=0.9), "top_p=1.0 and top_k=0 with engine='vllm'"),
+    (lambda c: c.generation(engine="vllm", top_p=0.9, truncated_logprobs=False), "set truncated_logprobs=true (the exact ratio), or top_p=1.0, top_k=0, min_p=0 with engine='vllm'"),
+    (lambda c: c.generation(min_p=1.5), "generation.min_p must be a number >= 0 and <= 1"),
     (lambda c: c.generation(temperature=0.0), "temperature"),
     (lambda c: c.env_runners(num_env_runners=0), "num_env_runners must be an integer >= 1 or a range"),
     (lambda c: c.env_runners(num_env_runners=[3, 2]), "1 <= min <= max; got [3, 2]"),
@@ -235,14 +236,16 @@ def test_defaults_and_rules_have_one_source():
     from actors.rollout import RolloutActor
     from gdpo_ray.config import RLLIB_FIELDS, default
     from gdpo_ray.losses import PolicyLossConfig
+    from gdpo_ray.off_policy import OffPolicy
     from learners.deepspeed_learner import LearnerConfig
 
     sampling, loss, learner = SamplingParams(), PolicyLossConfig(), LearnerConfig(model_path="m")
     for name in ("temperature", "top_p", "top_k", "max_tokens"):
         assert getattr(sampling, name) == FIELDS[name].default, name
-    for name in ("clip_eps_low", "clip_eps_high", "dual_clip", "loss_agg", "ratio_level", "is_cap",
+    for name in ("clip_eps_low", "clip_eps_high", "dual_clip", "loss_agg", "ratio_level",
                  "kl_coef", "kl_estimator"):
         assert getattr(loss, name) == FIELDS[name].default, name
+    assert loss.off_policy == OffPolicy.parse(FIELDS["off_policy"].default)
     for name in ("zero_stage", "precision", "weight_decay", "micro_batch_tokens", "mini_batches",
                  "temperature", "num_threads", "lr", "grad_clip"):
         assert getattr(learner, name) == default(name), name

@@ -171,10 +171,12 @@ def test_a_config_naming_a_broken_engine_fails_validation_with_the_missing_metho
 
 
 def test_each_engine_says_which_sampling_it_can_do_exactly():
-    truncated = SamplingParams(top_p=0.9, top_k=20)
-    engine_class("hf").check_sampling(truncated)  # logprobs of the full distribution
-    with pytest.raises(ValueError, match="use top_p=1.0 and top_k=0 with engine='vllm'"):
-        engine_class("vllm").check_sampling(truncated)
-    engine_class("vllm").check_sampling(SamplingParams())
-    with pytest.raises(ValueError, match="use top_p=1.0 and top_k=0 with engine='vllm'"):
-        engine_class("vllm", "streaming").check_sampling(truncated)
+    truncated = SamplingParams(top_p=0.9, top_k=20, min_p=0.05)  # logprobs of the truncated distribution
+    full = SamplingParams(top_p=0.9, top_k=20, truncated_logprobs=False)  # TRL's: of the full one
+    for params in (truncated, full, SamplingParams()):
+        engine_class("hf").check_sampling(params)
+    for mode in ("batched", "streaming"):
+        engine_class("vllm", mode).check_sampling(truncated)  # vLLM's processed logprobs
+        engine_class("vllm", mode).check_sampling(SamplingParams(truncated_logprobs=False))  # nothing cut
+        with pytest.raises(ValueError, match="set truncated_logprobs=true"):
+            engine_class("vllm", mode).check_sampling(full)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.hf_decode import decode, draw, filtered
+from actors.hf_decode import decode, draw
+from gdpo_ray.truncation import Truncation, narrowed
 
 
 @pytest.mark.parametrize("top_k, top_p", [(1, 1.0), (5, 1.0), (0, 0.9), (0, 0.3), (7, 0.8), (0, 1e-9), (500, 0.999)])
@@ -22,7 +23,7 @@ def test_the_filters_are_transformers_top_k_then_top_p(top_k, top_p):
         expected = TopKLogitsWarper(top_k)(None, expected)
     if top_p < 1.0:
         expected = TopPLogitsWarper(top_p)(None, expected)
-    got = filtered(scores, top_k, top_p)
+    got = narrowed(scores, Truncation(top_k=top_k, top_p=top_p))
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
     assert torch.equal(got[~torch.isinf(got)], scores[~torch.isinf(got)])  # kept scores unchanged
     assert (~torch.isinf(got)).sum(-1).min() >= 1
@@ -61,15 +62,17 @@ def model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("n, top_k, top_p", [(3, 0, 1.0), (1, 0, 1.0), (4, 20, 0.9)])
-def test_each_sample_is_the_model_s_own_continuation_of_its_prompt(model, n, top_k, top_p):
+@pytest.mark.parametrize("n, top_k, top_p, truncated_logprobs",
+                         [(3, 0, 1.0, True), (1, 0, 1.0, True), (4, 20, 0.9, True), (4, 20, 0.9, False)])
+def test_each_sample_is_the_model_s_own_continuation_of_its_prompt(model, n, top_k, top_p, truncated_logprobs):
     """Prompts of different lengths (left padding), n samples sharing a prompt's cache, and a
     third of the vocabulary ending a row, so that rows finish at many steps and leave the batch:
-    every token's logprob is what the model gives it after its prompt and the tokens before it."""
+    every token's logprob is what the model gives it after its prompt and the tokens before it,
+    under the truncated distribution it was drawn from (or the full one: truncated_logprobs off)."""
     vocab = model.config.vocab_size
     prompts = [[5, 9, 12], [7], [3, 4, 5, 6, 7, 8, 9], [11, 2], [40, 41], [8, 30, 31, 2, 6], [17], [60, 3]]
     eos = list(range(0, vocab, 10))
-    rows = decode(model, prompts, n, temperature=0.7, top_k=top_k, top_p=top_p, max_tokens=12,
+    rows = decode(model, prompts, n, temperature=0.7, truncation=Truncation(top_k=top_k, top_p=top_p), truncated_logprobs=truncated_logprobs, max_tokens=12,
                   eos_ids=eos, pad_id=0, generator=torch.Generator().manual_seed(3))
     assert len(rows) == len(prompts) * n
     ends = set()
@@ -79,16 +82,18 @@ def test_each_sample_is_the_model_s_own_continuation_of_its_prompt(model, n, top
         assert not set(tokens[:-1].tolist()) & set(eos)  # nothing after an EOS token
         assert reason == ("stop" if tokens[-1] in eos else "length")
         assert reason == "stop" or len(tokens) == 12
-        expected, scores = _teacher_forced(model, prompt, tokens, 0.7)
+        _, scores = _teacher_forced(model, prompt, tokens, 0.7)
+        truncated = torch.log_softmax(narrowed(scores, Truncation(top_k=top_k, top_p=top_p)), -1)
+        expected = (truncated if truncated_logprobs else torch.log_softmax(scores, -1))
         np.testing.assert_allclose(logprobs, expected[np.arange(len(tokens)), tokens].numpy(), atol=2e-5)
-        kept = ~torch.isinf(filtered(scores, top_k, top_p))
+        kept = ~torch.isinf(truncated)
         assert kept[np.arange(len(tokens)), tokens].all()  # only tokens the filters keep
         ends.add(len(tokens))
     assert len(ends) >= 3  # rows ended at several steps (the batch shrank on the way)
 
 
 def test_top_k_one_is_the_model_s_greedy_continuation(model):
-    rows = decode(model, [[5, 9, 12], [7]], 2, temperature=1.0, top_k=1, top_p=1.0, max_tokens=6,
+    rows = decode(model, [[5, 9, 12], [7]], 2, temperature=1.0, truncation=Truncation(top_k=1, top_p=1.0), max_tokens=6,
                   eos_ids=[10**6], pad_id=0, generator=torch.Generator().manual_seed(0))
     for r, (tokens, _, reason) in enumerate(rows):
         _, scores = _teacher_forced(model, [[5, 9, 12], [7]][r // 2], tokens, 1.0)
@@ -102,7 +107,7 @@ def test_a_stop_check_ends_a_row_where_it_says(model):
         seen.append(len(tokens))
         return len(tokens) == 3
 
-    rows = decode(model, [[5, 9]], 2, temperature=1.0, top_k=0, top_p=1.0, max_tokens=8, eos_ids=[10**6],
+    rows = decode(model, [[5, 9]], 2, temperature=1.0, truncation=Truncation(top_k=0, top_p=1.0), max_tokens=8, eos_ids=[10**6],
                   pad_id=0, generator=torch.Generator().manual_seed(0), stop_check=stop_check)
     assert [(len(t), reason) for t, _, reason in rows] == [(3, "stop"), (3, "stop")]
     assert seen == [1, 1, 2, 2, 3, 3]
@@ -148,7 +153,7 @@ def test_other_architectures_decode_their_own_continuations(arch):
               "mistral-sliding": lambda: transformers.MistralConfig(**small, sliding_window=4)}[arch]()
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     prompts = [[5, 9, 12], [7], [3, 4, 5, 6, 7, 8, 9]]
-    rows = decode(model, prompts, 3, temperature=1.0, top_k=0, top_p=1.0, max_tokens=10,
+    rows = decode(model, prompts, 3, temperature=1.0, truncation=Truncation(top_k=0, top_p=1.0), max_tokens=10,
                   eos_ids=list(range(0, 64, 9)), pad_id=0, generator=torch.Generator().manual_seed(5))
     for r, (tokens, logprobs, _) in enumerate(rows):
         expected, _ = _teacher_forced(model, prompts[r // 3], tokens, 1.0)

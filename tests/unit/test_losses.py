@@ -67,10 +67,10 @@ def test_off_policy_weight_is_truncated():
     rollout = torch.tensor([[L(0.25), L(2.0)]], dtype=torch.float64)
     zero = torch.zeros(1, 2, dtype=torch.float64)
     loss, m = policy_loss(zero, zero, torch.tensor([1.0]), torch.ones(1, 2),
-                          PolicyLossConfig(is_cap=2.0), rollout_logprobs=rollout)
+                          PolicyLossConfig(off_policy={"mode": "truncate", "cap": 2.0}), rollout_logprobs=rollout)
     assert loss.item() == pytest.approx(-1.25, abs=1e-12)
     assert m["is/weight_mean"] == pytest.approx(1.25) and m["is/truncated_frac"] == 0.5
-    loss_no, _ = policy_loss(zero, zero, torch.tensor([1.0]), torch.ones(1, 2), PolicyLossConfig(is_cap=None),
+    loss_no, _ = policy_loss(zero, zero, torch.tensor([1.0]), torch.ones(1, 2), PolicyLossConfig(off_policy="none"),
                              rollout_logprobs=rollout)
     assert loss_no.item() == -1.0  # no correction asked for
 
