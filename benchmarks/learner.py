@@ -1,13 +1,21 @@
-"""Learner throughput: tokens/s through DeepSpeedLearner over a plain torch loop.
+"""Learner throughput: tokens/s through DeepSpeedLearner over a plain torch loop, packed rows
+against padded ones, and the padding of real jobs.
 
-Both run the same update on the same model and batch in the same kind of process (a Ray actor
-with one torch thread): logprobs of the responses under logits / T, the GDPO policy loss over
-token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no process
-group and no metrics. Key (``--json``): deepspeed_over_torch (aim >= 0.8).
+1. The same update on the same model and batch in the same kind of process (a Ray actor with
+   one torch thread): logprobs of the responses under logits / T, the GDPO policy loss over
+   token-budget micro-batches, one AdamW step. The plain loop has no DeepSpeed engine, no
+   process group and no metrics; the learner runs it padded as the loop does
+   (``training.packing: false``), then packed (``learners/packing.py``). Keys:
+   ``deepspeed_over_torch`` (aim >= 0.8), ``packed_over_padded`` (tokens/s, packed over padded).
+2. ``--jobs demo smollm2``: a few steps of each job (vs_trl.py's: the demo preset; SmolLM2-135M
+   on smollm2_math's job), packed and padded: ``padding_fraction_<job>`` (padded positions over
+   all the learner computed, its forwards of old logprobs included; aim <= 0.1),
+   ``padding_fraction_<job>_padded``, ``update_s_<job>_packed_over_padded``.
 
-    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5] [--smoke]
+    python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5]
+        [--jobs demo smollm2] [--job-steps 3] [--smoke]
 
-``--smoke``: 2 groups of 2, one timed update each.
+``--smoke``: 2 groups of 2, one timed update each; the demo job, one step of 2 prompts x 2.
 """
 
 from __future__ import annotations
@@ -88,7 +96,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=float, default=0,
                         help="the GPU variant: each side's share of a GPU (both actors live at once, "
                              "so 0.5 on a one-GPU machine; 1 needs two GPUs)")
-    args = parse_args(parser, {"groups": 2, "group_size": 2, "repeats": 1})
+    parser.add_argument("--jobs", nargs="*", default=["demo", "smollm2"], choices=["demo", "smollm2"])
+    parser.add_argument("--job-steps", type=int, default=3)
+    args = parse_args(parser, {"groups": 2, "group_size": 2, "repeats": 1, "jobs": ["demo"], "job_steps": 1})
 
     import ray
 
@@ -117,21 +127,27 @@ def main() -> None:
         refs = [GroupRef(ref, a, b, g, 0) for g, a, b in group_bounds(batch)]
         adv = rng.standard_normal(batch.num_rows).astype(np.float32)
         tokens = int(batch.column("response_length").to_numpy().sum())
-        learners = LearnerGroup(LearnerConfig(model_path=model, zero_stage=args.zero_stage,
-                                              micro_batch_tokens=4096), num_learners=1,
-                                num_gpus_per_learner=args.gpus)
+        sides = {packing: LearnerGroup(LearnerConfig(model_path=model, zero_stage=args.zero_stage, packing=packing,
+                                                     micro_batch_tokens=4096), num_learners=1,
+                                       num_gpus_per_learner=args.gpus) for packing in (False, True)}
         plain = ray.remote(PlainTorch).options(num_cpus=1, num_gpus=args.gpus).remote(model, 4096)
-        learners.update(refs, adv)  # warm up both
+        for group in sides.values():  # warm up every side
+            group.update(refs, adv)
         ray.get(plain.update.remote(refs, adv))
-        ds_times, torch_times = [], []
-        for _ in range(args.repeats):
-            ds_times.append(learners.update(refs, adv)["time_s"])
-            torch_times.append(ray.get(plain.update.remote(refs, adv)))
-        learners.shutdown()
+        times: dict = {False: [], True: [], "torch": []}
+        for _ in range(args.repeats):  # alternating, so that a slow moment costs every side alike
+            for packing, group in sides.items():
+                times[packing].append(group.update(refs, adv)["time_s"])
+            times["torch"].append(ray.get(plain.update.remote(refs, adv)))
+        for group in sides.values():
+            group.shutdown()
         ray.shutdown()
-    ds_tps, torch_tps = tokens / min(ds_times), tokens / min(torch_times)
+    ds_tps, torch_tps, packed_tps = (tokens / min(times[k]) for k in (False, "torch", True))
     results = {"tokens": tokens, "deepspeed_tokens_per_s": ds_tps, "torch_tokens_per_s": torch_tps,
-               "deepspeed_over_torch": ds_tps / torch_tps}
+               "deepspeed_over_torch": ds_tps / torch_tps, "packed_tokens_per_s": packed_tps,
+               "packed_over_padded": packed_tps / ds_tps}
+    for job in args.jobs:
+        results |= job_padding(job, args.job_steps, args.smoke)
     if args.json:
         print(json.dumps({k: round(v, 3) for k, v in results.items()} | {"smoke": args.smoke}))
         return
@@ -139,6 +155,36 @@ def main() -> None:
           f"ZeRO-{args.zero_stage}, best of {args.repeats}:")
     print(f"  DeepSpeedLearner {ds_tps:8.0f} tok/s   plain torch {torch_tps:8.0f} tok/s   -> "
           f"{results['deepspeed_over_torch']:.2f} (aim >= 0.8)")
+    print(f"  packed           {packed_tps:8.0f} tok/s   -> {results['packed_over_padded']:.2f} of padded")
+    for job in args.jobs:
+        print(f"  {job}: padding {results[f'padding_fraction_{job}']:.3f} packed (aim <= 0.1), "
+              f"{results[f'padding_fraction_{job}_padded']:.3f} padded; update time packed / padded "
+              f"{results[f'update_s_{job}_packed_over_padded']:.2f}")
+
+
+def job_padding(job: str, steps: int, smoke: bool) -> dict:
+    """A few steps of vs_trl.py's ``job``, packed and padded: the learners' padding fraction and
+    update seconds (means over the steps)."""
+    from benchmarks.vs_trl import JOBS
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    preset, overrides, _, _ = JOBS[job]
+    small = ["training.prompts_per_step=2", "training.group_size=2"] if smoke else []
+    out = {}
+    for packing in (True, False):
+        config = apply_sections(GDPOConfig(), load_preset(preset, [*overrides, *small,
+                                                                   f"training.packing={str(packing).lower()}"]))
+        algo = config.build_algo()
+        try:
+            rows = [algo.train() for _ in range(steps)]
+        finally:
+            algo.stop()
+        suffix = "" if packing else "_padded"
+        out[f"padding_fraction_{job}{suffix}"] = float(np.mean([r["learner/padding_fraction"] for r in rows]))
+        out[f"update_s_{job}{suffix}"] = float(np.mean([r["timing/update_s"] for r in rows]))
+    out[f"update_s_{job}_packed_over_padded"] = out[f"update_s_{job}"] / out[f"update_s_{job}_padded"]
+    return out
 
 
 if __name__ == "__main__":

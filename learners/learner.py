@@ -34,7 +34,8 @@ from gdpo_ray.truncation import Truncation
 from gdpo_ray.weights.digest import VARIANTS
 from learners.backend import LearnerBackend
 from learners.response_logprobs import response_logprobs
-from learners.rows import Row, plan_micro_batches, rows_of
+from learners.packing import packable
+from learners.rows import Row, plan_groups, plan_micro_batches, rows_of
 from learners.shared_prompts import distinct_prompts
 from learners.thread_dial import ThreadDial
 from learners.weight_sender import WeightSender
@@ -53,7 +54,8 @@ class LearnerConfig:
     lr: float = default("lr")
     weight_decay: float = default("weight_decay")
     grad_clip: float | None = default("grad_clip")
-    micro_batch_tokens: int = default("micro_batch_tokens")  # padded tokens per micro-batch
+    micro_batch_tokens: int = default("micro_batch_tokens")  # tokens per micro-batch (real ones when packed)
+    packing: bool = default("packing")  # rows end to end, no padding (learners/packing.py), where the model can
     mini_batches: int = default("mini_batches")  # optimizer steps per epoch over a batch
     epochs: int = default("num_epochs")
     temperature: float = default("temperature")  # logits / T, as in the rollouts
@@ -143,6 +145,7 @@ class Learner(LearnerBackend):
         self.wrap(model)
         self.ref = None
         self._fused: dict[int, bool] = {}  # id(model) -> its logprobs through token_logprobs
+        self._tokens: dict[str, int] = {}  # positions the forwards computed, and the real ones among them
         self.sender = WeightSender(self, adapter_only=bool(cfg.lora), variants=tuple(cfg.digest_variants))
         self.channel = None
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
@@ -155,9 +158,22 @@ class Learner(LearnerBackend):
     def _logprobs(self, model, rows: list[Row], want_entropy: bool = False):
         """[B, R] logprobs of the response tokens, the loss mask, their entropy sum
         (``learners.response_logprobs``)."""
+        packed = self._packed(model)
         return response_logprobs(model, rows, device=self.device, temperature=self.config.temperature,
-                                 truncation=self.config.truncation, shared=self._prompt_sharing(model, rows),
-                                 fused=self._fused_head(model), want_entropy=want_entropy)
+                                 truncation=self.config.truncation, packed=packed,
+                                 shared=None if packed else self._prompt_sharing(model, rows),
+                                 fused=self._fused_head(model), want_entropy=want_entropy, tokens=self._tokens)
+
+    def _packed(self, model) -> bool:
+        """Whether ``model``'s forward is packed (``learners/packing.py``)."""
+        return self.config.packing and packable(model)
+
+    def _plan(self, rows: list[Row]) -> list[list[int]]:
+        """The micro-batches: whole groups under the budget of real tokens where the forward is
+        packed, else rows longest first under the budget of padded tokens."""
+        if self._packed(self.engine):
+            return plan_groups(rows, self.config.micro_batch_tokens)
+        return plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], self.config.micro_batch_tokens)
 
     def _prompt_sharing(self, model, rows: list[Row]) -> tuple[list[np.ndarray], np.ndarray] | None:
         """``distinct_prompts`` of the rows where the forward runs each distinct prompt once
@@ -218,6 +234,7 @@ class Learner(LearnerBackend):
         old = None if fresh else self._old_logprobs(rows)
         rng = np.random.default_rng([cfg.seed, self.step])  # the same mini-batch split on every rank
         history, tally = [], Tally()
+        self._tokens = {}
         self._version = version
         for _ in range(cfg.epochs):
             for mb in np.array_split(rng.permutation(len(rows)), cfg.mini_batches):
@@ -229,6 +246,8 @@ class Learner(LearnerBackend):
         self.dial.apply()
         out = {k: float(np.mean([h[k] for h in history])) for k in history[0]}
         out.update(self._gathered(tally).metrics())
+        computed = self._tokens.get("computed", 0)  # this update's forwards (old logprobs included)
+        out["padding_fraction"] = (computed - self._tokens.get("real", 0)) / computed if computed else 0.0
         out.update(loss_first=history[0]["loss"], loss_last=history[-1]["loss"], threads_end=float(threads_end),
                    thread_turns=float(turns), lr=float(self.param_groups[0]["lr"]),
                    time_s=time.perf_counter() - start,
@@ -238,8 +257,7 @@ class Learner(LearnerBackend):
     def _old_logprobs(self, rows: list[Row]) -> list[np.ndarray]:
         """Logprobs under the policy at the start of the update (the PPO "old" policy)."""
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(rows)
-        plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows],
-                                  self.config.micro_batch_tokens)
+        plan = self._plan(rows)
         n_micro = int(self._all_reduce([len(plan)], "max")[0])  # sharded weights: gathered in every forward
         with self._inference():
             for m in range(n_micro):
@@ -302,7 +320,7 @@ class Learner(LearnerBackend):
 
     def _mini_batch(self, rows: list[Row], old: list[np.ndarray] | None, tally: Tally) -> dict[str, float]:
         torch, cfg = self.torch, self.config
-        plan = plan_micro_batches([len(r.prompt) + len(r.response) for r in rows], cfg.micro_batch_tokens)
+        plan = self._plan(rows)
         tokens, seqs = self._all_reduce([sum(r.sampled_tokens() for r in rows), len(rows)])
         n_micro = int(self._all_reduce([len(plan)], "max")[0])
         # the backends average gradients over ranks: normalize by the global counts / world size

@@ -2,12 +2,15 @@
 distribution the rollouts sampled from where ``generation.truncated_logprobs`` says so
 (``gdpo_ray.truncation``; the sampled token always counts as kept).
 
-Where the model's logits are its head's product (``fused``), the head runs on the positions that
-predict a response token alone, in slices of rows (``learners/token_logprobs.py``): neither a
-prompt's positions nor a short row's padding become [V]-wide logits, and those that do never
-exist whole. Otherwise (ZeRO-3, a head with a scale or soft cap) every position's logits, as the
-model computes them. Rows that share a prompt (``shared``) run it once
-(``learners/shared_prompts.py``).
+The forward: ``packed`` (``learners/packing.py``: rows end to end in lines, each prompt once per
+line, no padding but the lines' ends; any backend, one forward), else rows that share a prompt
+(``shared``) run it once through a cache (``learners/shared_prompts.py``), else one right-padded
+row per rollout. Where the model's logits are its head's product (``fused``), the head runs on the
+positions that predict a response token alone, in slices of rows (``learners/token_logprobs.py``):
+neither a prompt's positions nor a short row's padding become [V]-wide logits, and those that do
+never exist whole. Otherwise (ZeRO-3, a head with a scale or soft cap) every position's logits, as
+the model computes them. ``tokens`` (a dict) adds up the positions the forward computed
+(``computed``) and those that were a prompt's or a response's (``real``).
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ import numpy as np
 
 from gdpo_ray.losses import entropy_from_logits
 from gdpo_ray.truncation import Truncation, narrowed
+from learners.packing import packed_outputs
 from learners.rows import Row
-from learners.shared_prompts import response_outputs
+from learners.shared_prompts import distinct_prompts, response_outputs
 
 #: logits rows per slice of the entropy metric
 ENTROPY_ROWS = 256
 
 
 def response_logprobs(model: Any, rows: list[Row], *, device: Any, temperature: float, truncation: Truncation,
-                      shared: tuple | None, fused: bool, want_entropy: bool = False):
+                      shared: tuple | None, fused: bool, want_entropy: bool = False, packed: bool = False,
+                      tokens: dict | None = None):
     """([B, R] logprobs of the response tokens, the [B, R] loss mask (the tokens the policy
     sampled: a multi-turn rollout's tool turns are out), the entropy sum of the full
     distributions at the sampled tokens (0 unless ``want_entropy``, on the unfused path))."""
@@ -51,9 +56,25 @@ def response_logprobs(model: Any, rows: list[Row], *, device: Any, temperature: 
     def forward():
         return model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(attn).to(device))
 
+    count = tokens if tokens is not None else {}
+    responses = [r.response for r in rows]
+
+    def tally(computed: int, real: int) -> None:
+        count["computed"] = count.get("computed", 0) + computed
+        count["real"] = count.get("real", 0) + real
+
     def at_responses(outputs):  # [N, X]: what predicts each response token, row-major as the mask
+        if packed:  # rows end to end, each distinct prompt once per line
+            out, lay = packed_outputs(model, *distinct_prompts([r.prompt for r in rows]), responses, device, outputs)
+            tally(lay.computed, lay.computed - lay.padded)
+            return out
         if shared is not None:  # each distinct prompt forwarded once
-            return response_outputs(model, *shared, [r.response for r in rows], device, outputs)
+            firsts, _ = shared
+            rest = max(max(len(r) for r in responses) - 1, 0)
+            tally(len(firsts) * max(len(f) for f in firsts) + len(rows) * rest,
+                  sum(len(f) for f in firsts) + sum(max(len(r) - 1, 0) for r in responses))
+            return response_outputs(model, *shared, responses, device, outputs)
+        tally(int(attn.size), int(attn.sum()))
         return outputs(forward)[keep_t]
 
     if fused:  # the response positions' [N, V] logits in slices only

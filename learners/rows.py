@@ -59,3 +59,35 @@ def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
         else:
             batches.append([i])
     return batches
+
+
+def plan_groups(rows: Sequence[Row], budget: int) -> list[list[int]]:
+    """Row indices per micro-batch of a packed forward (``learners/packing.py``), whose cost is
+    its real tokens: each distinct prompt once plus every response. A group (the rows after one
+    prompt) stays in one micro-batch where it fits the budget: groups largest first, each into the
+    first micro-batch with room; a larger group is split into runs of rows that fit (one row at
+    least)."""
+    groups: dict[bytes, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(np.asarray(r.prompt, np.int64).tobytes(), []).append(i)
+    units = []  # (cost, prompt length, rows): a group, or a run of an oversized one
+    for members in groups.values():
+        prompt = len(rows[members[0]].prompt)
+        run, cost = [], prompt
+        for i in members:
+            n = len(rows[i].response)
+            if run and cost + n > budget:
+                units.append((cost, prompt, run))
+                run, cost = [], prompt
+            run.append(i)
+            cost += n
+        units.append((cost, prompt, run))
+    batches: list[tuple[int, list[int]]] = []  # (cost, rows)
+    for cost, _, members in sorted(units, key=lambda u: -u[0]):
+        for b, (used, taken) in enumerate(batches):
+            if used + cost <= budget:
+                batches[b] = (used + cost, taken + members)
+                break
+        else:
+            batches.append((cost, list(members)))
+    return [sorted(taken) for _, taken in batches]

@@ -159,7 +159,7 @@ class GDPOConfig(AlgorithmConfig):
         return LearnerConfig(
             model_path=self.model_path, backend=self.backend, zero_stage=self.zero_stage, precision=self.precision,
             lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip,
-            micro_batch_tokens=self.micro_batch_tokens, mini_batches=self.mini_batches,
+            micro_batch_tokens=self.micro_batch_tokens, packing=self.packing, mini_batches=self.mini_batches,
             epochs=self.num_epochs, temperature=self.temperature, gradient_checkpointing=self.gradient_checkpointing,
             loss=PolicyLossConfig.of(self), truncation=Truncation.of(self), seed=self.seed or 0, num_threads=self.num_threads,
             threads_alone=self.threads_alone, lora=self.lora,

@@ -110,23 +110,27 @@ def test_gradient_checkpointing_computes_the_same_update(ray_cluster, tiny_model
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_rows_sharing_a_prompt_get_the_loss_and_gradient_of_their_own_forwards(ray_cluster, tiny_model_dir,
-                                                                             fixed_batch, stage):
-    """The batch's 16 rows share one prompt: the shared forward (learners/shared_prompts.py) and
-    the plain one (gradient checkpointing turns sharing off) give the same loss and gradient norm;
-    the two differ by float rounding only."""
+def test_packed_shared_and_padded_forwards_give_one_loss_and_gradient(ray_cluster, tiny_model_dir, fixed_batch,
+                                                                      stage):
+    """The batch's 16 rows share one prompt: the packed forward (learners/packing.py, the
+    default), the shared one through a cache (learners/shared_prompts.py, packing off) and the
+    plain padded one (gradient checkpointing turns sharing off) give the same loss and gradient
+    norm, up to float rounding; the packed one computes the fewest padded positions."""
     metrics = []
-    for checkpointing in (False, True):
-        group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, epochs=1, gradient_checkpointing=checkpointing),
-                             num_learners=1)
+    for packing, checkpointing in ((True, False), (False, False), (False, True)):
+        group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, epochs=1, packing=packing,
+                                    gradient_checkpointing=checkpointing), num_learners=1)
         try:
             shares = ray_cluster.get(group.learners[0].__ray_call__.remote(shares_prompts, fixed_batch))
             assert shares is not checkpointing
             metrics.append(group.update(fixed_batch, ADV))
         finally:
             group.shutdown()
-    for key in ("loss_first", "pg_loss", "entropy", "grad_norm"):
-        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=1e-7), key
+    for m in metrics[1:]:
+        for key in ("loss_first", "pg_loss", "entropy", "grad_norm"):
+            assert metrics[0][key] == pytest.approx(m[key], rel=1e-5, abs=1e-7), key
+    packed, shared, plain = (m["padding_fraction"] for m in metrics)
+    assert packed < 0.1 and packed < shared and packed < plain, (packed, shared, plain)
 
 
 def shares_prompts(learner, groups) -> bool:
@@ -186,15 +190,17 @@ def _learner_logprobs(learner, groups):
     return [logp[i, :len(r.response)].detach().numpy() for i, r in enumerate(rows)], mask.sum().item()
 
 
-@pytest.mark.parametrize("temperature, stage", [(1.0, 2), (0.7, 2), (0.7, 3)])
+@pytest.mark.parametrize("temperature, stage, packing", [(1.0, 2, True), (0.7, 2, True), (0.7, 3, True),
+                                                         (0.7, 2, False), (0.7, 3, False)])
 def test_learner_logprobs_are_a_plain_forward_pass_per_row(ray_cluster, tiny_model_dir, fixed_batch, temperature,
-                                                           stage):
+                                                           stage, packing):
     """The batched logprobs equal each row's own forward pass: through the LM head in slices
     (learners/token_logprobs.py), or under ZeRO-3 (a partitioned head) the plain path."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    learners = LearnerGroup(config(tiny_model_dir, zero_stage=stage, temperature=temperature), num_learners=1)
+    learners = LearnerGroup(config(tiny_model_dir, zero_stage=stage, temperature=temperature, packing=packing),
+                            num_learners=1)
     try:
         got, tokens = ray_cluster.get(learners.learners[0].__ray_call__.remote(_learner_logprobs, fixed_batch))
         fused = ray_cluster.get(learners.learners[0].__ray_call__.remote(lambda lr: list(lr._fused.values())))

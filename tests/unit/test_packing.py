@@ -1,0 +1,96 @@
+"""The update's packed forward (learners/packing.py): rows end to end in lines, each prompt once
+per line, attention confined by the mask, gives every response token the values and gradients of
+one plain forward of prompt + response per row, on the model families tested, with little padding."""
+
+import numpy as np
+import pytest
+import torch
+
+from learners.packing import layout, lines_of, packable, packed_outputs
+from learners.shared_prompts import distinct_prompts
+from learners.token_logprobs import head_input, output_embedding
+from tests.unit.test_shared_prompts import _plain
+
+
+def _models():
+    import transformers
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return {"qwen2": lambda: transformers.Qwen2Config(**small),
+            "llama": lambda: transformers.LlamaConfig(**small),
+            "gpt2": lambda: transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+            "mistral-sliding": lambda: transformers.MistralConfig(**small, sliding_window=6),
+            "qwen2-mixed-layers": lambda: transformers.Qwen2Config(**small, use_sliding_window=True, sliding_window=5,
+                                                                   max_window_layers=1)}
+
+
+def _batch(rng):
+    groups = [rng.integers(1, 64, n) for n in (5, 9, 3)]
+    prompts = [groups[i % 3] for i in range(12)]  # groups of 4 rows, interleaved
+    responses = [rng.integers(1, 64, int(n)) for n in rng.integers(1, 13, 12)]
+    responses[4] = np.zeros(0, np.int64)  # an aborted sample
+    responses[7] = rng.integers(1, 64, 1)
+    return prompts, responses
+
+
+@pytest.mark.parametrize("arch", list(_models()))
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("line_tokens", [1024, 16])
+def test_every_response_token_gets_the_plain_forward_s_values_and_gradients(arch, attn, line_tokens):
+    import transformers
+
+    torch.manual_seed(0)
+    config = _models()[arch]()
+    config._attn_implementation = attn
+    model = transformers.AutoModelForCausalLM.from_config(config).train()
+    if arch == "qwen2-mixed-layers":
+        assert set(model.config.layer_types) == {"full_attention", "sliding_attention"}
+    assert packable(model)
+    prompts, responses = _batch(np.random.default_rng(1))
+    head = output_embedding(model)
+    for through in ("logits", "head input"):
+        def outputs(forward):
+            return forward().logits if through == "logits" else head_input(model, head, forward)
+
+        firsts, row_prompt = distinct_prompts(prompts)
+        packed, lay = packed_outputs(model, firsts, row_prompt, responses, "cpu", outputs, line_tokens)
+        plain = _plain(model, prompts, responses, outputs)
+        assert packed.shape == plain.shape == (sum(len(r) for r in responses), plain.shape[-1])
+        torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+        weights = torch.randn(plain.shape)
+        params = [p for p in model.parameters() if p.requires_grad]
+        want = torch.autograd.grad((plain * weights).sum(), params, allow_unused=True)
+        got = torch.autograd.grad((packed * weights).sum(), params, allow_unused=True)
+        for w, g in zip(want, got):
+            if w is None:
+                assert g is None or not g.any()
+                continue
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
+        assert (lay.ids.shape[0] > 1) == (line_tokens == 16)
+
+
+def test_lines_hold_each_prompt_once_and_balance():
+    prompts = [np.arange(10), np.arange(4)]
+    responses = [np.arange(n) for n in (11, 6, 21, 3, 8, 8)]
+    row_prompt = np.array([0, 0, 0, 1, 1, 1])
+    # costs: prompt 10 + 10 + 5 + 20 = 45; prompt 4 + 2 + 7 + 7 = 20; total 65
+    assert lines_of(prompts, responses, row_prompt, 1024) == [[(0, [0, 1, 2]), (1, [3, 4, 5])]]
+    # 40 tokens a line: 2 lines, a target of 32.5; row 2 (20) would overflow the first by more
+    # than half, so it starts a line with its prompt again; the second group's prompt would too
+    assert lines_of(prompts, responses, row_prompt, 40) == [[(0, [0, 1])], [(0, [2])], [(1, [3, 4, 5])]]
+    lay = layout(prompts, responses, row_prompt, 40)
+    assert lay.ids.shape == (3, 30) and lay.padded == 90 - 75  # lines of 25, 30 and 20 tokens
+    assert lay.ids[0, :10].tolist() == list(range(10)) and lay.positions[0, 10:20].tolist() == list(range(10, 20))
+    assert lay.at[:3].tolist() == [9, 10, 11]  # row 0: its prompt's last position, then its own
+    assert lay.at[17:19].tolist() == [30 + 9, 30 + 10]  # row 2 (after 11 + 6 tokens), on the second line
+
+
+def test_padding_of_the_demo_shape_is_small():
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 100, int(n)) for n in rng.integers(24, 32, 16)]
+    responses = [rng.integers(1, 100, int(n)) for n in np.clip(rng.geometric(1 / 15, 128), 1, 40)]
+    row_prompt = np.repeat(np.arange(16), 8)
+    lay = layout(prompts, responses, row_prompt)
+    assert lay.padded / lay.computed < 0.05
