@@ -14,9 +14,10 @@ calls them.
 
 Every engine generates ``Sample``s: the response token ids (up to and including the stop
 token), the log-probability of each sampled token under the distribution sampled from
-(log_softmax(logits / temperature); top-p/top-k are recorded in the group metadata, not
-renormalized into the logprobs, so that learners compute theirs the same way), and the finish
-reason. A streaming engine's are ``VersionedSample``s, which add the policy version that sampled
+(log_softmax(logits / temperature), renormalized over the tokens min-p/top-k/top-p kept, in
+that order, where ``SamplingParams.truncated_logprobs`` is True, its default, else over the full
+vocabulary: ``gdpo_ray.truncation``, which the learners apply the same way; an engine that cannot
+record the one asked for refuses it in ``check_sampling``), and the finish reason. A streaming engine's are ``VersionedSample``s, which add the policy version that sampled
 each token.
 
 ``ENGINES`` names the built-in engines' classes per mode (``hf``: batched; ``vllm``: batched and
@@ -96,12 +97,16 @@ class EngineTraits:
     - ``model_logits``: it holds its model as a torch module (``engine.model``, on
       ``engine.device``) whose forward gives logits, which a judge's ``scores`` decoding reads
       (``actors.judge_pool``).
+    - ``kv_reuse``: its ``generate`` takes ``keys=`` (per sample, the rollout it continues) and
+      keeps each sample's KV for that rollout's next turn, and ``release(keys)`` forgets them
+      (a batched call's turn loop passes them for multi-turn rollouts: ``actors.samplers.Round``).
     """
 
     exact_dtype: bool = False
     default_dtype: str = "auto"
     adapter_slots: str | None = None
     model_logits: bool = False
+    kv_reuse: bool = False
 
 
 def traits_of(cls: Any) -> EngineTraits:

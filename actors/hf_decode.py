@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from actors.kv_store import RowKV
 from gdpo_ray.causal_lm import cached_call, new_cache
 from gdpo_ray.truncation import Truncation, narrowed
 
@@ -47,22 +48,35 @@ def draw(probs: Any, generator: Any) -> Any:
 def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature: float,
            max_tokens: int, eos_ids: Sequence[int], pad_id: int, generator: Any,
            truncation: Truncation = Truncation(), truncated_logprobs: bool = True,
-           stop_check: StopCheck | None = None) -> list[tuple[np.ndarray, np.ndarray, str]]:
+           stop_check: StopCheck | None = None, reused: Sequence[tuple[int, RowKV] | None] | None = None,
+           kept: list | None = None) -> list[tuple[np.ndarray, np.ndarray, str]]:
     """n samples of each prompt: (token ids, their logprobs under logits / temperature truncated
     by ``truncation``, or untruncated where ``truncated_logprobs`` is False, the finish reason)
     per sample, prompt-major (prompt i's samples are rows i*n .. i*n+n-1).
     A sample ends with an EOS token (included; reason "stop"), when ``stop_check`` says so
-    (reason "stop"; the caller cuts it at the stop string), or after ``max_tokens`` ("length")."""
+    (reason "stop"; the caller cuts it at the stop string), or after ``max_tokens`` ("length").
+
+    ``reused`` (n = 1): per prompt, the KV of its first m tokens from an earlier call (``(m,
+    per layer (keys, values) [heads, m, dim])``, ``actors.kv_store``) or None: only the rest is
+    prefilled. ``kept``: a list that receives, per sample, (its prompt's tokens and its own but
+    the last, their KV) for a later call to reuse."""
     import torch
 
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left-padded
-        ids[i, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if reused is not None and n != 1:
+        raise ValueError("reused KV is for one sample per prompt (n = 1)")
+    done = [0 if r is None else r[0] for r in (reused or [None] * len(prompts))]
+    held = max(done)  # the reused KV's columns, each row's right-aligned
+    width = held + max(len(p) - m for p, m in zip(prompts, done))
+    ids = torch.full((len(prompts), width - held), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    positions = torch.zeros_like(ids)
+    for i, (p, m) in enumerate(zip(prompts, done)):  # left-padded: [pad, reused | pad, the rest]
+        rest = len(p) - m
+        ids[i, ids.shape[1] - rest:] = torch.as_tensor(list(p[m:]), dtype=torch.long)
+        mask[i, held - m:held] = 1
+        mask[i, width - rest:] = 1
+        positions[i, ids.shape[1] - rest:] = torch.arange(m, len(p))
     rows_n = len(prompts) * n
     # the attention mask of every step at once: the prompt's, then the new tokens'
     attention = torch.ones((rows_n, width + max_tokens), dtype=torch.long)
@@ -73,8 +87,11 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
     ends = np.full(rows_n, max_tokens)
     reasons = ["length"] * rows_n
     eos = torch.as_tensor(list(eos_ids), device=device)
+    taken: dict = {}  # output row -> its KV (``kept``)
     cache = new_cache(model)
     with torch.inference_mode():
+        if held:
+            _fill(cache, reused, done, held, device)
         logits = _last_logits(model, ids.to(device), mask.to(device), positions.to(device), cache)
         if n > 1:
             cache.batch_repeat_interleave(n)
@@ -84,9 +101,9 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
         position = positions[:, -1:].repeat_interleave(n, 0).to(device)
         for step in range(max_tokens):
             scores = logits.float() / temperature
-            kept = narrowed(scores, truncation)
-            lp = torch.log_softmax(kept if truncated_logprobs else scores, dim=-1)
-            token = draw(lp.exp() if truncated_logprobs or not truncation.active else kept.softmax(dim=-1),
+            cut = narrowed(scores, truncation)
+            lp = torch.log_softmax(cut if truncated_logprobs else scores, dim=-1)
+            token = draw(lp.exp() if truncated_logprobs or not truncation.active else cut.softmax(dim=-1),
                          generator)
             chosen = lp.gather(1, token[:, None])[:, 0]
             out = where[live]
@@ -102,6 +119,8 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
             if step == max_tokens - 1 or not live.any():
                 break
             if live.sum() <= len(live) // 2:  # the finished rows leave the batch
+                if kept is not None:
+                    _take(cache, attention, where, np.flatnonzero(~live), width, ends, taken)
                 keep = np.flatnonzero(live)
                 index = torch.as_tensor(keep, device=device)
                 cache.batch_select_indices(index)
@@ -109,7 +128,47 @@ def decode(model: Any, prompts: Sequence[Sequence[int]], n: int, *, temperature:
                 where, live = where[keep], np.ones(len(keep), bool)
             position = position + 1
             logits = _last_logits(model, token[:, None], attention[:, :width + step + 1], position, cache)
+        if kept is not None:
+            _take(cache, attention, where, np.arange(len(where)), width, ends, taken)
+    if kept is not None:
+        for r in range(rows_n):
+            prompt = list(prompts[r // n])
+            kept.append((prompt + tokens[r, :max(ends[r] - 1, 0)].tolist(), taken[r]))
     return [(tokens[r, :ends[r]], logprobs[r, :ends[r]], reasons[r]) for r in range(rows_n)]
+
+
+def _fill(cache: Any, reused: Sequence, done: Sequence[int], held: int, device: Any) -> None:
+    """``cache`` holding the reused KV, each row's m columns right-aligned in ``held`` (zeros
+    before them, which the attention mask leaves out)."""
+    import torch
+
+    first = next(r for r in reused if r is not None)[1]
+    for layer, (k0, v0) in enumerate(first):
+        keys = torch.zeros((len(done), k0.shape[0], held, k0.shape[-1]), dtype=k0.dtype, device=device)
+        values = torch.zeros((len(done), v0.shape[0], held, v0.shape[-1]), dtype=v0.dtype, device=device)
+        for i, r in enumerate(reused):
+            if r is not None:
+                m, kv = r
+                keys[i, :, held - m:] = kv[layer][0]
+                values[i, :, held - m:] = kv[layer][1]
+        cache.update(keys, values, layer)
+
+
+def _take(cache: Any, attention: Any, where: np.ndarray, rows: np.ndarray, width: int, ends: np.ndarray,
+          taken: dict) -> None:
+    """Into ``taken`` (output row -> per layer (keys, values)): the KV of batch rows ``rows``:
+    the prompt's columns the mask keeps, then those of the row's tokens fed (all but its last)."""
+    import torch
+
+    for b in rows:
+        r = int(where[b])
+        if r in taken:
+            continue
+        fed = max(int(ends[r]) - 1, 0)
+        columns = torch.cat([torch.nonzero(attention[b, :width], as_tuple=True)[0],
+                             torch.arange(width, width + fed, device=attention.device)])
+        taken[r] = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
+                    for layer in cache.layers]
 
 
 def _last_logits(model: Any, ids: Any, mask: Any, positions: Any, cache: Any) -> Any:

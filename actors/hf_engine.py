@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from actors.engines import EngineTraits, Sample, SamplingParams
+from actors.kv_store import KVStore, plain_cache
+from gdpo_ray.causal_lm import new_cache
 
 ADAPTER = "default"  # PEFT's name of the one adapter
 
@@ -26,7 +28,7 @@ class HFEngine:
     distribution or (``truncated_logprobs`` off) of the full one."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
-    traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True)
+    traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True, kv_reuse=True)
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
@@ -71,18 +73,37 @@ class HFEngine:
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._calls = 0
         self._seed = seed
+        self.kv = KVStore()  # rows' KV kept across a rollout's turns (actors.kv_store)
+        self._reuse = plain_cache(new_cache(self.model))
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
-                 logprobs: bool = True) -> list[list[Sample]]:
-        """(``logprobs`` is for the contract: this engine always records them.)"""
+                 logprobs: bool = True, keys: list | None = None) -> list[list[Sample]]:
+        """(``logprobs`` is for the contract: this engine always records them.) ``keys``: per
+        sample (prompt-major), the rollout it continues, or None: a sample's KV is kept under its
+        key, and a prompt whose key kept KV before prefills only what follows it (``kv_reuse``,
+        ``actors.kv_store``; ``release`` forgets them)."""
         from actors.hf_decode import decode
 
         self._calls += 1
         self.generator.manual_seed(self._seed * 1_000_003 + self._calls)
+        keys = keys if self._reuse and keys is not None and any(k is not None for k in keys) else None
+        if keys is not None and n > 1 and any(k in self.kv for k in keys):  # each sample its own KV
+            flat = self.generate([p for p in prompt_token_ids for _ in range(n)], 1, sampling, logprobs, keys)
+            return [[group[0] for group in flat[i * n:(i + 1) * n]] for i in range(len(prompt_token_ids))]
+        reused = None
+        if keys is not None and n == 1:
+            reused = [None if k is None else self.kv.take(k, p) for k, p in zip(keys, prompt_token_ids)]
+            self.kv.reused_tokens += sum(r[0] for r in reused if r is not None)
+        self.kv.prefilled_tokens += sum(map(len, prompt_token_ids)) - sum(r[0] for r in reused or [] if r)
+        kept = [] if keys is not None else None
         rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature,
                       truncation=sampling.truncation, truncated_logprobs=sampling.truncated_logprobs,
                       max_tokens=sampling.max_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                      generator=self.generator, stop_check=self._stop_check(sampling.stop))
+                      generator=self.generator, stop_check=self._stop_check(sampling.stop),
+                      reused=reused, kept=kept)
+        for key, (tokens, kv) in zip(keys or [], kept or []):
+            if key is not None:
+                self.kv.put(key, tokens, kv)
         samples = []
         for tokens, lps, reason in rows:
             end = _stop_string_end(self.tokenizer, tokens.tolist(), sampling.stop) if sampling.stop else None
@@ -104,6 +125,10 @@ class HFEngine:
 
         return check
 
+    def release(self, keys: Iterable[Any]) -> None:
+        """Forget the KV kept for these rollouts (they ended)."""
+        self.kv.release(keys)
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """New weights by reference, never written in place: a tensor already on the right
         device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
@@ -112,6 +137,7 @@ class HFEngine:
         under the names PEFT saves them with."""
         import warnings
 
+        self.kv.clear()  # KV of the old weights
         params = self._held()
         with self.torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # as_tensor of a read-only buffer

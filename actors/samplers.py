@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 
-from actors.engines import Sample, SamplingParams
+from actors.engines import Sample, SamplingParams, traits_of
+
+_ROUNDS = itertools.count()  # rounds' scopes: the keys of their rollouts' kept KV
 
 
 class Round:
@@ -33,21 +36,29 @@ class Round:
 
     def __init__(self, engine: Any, live: int) -> None:
         self.engine, self.live = engine, live
-        self.waiting: list[tuple[int, list[int], SamplingParams, bool, asyncio.Future]] = []
+        self.waiting: list[tuple[int, list[int], SamplingParams, bool, asyncio.Future, bool]] = []
+        self.reuse = traits_of(engine).kv_reuse  # (an instance's, a wrapper's forwarded)
+        self.scope = next(_ROUNDS)  # keys of this round's rollouts are (scope, index)
+        self.kept: set[int] = set()
 
     async def sample(self, index: int, tokens: list[int], sampling: SamplingParams, logprobs: bool = True,
-                     first: bool = False, entered: Callable[[], None] = lambda: None) -> Sample:
+                     first: bool = False, entered: Callable[[], None] = lambda: None, keep: bool = False) -> Sample:
         """The turn of rollout ``index`` (``first``: its group's first request, which a batched
         call need not admit: no push loads while it generates); ``entered()`` is called as the
-        request joins the round."""
+        request joins the round; ``keep``: the rollout will ask again (multi-turn), so an engine
+        that can keeps its KV for that turn (``EngineTraits.kv_reuse``)."""
         future = asyncio.get_running_loop().create_future()
-        self.waiting.append((index, tokens, sampling, logprobs, future))
+        self.waiting.append((index, tokens, sampling, logprobs, future, keep))
         entered()
         self._dispatch()
         return await future
 
-    def leave(self) -> None:
+    def leave(self, index: int | None = None) -> None:
+        """Rollout ``index`` asks no more (the engine forgets its KV)."""
         self.live -= 1
+        if index in self.kept:
+            self.kept.discard(index)
+            self.engine.release([(self.scope, index)])
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -55,20 +66,25 @@ class Round:
         if not self.waiting or len(self.waiting) < self.live:
             return
         waiting, self.waiting = sorted(self.waiting, key=lambda w: w[0]), []
+        keys = None
+        if self.reuse and any(w[5] for w in waiting):
+            keys = [(self.scope, w[0]) if w[5] else None for w in waiting]
+            self.kept.update(w[0] for w in waiting if w[5])
         try:
             samples = self._generate([w[1] for w in waiting], waiting[0][2], any(w[3] for w in waiting),
-                                     max(w[2].max_tokens for w in waiting))
+                                     max(w[2].max_tokens for w in waiting), keys)
         except BaseException as err:  # noqa: BLE001 - every rollout of the round hears of it
-            for *_, future in waiting:
-                future.set_exception(err)
+            for w in waiting:
+                w[4].set_exception(err)
             return
-        for (*_, future), sample in zip(waiting, samples):
-            future.set_result(sample)
+        for w, sample in zip(waiting, samples):
+            w[4].set_result(sample)
 
     def _generate(self, contexts: Sequence[list[int]], sampling: SamplingParams, logprobs: bool,
-                  room: int) -> list[Sample]:
+                  room: int, keys: list | None = None) -> list[Sample]:
         """One engine call for ``contexts`` (in order): runs of one context all of one length are
-        asked as ``n`` samples of it (their prompt prefilled once), anything else one each."""
+        asked as ``n`` samples of it (their prompt prefilled once), anything else one each;
+        ``keys`` (per context, an engine with ``kv_reuse``) go along."""
         import dataclasses
 
         runs: list[list[int]] = []
@@ -80,7 +96,8 @@ class Round:
         n = runs[0][1] if len({count for _, count in runs}) == 1 else 1
         unique = [context for context, _ in runs] if n > 1 else list(contexts)
         sampling = dataclasses.replace(sampling, max_tokens=room)
-        out = self.engine.generate(unique, n, sampling, logprobs=logprobs)
+        extra = {} if keys is None else {"keys": keys}
+        out = self.engine.generate(unique, n, sampling, logprobs=logprobs, **extra)
         return [sample for group in out for sample in group]
 
 
@@ -140,8 +157,9 @@ class StreamingSampler:
         return self
 
     async def sample(self, index: int, tokens: list[int], sampling: SamplingParams, logprobs: bool = True,
-                     first: bool = False, entered: Callable[[], None] = lambda: None) -> Sample:
-        """One request. A group's first is admitted again (``admit``: it may have waited while
+                     first: bool = False, entered: Callable[[], None] = lambda: None, keep: bool = False) -> Sample:
+        """One request (vLLM's prefix cache finds a multi-turn rollout's earlier turns: ``keep``
+        asks nothing more). A group's first is admitted again (``admit``: it may have waited while
         pushes arrived) and takes its version as it enters the engine (``entered()``)."""
         if first:
             await self.admit()
@@ -149,7 +167,7 @@ class StreamingSampler:
             entered()
             return await self.engine.sample(tokens, sampling, logprobs)
 
-    def leave(self) -> None:
+    def leave(self, index: int | None = None) -> None:
         """(Nothing waits for a rollout that ends.)"""
 
     async def load(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:

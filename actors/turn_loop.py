@@ -82,7 +82,7 @@ class TurnLoop:
             while r.state != DONE:
                 r.state = await self.handlers[r.state](r)
         finally:
-            self.sampler.leave()  # a round no longer waits for its turns
+            self.sampler.leave(r.key)  # a round no longer waits for its turns (nor keeps its KV)
 
     async def pending(self, r: Rollout) -> str:
         if self.tools is not None:
@@ -98,7 +98,7 @@ class TurnLoop:
         room = dataclasses.replace(self.sampling, max_tokens=budget - len(t.tokens))
         sample = await self.sampler.sample(r.key, r.prompt_ids + t.tokens, room, self.logprobs,
                                            first=r.group is not None and r.group[0] is None,
-                                           entered=lambda: self.entered(r))
+                                           entered=lambda: self.entered(r), keep=self.tools is not None)
         if not self.logprobs:
             sample = dataclasses.replace(sample, logprobs=[0.0] * len(sample.token_ids))
         step = take_turn(t, sample, budget, self.tools.max_turns if self.tools else 1, self.tokenizer)

@@ -77,6 +77,10 @@ class TimedEngine:
 
     def __init__(self, engine) -> None:
         self.engine, self.tokenizer, self.busy_s = engine, engine.tokenizer, 0.0
+        self.traits = getattr(engine, "traits", None)  # kv_reuse: the engine keeps KV across turns
+
+    def release(self, keys) -> None:
+        self.engine.release(keys)
 
     def generate(self, *args, **kwargs):
         start = time.perf_counter()

@@ -8,12 +8,13 @@ against padded ones, and the padding of real jobs.
    (``training.packing: false``), then packed (``learners/packing.py``). Keys:
    ``deepspeed_over_torch`` (aim >= 0.8), ``packed_over_padded`` (tokens/s, packed over padded).
 2. ``--jobs demo smollm2``: a few steps of each job (vs_trl.py's: the demo preset; SmolLM2-135M
-   on smollm2_math's job), packed and padded: ``padding_fraction_<job>`` (padded positions over
+   on smollm2_math's job), packed and padded, means over the steps after the first:
+   ``padding_fraction_<job>`` (padded positions over
    all the learner computed, its forwards of old logprobs included; aim <= 0.1),
    ``padding_fraction_<job>_padded``, ``update_s_<job>_packed_over_padded``.
 
     python benchmarks/learner.py [--json] [--groups 8] [--group-size 8] [--zero-stage 2] [--gpus 0.5]
-        [--jobs demo smollm2] [--job-steps 3] [--smoke]
+        [--jobs demo smollm2] [--job-steps 4] [--smoke]
 
 ``--smoke``: 2 groups of 2, one timed update each; the demo job, one step of 2 prompts x 2.
 """
@@ -97,7 +98,7 @@ def main() -> None:
                         help="the GPU variant: each side's share of a GPU (both actors live at once, "
                              "so 0.5 on a one-GPU machine; 1 needs two GPUs)")
     parser.add_argument("--jobs", nargs="*", default=["demo", "smollm2"], choices=["demo", "smollm2"])
-    parser.add_argument("--job-steps", type=int, default=3)
+    parser.add_argument("--job-steps", type=int, default=4, help="steps per job and side (the first not counted)")
     args = parse_args(parser, {"groups": 2, "group_size": 2, "repeats": 1, "jobs": ["demo"], "job_steps": 1})
 
     import ray
@@ -180,9 +181,9 @@ def job_padding(job: str, steps: int, smoke: bool) -> dict:
             rows = [algo.train() for _ in range(steps)]
         finally:
             algo.stop()
-        suffix = "" if packing else "_padded"
-        out[f"padding_fraction_{job}{suffix}"] = float(np.mean([r["learner/padding_fraction"] for r in rows]))
-        out[f"update_s_{job}{suffix}"] = float(np.mean([r["timing/update_s"] for r in rows]))
+        suffix, steady = "" if packing else "_padded", rows[1:] or rows  # (the first step warms up)
+        out[f"padding_fraction_{job}{suffix}"] = float(np.mean([r["learner/padding_fraction"] for r in steady]))
+        out[f"update_s_{job}{suffix}"] = float(np.mean([r["timing/update_s"] for r in steady]))
     out[f"update_s_{job}_packed_over_padded"] = out[f"update_s_{job}"] / out[f"update_s_{job}_padded"]
     return out
 

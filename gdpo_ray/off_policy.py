@@ -17,7 +17,10 @@ policy sampled (M_it = 1; a tool turn's are not):
     outlier [outlier_low, outlier_high]: a rollout with a sampled token whose rho_it lies outside
            leaves the loss (w = 0 on all its tokens), whatever the level and mode.
 
-A sequence unit's weight is each of its tokens'. Weights carry no gradient: the loss's term of
+A sequence unit's weight is each of its tokens'. A sampled token whose ratio is not a number (a
+NaN logprob) leaves the loss (its rollout, at the sequence levels), counted as masked; a token
+outside the mask is never read. The bounds keep the ratio 1 (``cap >= 1``, ``low <= 1 <= high``,
+the outlier bounds likewise): a token the current policy sampled always counts. Weights carry no gradient: the loss's term of
 token t is ``pg_it * w_it`` (under GSPO, ``training.ratio_level: sequence``, a rollout's one term
 is multiplied by the mean of its sampled tokens' weights). A token that leaves the loss still
 counts in ``loss_agg``'s denominators: masking removes its term, it does not scale the others up.
@@ -60,7 +63,7 @@ class OffPolicy:
     def parse(cls, value: Any, where: str = "training.off_policy") -> "OffPolicy":
         """A mapping of these fields, ``"none"`` / null (no correction), or an ``OffPolicy``."""
         if isinstance(value, OffPolicy):
-            return value
+            return value._checked(where)
         if value is None or value == "none":
             return cls(mode="none", cap=None)
         if not isinstance(value, Mapping):
@@ -92,9 +95,9 @@ class OffPolicy:
                                   or v < 0):
                 raise ValueError(f"{where}.{name} must be a number >= 0 (or null); got {v!r}")
         if self.mode == "truncate":
-            if self.cap is None or not self.cap > 0:
-                raise ValueError(f"{where}: mode truncate needs cap > 0 (the weight's bound, e.g. 2); "
-                                 f"got {self.cap!r}")
+            if self.cap is None or not self.cap >= 1:
+                raise ValueError(f"{where}: mode truncate needs cap >= 1 (the weight's bound, e.g. 2: below 1 "
+                                 f"it would scale down tokens sampled by the current policy); got {self.cap!r}")
             if self.low is not None or self.high is not None:
                 raise ValueError(f"{where}: low/high are mode mask's bounds; with mode truncate use cap")
         elif self.cap is not None:
@@ -110,6 +113,9 @@ class OffPolicy:
                              (self.outlier_low, self.outlier_high, "outlier_low/outlier_high")):
             if lo is not None and hi is not None and not lo < hi:
                 raise ValueError(f"{where}: {name} must have low < high; got {lo} and {hi}")
+            if (lo is not None and lo > 1) or (hi is not None and hi < 1):
+                raise ValueError(f"{where}: {name} must keep the ratio 1 (low <= 1 <= high): a token the "
+                                 f"current policy sampled has ratio 1, and would leave the loss; got {lo} and {hi}")
         return self
 
     @property
@@ -137,7 +143,10 @@ def correct(old: "torch.Tensor", rollout: "torch.Tensor", mask: "torch.Tensor", 
     with torch.no_grad():
         m = mask.to(torch.bool)
         mf = m.to(old.dtype)
-        log_rho = ((old - rollout) * mf).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        # (where, not a product: a non-finite logprob of a token outside the mask stays outside)
+        log_rho = torch.where(m, old - rollout, torch.zeros_like(old))
+        bad = m & log_rho.isnan()  # a NaN logprob: its token leaves the loss (counted as masked)
+        log_rho = log_rho.nan_to_num(0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
         rho = torch.exp(log_rho)
         if c.level == "token":
             unit = rho
@@ -153,6 +162,9 @@ def correct(old: "torch.Tensor", rollout: "torch.Tensor", mask: "torch.Tensor", 
             beyond = _outside(rho, c.low, c.high)
         else:
             weight, beyond = torch.ones_like(unit), torch.zeros_like(m)
+        weight = torch.where(bad, torch.zeros_like(weight), weight)
+        if c.level != "token":
+            weight = torch.where(bad.any(-1, keepdim=True), torch.zeros_like(weight), weight)
         dropped = (weight == 0) & m
         if c.outlier_low is not None or c.outlier_high is not None:
             outlier = (_outside(rho, c.outlier_low, c.outlier_high) & m).any(-1, keepdim=True)

@@ -34,7 +34,7 @@ from gdpo_ray.truncation import Truncation
 from gdpo_ray.weights.digest import VARIANTS
 from learners.backend import LearnerBackend
 from learners.response_logprobs import response_logprobs
-from learners.packing import packable
+from learners.packing import packs_exactly
 from learners.rows import Row, plan_groups, plan_micro_batches, rows_of
 from learners.shared_prompts import distinct_prompts
 from learners.thread_dial import ThreadDial
@@ -146,6 +146,7 @@ class Learner(LearnerBackend):
         self.ref = None
         self._fused: dict[int, bool] = {}  # id(model) -> its logprobs through token_logprobs
         self._tokens: dict[str, int] = {}  # positions the forwards computed, and the real ones among them
+        self._packs: dict[int, bool] = {}  # id(model) -> its forward packed (learners/packing.py)
         self.sender = WeightSender(self, adapter_only=bool(cfg.lora), variants=tuple(cfg.digest_variants))
         self.channel = None
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
@@ -158,15 +159,20 @@ class Learner(LearnerBackend):
     def _logprobs(self, model, rows: list[Row], want_entropy: bool = False):
         """[B, R] logprobs of the response tokens, the loss mask, their entropy sum
         (``learners.response_logprobs``)."""
-        packed = self._packed(model)
         return response_logprobs(model, rows, device=self.device, temperature=self.config.temperature,
-                                 truncation=self.config.truncation, packed=packed,
-                                 shared=None if packed else self._prompt_sharing(model, rows),
-                                 fused=self._fused_head(model), want_entropy=want_entropy, tokens=self._tokens)
+                                 truncation=self.config.truncation, packed=self._packed(model),
+                                 shared=self._prompt_sharing(model, rows), fused=self._fused_head(model),
+                                 want_entropy=want_entropy, tokens=self._tokens)
 
     def _packed(self, model) -> bool:
-        """Whether ``model``'s forward is packed (``learners/packing.py``)."""
-        return self.config.packing and packable(model)
+        """Whether ``model``'s forward is packed (``learners/packing.py``: its kind, then a probe,
+        once per model; every rank probes at once)."""
+        if not self.config.packing:
+            return False
+        if id(model) not in self._packs:
+            with self._inference():
+                self._packs[id(model)] = packs_exactly(model, self.device)
+        return self._packs[id(model)]
 
     def _plan(self, rows: list[Row]) -> list[list[int]]:
         """The micro-batches: whole groups under the budget of real tokens where the forward is

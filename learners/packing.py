@@ -11,12 +11,16 @@ first token is predicted at its prompt's last position, its token t at its own p
 the values of one plain forward of prompt + response per row, up to float rounding
 (``tests/unit/test_packing.py``, values and gradients, on the model families tested).
 
-Lines hold at most ``LINE_TOKENS`` tokens (a larger group takes a line of its own size; a group's
-rows may be split over lines, each line holding the prompt once), balanced so that the lines of
-a forward are nearly equally long: what is padded is the difference, and the cost of attention,
-computed over every pair of a line's tokens, stays bounded per token. ``packable`` says which
-models take such a mask (transformers' ``sdpa`` and ``eager`` attention with position ids);
-others keep the padded forward.
+A line's attention is computed over every pair of its tokens (CPU attention has no
+variable-length kernel), so a line's length is chosen per forward (``best_line``): the one of
+128, 256, ... 4,096 tokens whose estimated cost is least, each token's projections and MLP
+(8h^2 + 6hi multiply-adds, h the hidden size, i the MLP's) plus 4h per pair of tokens in its
+line; a row longer than that takes a line of its own. The lines are balanced so that what is
+padded is their difference. ``packable`` says which models take such a mask: transformers'
+``sdpa`` and ``eager`` attention with position ids, full or sliding-window layers only (no
+ALiBi, no chunked, recurrent or linear-attention layers), and a probe's packed outputs equal to
+its plain ones (``packs_exactly``); others keep the padded forward, as does a forward whose line
+would exceed ``MAX_LINE_TOKENS`` (its mask alone would be W^2 bytes).
 """
 
 from __future__ import annotations
@@ -28,8 +32,13 @@ import numpy as np
 
 from gdpo_ray.causal_lm import unwrapped
 
-#: tokens per line (the attention of a line is computed over all its pairs)
-LINE_TOKENS = 1024
+#: the line lengths a forward chooses from (``best_line``), and the longest line packed at all
+LINE_CHOICES = (128, 256, 512, 1024, 2048, 4096)
+MAX_LINE_TOKENS = 8192
+LINE_TOKENS = 1024  # where no choice is made (the tests)
+#: the layer kinds a packed mask serves (transformers' names), and config keys of other attention
+LAYER_KINDS = ("full_attention", "sliding_attention")
+OTHER_ATTENTION = ("alibi", "window_size", "attention_layers", "attention_chunk_size")
 #: the attention implementations whose masks are taken as given (a 4-D mask or one per layer kind)
 MASKED_ATTENTION = ("sdpa", "eager")
 
@@ -38,13 +47,64 @@ Outputs = Callable[[Callable[[], Any]], Any]
 
 
 def packable(model: Any) -> bool:
-    """Whether ``model`` takes a packed forward (module docstring)."""
+    """Whether ``model``'s kind takes a packed forward (module docstring; ``packs_exactly`` then
+    probes the model itself)."""
     from gdpo_ray.causal_lm import _parameters
 
     inner = unwrapped(model)
     config = getattr(inner, "config", None)
-    return (config is not None and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION
-            and "position_ids" in _parameters(type(inner)) and not getattr(config, "is_encoder_decoder", False))
+    if config is None or getattr(config, "_attn_implementation", None) not in MASKED_ATTENTION:
+        return False
+    if getattr(config, "is_encoder_decoder", False) or "position_ids" not in _parameters(type(inner)):
+        return False
+    if any(getattr(config, key, None) for key in OTHER_ATTENTION) or \
+            getattr(config, "position_embedding_type", None) == "alibi":
+        return False
+    return set(getattr(config, "layer_types", None) or ()) <= set(LAYER_KINDS)
+
+
+def packs_exactly(model: Any, device: Any) -> bool:
+    """Whether ``model``'s packed forward gives its plain one's logits on a probe (two prompts,
+    four responses, lines of 16 tokens: two responses after one prompt on a line, a prompt on two
+    lines), within float rounding; an error is a no. Called in eval mode without gradient, on
+    every rank at once (sharded weights)."""
+    import torch
+
+    if not packable(model):
+        return False
+    vocab = unwrapped(model).config.vocab_size
+    prompts = [np.arange(5) % vocab + 1, np.arange(3, 7) % vocab + 1]
+    responses = [np.arange(10, 16) % vocab, np.arange(20, 24) % vocab, np.arange(30, 35) % vocab,
+                 np.arange(40, 43) % vocab]
+    row_prompt = np.array([0, 0, 0, 1])
+    try:
+        packed, _ = packed_outputs(model, prompts, row_prompt, responses, device, lambda f: f().logits, 16)
+        plain = []
+        for i, r in enumerate(responses):
+            p = prompts[row_prompt[i]]
+            ids = torch.from_numpy(np.concatenate([p, r])[None]).to(device)
+            plain.append(model(input_ids=ids).logits[0, len(p) - 1:len(p) - 1 + len(r)])
+        plain = torch.cat(plain)
+    except Exception:  # noqa: BLE001 - a forward that cannot take the mask: not packed
+        return False
+    return packed.shape == plain.shape and bool(torch.allclose(packed.float(), plain.float(), rtol=1e-3, atol=1e-3))
+
+
+def best_line(model: Any, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray],
+                row_prompt: np.ndarray) -> int:
+    """The line length of ``LINE_CHOICES`` whose packed forward is estimated cheapest (module
+    docstring): lines x width x (8h^2 + 6hi + 4h width)."""
+    config = unwrapped(model).config
+    h = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 1024
+    i = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * h
+    per_token, per_pair = 8 * h * h + 6 * h * i, 4 * h
+
+    def cost(capacity: int) -> float:
+        lines = lines_of(prompts, responses, row_prompt, capacity)
+        width = max(_sizes(prompts, responses, lines))
+        return len(lines) * width * (per_token + per_pair * width)
+
+    return min(LINE_CHOICES, key=cost)
 
 
 @dataclasses.dataclass
@@ -99,7 +159,7 @@ def lines_of(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], row
         return [line for line in lines if line]
 
     def sizes(lines) -> list[int]:
-        return [sum(len(prompts[u]) + sum(cost(i) for i in rows) for u, rows in line) for line in lines]
+        return _sizes(prompts, responses, lines)
 
     def tightest(wanted: int):  # the smallest capacity that needs no more than `wanted` lines
         low = max([cost(i) + len(prompts[int(row_prompt[i])]) for i in order] + [-(-total // wanted)])
@@ -115,6 +175,12 @@ def lines_of(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], row
     fewest = max(1, -(-total // line_tokens))
     candidates = [tightest(fewest), tightest(fewest + 1)]  # the one with less padding
     return min(candidates, key=lambda lines: len(lines) * max(sizes(lines)) - sum(sizes(lines)))
+
+
+def _sizes(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], lines) -> list[int]:
+    """Each line's tokens: its prompts once, its rows' responses but their last tokens."""
+    return [sum(len(prompts[u]) + sum(max(len(responses[i]) - 1, 0) for i in rows) for u, rows in line)
+            for line in lines]
 
 
 def _first(row_prompt: np.ndarray) -> dict[int, int]:
@@ -174,12 +240,13 @@ def attention_mask(lay: Layout, window: int | None, dtype: Any, device: Any, add
     Boolean (True: sees), or additive (0 / the dtype's minimum) for eager attention."""
     import torch
 
-    block, row, pos = (torch.from_numpy(a).to(device) for a in (lay.block, lay.row, lay.positions))
-    index = torch.arange(block.shape[1], device=device)
-    sees = (block[:, :, None] == block[:, None, :]) & (index[None, None, :] <= index[None, :, None])
+    block, row, pos = (torch.from_numpy(a.astype(np.int32)).to(device) for a in (lay.block, lay.row, lay.positions))
+    index = torch.arange(block.shape[1], device=device, dtype=torch.int32)
+    sees = block[:, :, None] == block[:, None, :]  # [L, W, W] bools, combined in place
+    sees &= index[None, None, :] <= index[None, :, None]
     sees &= (row[:, None, :] == -1) | (row[:, None, :] == row[:, :, None])
     if window is not None:
-        sees &= (pos[:, :, None] - pos[:, None, :]) < window
+        sees &= pos[:, None, :] > pos[:, :, None] - window
     sees = sees[:, None]
     if not additive:
         return sees
@@ -206,12 +273,15 @@ def _masks(model: Any, lay: Layout, device: Any) -> Any:
 
 def packed_outputs(model: Any, prompts: Sequence[np.ndarray], row_prompt: np.ndarray,
                    responses: Sequence[np.ndarray], device: Any, outputs: Outputs,
-                   line_tokens: int = LINE_TOKENS) -> tuple[Any, Layout]:
+                   line_tokens: int = LINE_TOKENS) -> tuple[Any, Layout] | None:
     """([N, X]: for each response token (rows in order, tokens in order), ``outputs`` at the
-    position that predicts it, from one packed forward; the layout, for its padding)."""
+    position that predicts it, from one packed forward; the layout, for its padding), or None
+    where a line would exceed ``MAX_LINE_TOKENS``."""
     import torch
 
     lay = layout(prompts, responses, row_prompt, line_tokens)
+    if lay.ids.shape[1] > MAX_LINE_TOKENS:
+        return None
     ids = torch.from_numpy(lay.ids).to(device)
     positions = torch.from_numpy(lay.positions).to(device)
     mask = _masks(model, lay, device)

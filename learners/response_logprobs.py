@@ -21,7 +21,7 @@ import numpy as np
 
 from gdpo_ray.losses import entropy_from_logits
 from gdpo_ray.truncation import Truncation, narrowed
-from learners.packing import packed_outputs
+from learners.packing import best_line, packed_outputs
 from learners.rows import Row
 from learners.shared_prompts import distinct_prompts, response_outputs
 
@@ -65,9 +65,13 @@ def response_logprobs(model: Any, rows: list[Row], *, device: Any, temperature: 
 
     def at_responses(outputs):  # [N, X]: what predicts each response token, row-major as the mask
         if packed:  # rows end to end, each distinct prompt once per line
-            out, lay = packed_outputs(model, *distinct_prompts([r.prompt for r in rows]), responses, device, outputs)
-            tally(lay.computed, lay.computed - lay.padded)
-            return out
+            firsts, row_prompt = distinct_prompts([r.prompt for r in rows])
+            line = best_line(model, firsts, responses, row_prompt)
+            done = packed_outputs(model, firsts, row_prompt, responses, device, outputs, line)
+            if done is not None:  # (None: a line too long to mask; the paths below)
+                out, lay = done
+                tally(lay.computed, lay.computed - lay.padded)
+                return out
         if shared is not None:  # each distinct prompt forwarded once
             firsts, _ = shared
             rest = max(max(len(r) for r in responses) - 1, 0)

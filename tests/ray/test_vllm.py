@@ -50,6 +50,34 @@ def test_vllm_logprobs_match_a_forward_pass(engine, tiny_model_dir, temperature)
                                    atol=2e-3)
 
 
+@pytest.mark.parametrize("truncation", [{"top_p": 0.8}, {"top_k": 5, "min_p": 0.05}, {"top_p": 0.9, "top_k": 20}])
+def test_vllm_truncated_logprobs_are_the_learners(engine, tiny_model_dir, truncation):
+    """vLLM samples under min-p/top-k/top-p and records its processed logprobs; the learners'
+    logprobs of the same tokens under the same rule (gdpo_ray/truncation.py, packed forward) are
+    the same: the on-policy ratio is 1 token by token (a support's edge token may be cut on one
+    side only, by float rounding: then its renormalization differs a little)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gdpo_ray.truncation import Truncation
+    from learners.response_logprobs import response_logprobs
+    from learners.rows import Row
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype="float32").eval()
+    prompt = engine.tokenizer("What is 2 + 2?")["input_ids"]
+    (samples,) = engine.generate([prompt], 6, SamplingParams(temperature=0.8, max_tokens=12, **truncation))
+    rows = [Row(np.asarray(prompt), np.asarray(s.token_ids), np.asarray(s.logprobs, np.float32), 0.0)
+            for s in samples]
+    with torch.no_grad():
+        ours, mask, _ = response_logprobs(model, rows, device="cpu", temperature=0.8, truncation=Truncation(**truncation),
+                                          shared=None, fused=False, packed=True)
+        full, _, _ = response_logprobs(model, rows, device="cpu", temperature=0.8, truncation=Truncation(),
+                                       shared=None, fused=False, packed=True)
+    diff = np.concatenate([np.abs(ours[i, :len(r.response)].numpy() - r.rollout_logprobs) for i, r in enumerate(rows)])
+    assert np.mean(diff < 2e-3) >= 0.95 and diff.max() < 0.05, diff
+    assert float((full - ours)[mask].mean()) < -1e-3  # the full distribution's are not what vLLM recorded
+
+
 def perturbed(model, seed: int, scale: float):
     """``model`` with seeded gaussian noise of ``scale`` added to every parameter (new weights)."""
     import torch
@@ -62,7 +90,7 @@ def perturbed(model, seed: int, scale: float):
 
 
 def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, ray_cluster, tiny_model_dir):
-    """Evaluation (logprobs=False) takes the paper's top-p 0.95, which training refuses."""
+    """Evaluation (logprobs=False) takes the paper's top-p 0.95 too."""
     from gdpo_ray.run.eval_runner import evaluate
     from gdpo_ray.eval.suites import make_suite
 
@@ -76,9 +104,9 @@ def test_vllm_samples_with_top_p_when_no_logprobs_are_kept(engine, ray_cluster, 
     assert report["counts"] == {"items": 2, "samples": 4, "prompt_too_long": 0} and report["settings"]["engine"] == "vllm"
 
 
-def test_vllm_refuses_truncated_sampling(engine):
-    with pytest.raises(ValueError, match="use top_p=1.0 and top_k=0 with engine=.vllm."):
-        engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9))
+def test_vllm_refuses_truncated_sampling_with_full_logprobs(engine):
+    with pytest.raises(ValueError, match="set truncated_logprobs=true"):
+        engine.generate([[1, 2]], 2, SamplingParams(top_p=0.9, truncated_logprobs=False))
 
 
 def test_vllm_loads_new_weights(engine, tiny_model_dir):

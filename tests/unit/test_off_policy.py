@@ -177,3 +177,32 @@ def test_settings_in_a_config():
     assert PolicyLossConfig.of(config).off_policy == OffPolicy("sequence", "mask", None, 0.5, 2)
     with pytest.raises(TypeError, match=r"is_cap.*training.off_policy.*cap: X"):
         GDPOConfig().training(is_cap=3.0)
+
+
+def test_a_bad_logprob_outside_the_mask_is_never_read_and_a_nan_one_leaves_the_loss():
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    rollout = torch.tensor([[0.1, -float("inf"), float("nan")]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 1]])
+    for option in ({"cap": 2.0}, {"level": "sequence"}, {"mode": "mask", "low": 0.5, "high": 2}, "none"):
+        c = OffPolicy.parse(option)
+        tally = Tally()
+        w = correct(old, rollout, mask, c, tally=tally)
+        assert not w.isnan().any(), option
+        if c.active:
+            assert w[0, 2] == 0 and w[0, 1] == 0 and tally.metrics()["is/masked_frac"] >= 0.5, option
+        loss, _ = policy_loss(old.clone().requires_grad_(), old, torch.tensor([1.0], dtype=torch.float64), mask,
+                              PolicyLossConfig(off_policy=c), rollout_logprobs=rollout)
+        assert loss.isfinite(), option
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"mode": "mask", "high": 0.5}, "must keep the ratio 1"),
+    ({"mode": "mask", "low": 1.5}, "must keep the ratio 1"),
+    ({"outlier_low": 2.0}, "must keep the ratio 1"),
+    ({"cap": 0.5}, "needs cap >= 1"),
+])
+def test_bounds_that_would_drop_on_policy_tokens_are_refused(value, message):
+    with pytest.raises(ValueError, match=message):
+        OffPolicy.parse(value)
+    with pytest.raises(ValueError, match=message):  # an instance built by hand is checked too
+        OffPolicy.parse(OffPolicy(**{"cap": None} | value) if value.get("mode") == "mask" else OffPolicy(**value))

@@ -94,3 +94,50 @@ def test_padding_of_the_demo_shape_is_small():
     row_prompt = np.repeat(np.arange(16), 8)
     lay = layout(prompts, responses, row_prompt)
     assert lay.padded / lay.computed < 0.05
+
+
+def test_a_model_packs_only_where_its_kind_and_a_probe_say_so():
+    import transformers
+
+    from learners.packing import packs_exactly
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_models()["llama"]()).eval()
+    with torch.no_grad():
+        assert packs_exactly(model, "cpu")
+        forward = model.forward
+        model.forward = lambda *a, attention_mask=None, **k: forward(*a, **k)  # a model that ignores the mask
+        assert not packs_exactly(model, "cpu")
+    neo = transformers.GPTNeoConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, window_size=4,
+                                    attention_types=[[["global", "local"], 1]], max_position_embeddings=64)
+    assert not packable(transformers.AutoModelForCausalLM.from_config(neo))  # its window is not a mask's
+    from types import SimpleNamespace
+
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    assert not packable(flash)  # its attention takes no 4-D mask
+
+
+def test_the_line_length_follows_the_model_s_width():
+    from types import SimpleNamespace
+
+    from learners.packing import best_line
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 100, int(n)) for n in rng.integers(24, 32, 16)]
+    responses = [rng.integers(1, 100, int(n)) for n in np.clip(rng.geometric(1 / 15, 128), 1, 40)]
+    row_prompt = np.repeat(np.arange(16), 8)
+
+    def width(h, i):
+        return best_line(SimpleNamespace(config=SimpleNamespace(hidden_size=h, intermediate_size=i)),
+                         prompts, responses, row_prompt)
+
+    # attention's share of a token's cost grows with the line and shrinks with the model's width
+    assert width(128, 512) <= 256 and width(128, 512) <= width(576, 1536) <= width(4096, 16384)
+    assert width(128, 512) < width(4096, 16384)
+
+
+def test_a_line_past_the_limit_is_not_packed(monkeypatch):
+    import learners.packing as packing
+
+    monkeypatch.setattr(packing, "MAX_LINE_TOKENS", 10)
+    assert packed_outputs(None, [np.arange(8)], np.array([0]), [np.arange(5)], "cpu", None, 1024) is None
