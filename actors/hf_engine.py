@@ -74,7 +74,7 @@ class HFEngine:
         self._calls = 0
         self._seed = seed
         self.kv = KVStore()  # rows' KV kept across a rollout's turns (actors.kv_store)
-        self._reuse = plain_cache(new_cache(self.model))
+        self.reuse_kv = plain_cache(new_cache(self.model))  # False: every turn prefills its whole context
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingParams,
                  logprobs: bool = True, keys: list | None = None) -> list[list[Sample]]:
@@ -86,7 +86,7 @@ class HFEngine:
 
         self._calls += 1
         self.generator.manual_seed(self._seed * 1_000_003 + self._calls)
-        keys = keys if self._reuse and keys is not None and any(k is not None for k in keys) else None
+        keys = keys if self.reuse_kv and keys is not None and any(k is not None for k in keys) else None
         if keys is not None and n > 1 and any(k in self.kv for k in keys):  # each sample its own KV
             flat = self.generate([p for p in prompt_token_ids for _ in range(n)], 1, sampling, logprobs, keys)
             return [[group[0] for group in flat[i * n:(i + 1) * n]] for i in range(len(prompt_token_ids))]

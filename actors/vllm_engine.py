@@ -49,6 +49,8 @@ from typing import Any, Iterable, Mapping
 from actors.engines import EngineTraits, Sample, SamplingParams
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
+#: vLLM's greedy threshold (vllm.v1.sample.sampler's _SAMPLING_EPS): below it no temperature is applied
+GREEDY_BELOW = 1e-5
 #: vLLM's allowed max_lora_rank values where it does not say (vllm.config.lora.MaxLoRARanks in 0.32)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -61,6 +63,10 @@ class VLLMEngine:
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:
+        if sampling.temperature < GREEDY_BELOW:
+            raise ValueError(f"the vllm engine samples greedily at a temperature below {GREEDY_BELOW:g} and then "
+                             f"records logprobs of the unscaled logits; got temperature={sampling.temperature:g}: "
+                             f"use a temperature >= {GREEDY_BELOW:g}")
         if sampling.truncation.active and not sampling.truncated_logprobs:
             raise ValueError(
                 "the vllm engine records logprobs after min-p/top-k/top-p truncation, not those of the "

@@ -29,7 +29,7 @@ SMOKES = {
     "rewards.py": ((), {"math_correctness_samples_per_s", "sandbox_overhead_ratio", "pool_call_overhead_ms",
                         "hang_cost_in_timeouts"}),
     "rollout.py": ((), {"hf_actor_over_engine"}),
-    "agent.py": ((), {"multi_over_single", "engine_idle_fraction_batched"}),
+    "agent.py": ((), {"multi_over_single", "engine_idle_fraction_batched", "kv_reuse_speedup", "prefill_saved"}),
     "data_plane.py": ((), {"ratio_to_memcpy", "speedup_vs_tensors", "speedup_vs_pickle"}),
     "learner.py": ((), {"deepspeed_over_torch", "packed_over_padded", "padding_fraction_demo",
                         "padding_fraction_demo_padded"}),

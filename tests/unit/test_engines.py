@@ -180,3 +180,5 @@ def test_each_engine_says_which_sampling_it_can_do_exactly():
         engine_class("vllm", mode).check_sampling(SamplingParams(truncated_logprobs=False))  # nothing cut
         with pytest.raises(ValueError, match="set truncated_logprobs=true"):
             engine_class("vllm", mode).check_sampling(full)
+        with pytest.raises(ValueError, match="samples greedily at a temperature below 1e-05"):
+            engine_class("vllm", mode).check_sampling(SamplingParams(temperature=1e-6))
