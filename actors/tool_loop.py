@@ -132,8 +132,11 @@ def next_message(t: Trajectory, text: str | None, failure: str | None, tool_turn
     t.append(ids, None)
 
 
-#: threads waiting on environment processes (each wait bounded by ``generation.tool_timeout``)
-ENV_THREADS = 32
+#: threads waiting on environment processes (each wait bounded by ``generation.tool_timeout``;
+#: started as calls need them): as many as the rollouts one actor has in flight, so that no tool
+#: call queues behind another's while the engine decodes (a streaming actor's slots, a batched
+#: call's prompts_per_call x group_size)
+ENV_THREADS = 256
 #: idle environment processes kept per class for later rollouts (the rest are ended): this many,
 #: or as many as were alive at once (a call of 128 rollouts keeps 128: forking half of them again
 #: each call cost a third of the multi-turn throughput, benchmarks/agent.py)
