@@ -114,10 +114,10 @@ def test_packed_shared_and_padded_forwards_give_one_loss_and_gradient(ray_cluste
                                                                       stage):
     """The batch's 16 rows share one prompt: the packed forward (learners/packing.py, the
     default), the shared one through a cache (learners/shared_prompts.py, packing off) and the
-    plain padded one (gradient checkpointing turns sharing off) give the same loss and gradient
-    norm, up to float rounding; the packed one computes the fewest padded positions."""
+    plain padded one (gradient checkpointing turns sharing off, not packing) give the same loss
+    and gradient norm, up to float rounding; the packed one computes the fewest padded positions."""
     metrics = []
-    for packing, checkpointing in ((True, False), (False, False), (False, True)):
+    for packing, checkpointing in ((True, False), (False, False), (False, True), (True, True)):
         group = LearnerGroup(config(tiny_model_dir, zero_stage=stage, epochs=1, packing=packing,
                                     gradient_checkpointing=checkpointing), num_learners=1)
         try:
@@ -129,8 +129,8 @@ def test_packed_shared_and_padded_forwards_give_one_loss_and_gradient(ray_cluste
     for m in metrics[1:]:
         for key in ("loss_first", "pg_loss", "entropy", "grad_norm"):
             assert metrics[0][key] == pytest.approx(m[key], rel=1e-5, abs=1e-7), key
-    packed, shared, plain = (m["padding_fraction"] for m in metrics)
-    assert packed < 0.1 and packed < shared and packed < plain, (packed, shared, plain)
+    packed, shared, plain, checkpointed = (m["padding_fraction"] for m in metrics)
+    assert packed < 0.1 and packed < shared and packed < plain and checkpointed == packed, metrics
 
 
 def shares_prompts(learner, groups) -> bool:

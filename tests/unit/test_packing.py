@@ -9,7 +9,7 @@ import torch
 from learners.packing import layout, lines_of, packable, packed_outputs
 from learners.shared_prompts import distinct_prompts
 from learners.token_logprobs import head_input, output_embedding
-from tests.unit.test_shared_prompts import _plain
+from tests.unit.test_shared_prompts import _plain, assert_plain_values_and_gradients
 
 
 def _models():
@@ -56,18 +56,7 @@ def test_every_response_token_gets_the_plain_forward_s_values_and_gradients(arch
 
         firsts, row_prompt = distinct_prompts(prompts)
         packed, lay = packed_outputs(model, firsts, row_prompt, responses, "cpu", outputs, line_tokens)
-        plain = _plain(model, prompts, responses, outputs)
-        assert packed.shape == plain.shape == (sum(len(r) for r in responses), plain.shape[-1])
-        torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
-        weights = torch.randn(plain.shape)
-        params = [p for p in model.parameters() if p.requires_grad]
-        want = torch.autograd.grad((plain * weights).sum(), params, allow_unused=True)
-        got = torch.autograd.grad((packed * weights).sum(), params, allow_unused=True)
-        for w, g in zip(want, got):
-            if w is None:
-                assert g is None or not g.any()
-                continue
-            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
+        assert_plain_values_and_gradients(model, packed, _plain(model, prompts, responses, outputs), responses)
         assert (lay.ids.shape[0] > 1) == (line_tokens == 16)
 
 

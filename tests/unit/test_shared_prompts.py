@@ -61,18 +61,23 @@ def test_every_response_token_gets_the_plain_forward_s_values_and_gradients(arch
         return forward().logits if through == "logits" else head_input(model, head, forward)
 
     shared = response_outputs(model, *distinct_prompts(prompts), responses, "cpu", outputs)
-    plain = _plain(model, prompts, responses, outputs)
-    assert shared.shape == plain.shape == (sum(len(r) for r in responses), plain.shape[-1])
-    torch.testing.assert_close(shared, plain, rtol=1e-5, atol=1e-5)
+    assert_plain_values_and_gradients(model, shared, _plain(model, prompts, responses, outputs), responses)
+
+
+def assert_plain_values_and_gradients(model, got, plain, responses):
+    """``got`` [N, X] has the plain forward's values, and the gradient of any weighted sum of it
+    with respect to the model's parameters is the plain one's (up to float rounding: sums reordered)."""
+    assert got.shape == plain.shape == (sum(len(r) for r in responses), plain.shape[-1])
+    torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
     weights = torch.randn(plain.shape)
     params = [p for p in model.parameters() if p.requires_grad]
     want = torch.autograd.grad((plain * weights).sum(), params, allow_unused=True)
-    got = torch.autograd.grad((shared * weights).sum(), params, allow_unused=True)
-    for w, g in zip(want, got):
+    have = torch.autograd.grad((got * weights).sum(), params, allow_unused=True)
+    for w, g in zip(want, have):
         if w is None:
             assert g is None or not g.any()
             continue
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))  # float rounding: sums reordered
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * float(w.abs().max()))
 
 
 def test_responses_of_one_token_need_no_second_forward():
