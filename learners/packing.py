@@ -137,8 +137,8 @@ def lines_of(prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray], row
     rows cut into n = ceil(total / line_tokens) (or n + 1, whichever pads less) runs whose
     longest is as short as can be (a binary search of the capacity; the runs keep the rows'
     order, so a group stays together or is split between neighbouring lines)."""
-    first = _first(row_prompt)
-    order = sorted(range(len(row_prompt)), key=lambda i: (first[int(row_prompt[i])], i))
+    first = _first(row_prompt)  # a group's rows together, longest first: lines of like lengths
+    order = sorted(range(len(row_prompt)), key=lambda i: (first[int(row_prompt[i])], -len(responses[i]), i))
     cost = lambda i: max(len(responses[i]) - 1, 0)
     total = sum(len(p) for p in prompts if len(p)) + sum(cost(i) for i in order)
 

@@ -65,8 +65,8 @@ def plan_groups(rows: Sequence[Row], budget: int) -> list[list[int]]:
     """Row indices per micro-batch of a packed forward (``learners/packing.py``), whose cost is
     its real tokens: each distinct prompt once plus every response. A group (the rows after one
     prompt) stays in one micro-batch where it fits the budget: groups largest first, each into the
-    first micro-batch with room; a larger group is split into runs of rows that fit (one row at
-    least)."""
+    first micro-batch with room; a larger group is split into runs of rows that fit, longest
+    first (one row at least)."""
     groups: dict[bytes, list[int]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(np.asarray(r.prompt, np.int64).tobytes(), []).append(i)
@@ -74,7 +74,7 @@ def plan_groups(rows: Sequence[Row], budget: int) -> list[list[int]]:
     for members in groups.values():
         prompt = len(rows[members[0]].prompt)
         run, cost = [], prompt
-        for i in members:
+        for i in sorted(members, key=lambda i: -len(rows[i].response)):  # runs of like lengths
             n = len(rows[i].response)
             if run and cost + n > budget:
                 units.append((cost, prompt, run))

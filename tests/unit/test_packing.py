@@ -64,16 +64,19 @@ def test_lines_hold_each_prompt_once_and_balance():
     prompts = [np.arange(10), np.arange(4)]
     responses = [np.arange(n) for n in (11, 6, 21, 3, 8, 8)]
     row_prompt = np.array([0, 0, 0, 1, 1, 1])
-    # costs: prompt 10 + 10 + 5 + 20 = 45; prompt 4 + 2 + 7 + 7 = 20; total 65
-    assert lines_of(prompts, responses, row_prompt, 1024) == [[(0, [0, 1, 2]), (1, [3, 4, 5])]]
-    # 40 tokens a line: 2 lines, a target of 32.5; row 2 (20) would overflow the first by more
-    # than half, so it starts a line with its prompt again; the second group's prompt would too
-    assert lines_of(prompts, responses, row_prompt, 40) == [[(0, [0, 1])], [(0, [2])], [(1, [3, 4, 5])]]
+    # costs (a response's length - 1): prompt 10, rows 10, 5, 20; prompt 4, rows 2, 7, 7; total 65;
+    # a group's rows longest first
+    assert lines_of(prompts, responses, row_prompt, 1024) == [[(0, [2, 0, 1]), (1, [4, 5, 3])]]
+    # 40 tokens a line: 2 lines (40 and 35 tokens), the first group's prompt on both
+    assert lines_of(prompts, responses, row_prompt, 40) == [[(0, [2, 0])], [(0, [1]), (1, [4, 5, 3])]]
     lay = layout(prompts, responses, row_prompt, 40)
-    assert lay.ids.shape == (3, 30) and lay.padded == 90 - 75  # lines of 25, 30 and 20 tokens
-    assert lay.ids[0, :10].tolist() == list(range(10)) and lay.positions[0, 10:20].tolist() == list(range(10, 20))
-    assert lay.at[:3].tolist() == [9, 10, 11]  # row 0: its prompt's last position, then its own
-    assert lay.at[17:19].tolist() == [30 + 9, 30 + 10]  # row 2 (after 11 + 6 tokens), on the second line
+    assert lay.ids.shape == (2, 40) and lay.padded == 80 - 75
+    assert lay.ids[0, :10].tolist() == list(range(10)) and lay.positions[0, 10:30].tolist() == list(range(10, 30))
+    assert lay.at[:3].tolist() == [9, 30, 31]  # row 0: its prompt's last position, then its own (after row 2)
+    assert lay.at[17:19].tolist() == [9, 10]  # row 2 (after 11 + 6 tokens of rows 0 and 1)
+    assert lay.at[11:13].tolist() == [40 + 9, 40 + 10]  # row 1, on the second line after its prompt again
+    split = lines_of(prompts, responses, row_prompt, 24)  # 3 lines: the first group's rows split, its prompt again
+    assert [u for line in split for u, _ in line] == [0, 0, 1] and sum(len(r) for line in split for _, r in line) == 6
 
 
 def test_padding_of_the_demo_shape_is_small():
@@ -130,3 +133,22 @@ def test_a_line_past_the_limit_is_not_packed(monkeypatch):
 
     monkeypatch.setattr(packing, "MAX_LINE_TOKENS", 10)
     assert packed_outputs(None, [np.arange(8)], np.array([0]), [np.arange(5)], "cpu", None, 1024) is None
+
+
+def test_micro_batches_keep_groups_whole_under_a_budget_of_real_tokens():
+    from learners.rows import Row, plan_groups
+
+    def row(prompt, n):
+        return Row(np.asarray(prompt), np.arange(n), np.zeros(n, np.float32), 0.0)
+
+    rows = [row([1, 2], n) for n in (10, 30, 20)] + [row([3], n) for n in (5, 5)] + [row([4] * 4, n) for n in (60, 1, 50)]
+    plan = plan_groups(rows, 64)
+    assert sorted(i for mb in plan for i in mb) == list(range(8))  # each row once
+    for mb in plan:  # real tokens: each distinct prompt once, every response
+        prompts = {tuple(rows[i].prompt) for i in mb}
+        assert sum(map(len, prompts)) + sum(len(rows[i].response) for i in mb) <= 64
+    # the first group (2 + 60 = 62) and the second (1 + 10) stay whole; the third (4 + 111) is cut
+    # into runs longest first: [60] then [50, 1]
+    where = {i: k for k, mb in enumerate(plan) for i in mb}
+    assert where[0] == where[1] == where[2] and where[3] == where[4]
+    assert where[5] != where[7] and where[7] == where[6]
