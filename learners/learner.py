@@ -55,7 +55,7 @@ class LearnerConfig:
     weight_decay: float = default("weight_decay")
     grad_clip: float | None = default("grad_clip")
     micro_batch_tokens: int = default("micro_batch_tokens")  # tokens per micro-batch (real ones when packed)
-    packing: bool = default("packing")  # rows end to end, no padding (learners/packing.py), where the model can
+    packing: bool = default("packing")  # rows end to end, no padding (learners/packing.py), where the model takes it
     mini_batches: int = default("mini_batches")  # optimizer steps per epoch over a batch
     epochs: int = default("num_epochs")
     temperature: float = default("temperature")  # logits / T, as in the rollouts

@@ -128,11 +128,13 @@ def test_the_line_length_follows_the_model_s_width():
     assert width(128, 512) < width(4096, 16384)
 
 
-def test_a_line_past_the_limit_is_not_packed(monkeypatch):
-    import learners.packing as packing
+def test_a_line_past_the_limit_is_not_packed():
+    from learners.packing import MAX_LINE_TOKENS
 
-    monkeypatch.setattr(packing, "MAX_LINE_TOKENS", 10)
-    assert packed_outputs(None, [np.arange(8)], np.array([0]), [np.arange(5)], "cpu", None, 1024) is None
+    # one row of a prompt and a response longer than a line may be: no mask is built, no forward runs
+    long_prompt, response = np.arange(MAX_LINE_TOKENS - 2) % 50 + 1, np.arange(4)
+    assert packed_outputs(None, [long_prompt], np.array([0]), [response], "cpu", None, 1024) is None
+    assert layout([long_prompt], [response], np.array([0]), 1024).ids.shape == (1, MAX_LINE_TOKENS + 1)
 
 
 def test_micro_batches_keep_groups_whole_under_a_budget_of_real_tokens():
