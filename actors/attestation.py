@@ -67,7 +67,7 @@ class PushLedger:
 
     def __init__(self, timeout_s: float = ATTEST_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
-        self.sent: dict[int, Sent] = {}  # push -> what it sent
+        self.sent: dict[int, Any] = {}  # push -> what it sent (a Sent, or the ObjectRef of one)
         self.due: list[_Due] = []
         self.attested = 0  # pushes every receiver of which reported matching digests
         self._latest: dict[int, int] = {}  # version -> its latest push
@@ -76,8 +76,10 @@ class PushLedger:
         self._unverified: set[str] = set()  # actors whose engine cannot read its weights back (warned)
         self._pushes = 0
 
-    def expect(self, version: int, sent: Sent) -> None:
-        """The sender's record of a push of ``version`` (its reports are compared with this)."""
+    def expect(self, version: int, sent: Any) -> None:
+        """The sender's record of a push of ``version`` (its reports are compared with this): a
+        ``Sent``, or the ObjectRef of one on its way (the sender digests the object store's
+        copies while the receivers load them; reports wait for it)."""
         self._pushes += 1
         self.sent[self._pushes], self._latest[version] = sent, self._pushes
         self._prune()
@@ -90,6 +92,7 @@ class PushLedger:
         """An actor's report of the latest push of ``version``, in hand already (a broadcast's
         part), checked now."""
         push = self._latest.get(version)
+        self._arrived(push, wait=True)
         self._check(label, push, version, report)
         self._settled(push)
 
@@ -98,6 +101,19 @@ class PushLedger:
         actor, and those reports are checked as any; the loads of earlier pushes are moot (some
         of their weights may have gone with the learner that died)."""
         self.due.clear()
+
+    def settle(self, timeout_s: float = 300.0) -> None:
+        """Waits (at most ``timeout_s``) until every report due and the senders' records have
+        arrived, then checks them (``poll``): nothing is due after it."""
+        import ray
+
+        if self.due:
+            ray.wait([d.ref for d in self.due], num_returns=len(self.due), timeout=timeout_s)
+        for push in {d.push for d in self.due}:
+            sent = self.sent.get(push) if push is not None else None
+            if sent is not None and not isinstance(sent, Sent):
+                ray.wait([sent], timeout=timeout_s)
+        self.poll()
 
     def poll(self) -> None:
         """Checks every report that has arrived; raises ``WeightPushFailed`` on a mismatch or on
@@ -110,7 +126,7 @@ class PushLedger:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         ready, now = set(ready), time.monotonic()
         for due in list(self.due):
-            if due.ref in ready:
+            if due.ref in ready and self._arrived(due.push, wait=False):
                 self.due.remove(due)
                 try:
                     report = ray.get(due.ref)
@@ -127,10 +143,33 @@ class PushLedger:
                 self._check(due.label, due.push, due.version, report)
                 self._settled(due.push)
             elif now - due.since > self.timeout_s:
+                if due.ref in ready:  # the actor reported; the sender's digests did not come
+                    raise WeightPushFailed(
+                        f"the sender of weights version {due.version} has not given the digests "
+                        f"of what it sent {now - due.since:.0f} s after the push (the limit is "
+                        f"{self.timeout_s:g} s): learner rank 0 may be stuck")
                 raise WeightPushFailed(
                     f"{due.label} has not reported holding weights version {due.version} "
                     f"{now - due.since:.0f} s after the push (the limit is {self.timeout_s:g} s): "
                     f"it may be stuck in a generate call or a load; {WHAT_TO_CHECK}")
+
+    def _arrived(self, push: int | None, wait: bool) -> bool:
+        """Whether the sender's record of ``push`` is in hand (fetched now if it has arrived, or
+        with ``wait`` until it does). A sender that died before giving it lost the weights too
+        (``WeightsLost``: the driver recovers and pushes again)."""
+        sent = self.sent.get(push) if push is not None else None
+        if sent is None or isinstance(sent, Sent):
+            return True
+        import ray
+
+        if not wait and not ray.wait([sent], timeout=0, fetch_local=True)[0]:
+            return False
+        try:
+            self.sent[push] = ray.get(sent)
+        except ray.exceptions.RayError as err:
+            raise WeightsLost(f"the sender of push {push} died before recording its digests "
+                              f"({str(err).splitlines()[0][:200]})") from None
+        return True
 
     def _check(self, label: str, push: int | None, version: int, report: dict) -> None:
         if report.get("unverified") and label not in self._unverified:

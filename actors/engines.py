@@ -100,6 +100,9 @@ class EngineTraits:
     - ``kv_reuse``: its ``generate`` takes ``keys=`` (per sample, the rollout it continues) and
       keeps each sample's KV for that rollout's next turn, and ``release(keys)`` forgets them
       (a batched call's turn loop passes them for multi-turn rollouts: ``actors.samplers.Round``).
+    - ``digests_by_name``: its ``weight_digests`` gives each pushed name's digest alone (no
+      fused keys), so the call may be split: the batched sampler takes the large tensors' on a
+      thread beside generation (``actors.samplers.BatchedSampler.digests``).
     """
 
     exact_dtype: bool = False
@@ -107,6 +110,7 @@ class EngineTraits:
     adapter_slots: str | None = None
     model_logits: bool = False
     kv_reuse: bool = False
+    digests_by_name: bool = False
 
 
 def traits_of(cls: Any) -> EngineTraits:

@@ -28,7 +28,8 @@ class HFEngine:
     distribution or (``truncated_logprobs`` off) of the full one."""
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
-    traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True, kv_reuse=True)
+    traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True, kv_reuse=True,
+                          digests_by_name=True)
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:

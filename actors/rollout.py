@@ -176,22 +176,22 @@ class RolloutActor:
     # -- weights ---------------------------------------------------------------------------
 
     async def set_weights(self, version: int, weights: Any) -> dict:
-        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of
-        ObjectRefs of weight buckets (``gdpo_ray.weights.buckets``, zero-copy). Returns the
-        attestation (``_update``)."""
+        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of ObjectRefs
+        of weight buckets (``gdpo_ray.weights.buckets``, zero-copy). Returns the attestation."""
         from gdpo_ray.weights.buckets import unpack_bucket
         from gdpo_ray.weights.digest import recorded
 
+        sizes: dict[str, int] = {}
+
         async def load() -> dict[str, str]:
-            if isinstance(weights, Mapping):
-                items = list(weights.items())
-            else:
-                items = [t for b in await asyncio.gather(*weights) for t in unpack_bucket(b)]
+            items = list(weights.items()) if isinstance(weights, Mapping) else [
+                t for b in await asyncio.gather(*weights) for t in unpack_bucket(b)]
+            sizes.update((name, int(t.nbytes)) for name, t in items)
             sent: dict[str, str] = {}
             await self.sampler.load(recorded(items, sent), version)
             return sent
 
-        return await self._update(version, load, skip_older=True)
+        return await self._update(version, load, skip_older=True, sizes=sizes)
 
     async def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
         """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),
@@ -215,14 +215,15 @@ class RolloutActor:
         channel = self.channel
         return await self._update(version, lambda: self.sampler.receive(channel, version), skip_older=False)
 
-    async def _update(self, version: int, load: Any, skip_older: bool) -> dict:
+    async def _update(self, version: int, load: Any, skip_older: bool, sizes: Mapping[str, int] | None = None) -> dict:
         """Runs ``load()`` (which puts ``version`` into the engine and returns what it sent: name
         -> dtype) as the one push in progress (and, batched, while no call generates), then aborts
         the groups it left too stale. Returns the attestation ``{"version", "digests"}``: the
         digests of what the engine holds of every tensor just loaded, read back from the engine,
         for the driver to compare with the sender's (``actors.attestation``); ``digests`` None
         where a newer version was held already and this one was skipped; an engine that cannot
-        read its weights back (NotImplementedError) is reported ``unverified``."""
+        read its weights back (NotImplementedError) is reported ``unverified``. ``sizes``: name ->
+        bytes of what was loaded (the sampler may digest large tensors beside generation)."""
         self._pending.add(version)  # before any await: a stream call after this one sees it
         try:
             async with self._push:
@@ -240,7 +241,7 @@ class RolloutActor:
                     if started is not None and started < oldest:
                         task.cancel()
                 try:
-                    return {"version": self.version, "digests": await self.sampler.digests(sent)}
+                    return {"version": self.version, "digests": await self.sampler.digests(sent, sizes)}
                 except NotImplementedError as err:
                     return {"version": self.version, "digests": None, "unverified": str(err)}
         finally:

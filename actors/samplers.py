@@ -26,6 +26,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, S
 
 from actors.engines import Sample, SamplingParams, traits_of
 
+THREADED_DIGEST_BYTES = 1 << 20  # a pushed tensor this large is digested on a thread (BatchedSampler.digests)
+
 _ROUNDS = itertools.count()  # rounds' scopes: the keys of their rollouts' kept KV
 
 
@@ -125,8 +127,18 @@ class BatchedSampler:
     async def receive(self, channel: Any, version: int) -> dict[str, str]:
         return channel.receive_into(self.engine, version)
 
-    async def digests(self, sent: Mapping[str, str]) -> dict[str, int]:
-        return self.engine.weight_digests(sent)
+    async def digests(self, sent: Mapping[str, str], sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+        """The engine's digests of ``sent``; of an engine that digests by name, those of tensors
+        of THREADED_DIGEST_BYTES or more (``sizes``: name -> bytes) on a thread, so the actor
+        generates meanwhile: their host digest runs without the GIL, where a thread with many
+        small tensors would wait for it behind generation's Python."""
+        if not sizes or not traits_of(type(self.engine)).digests_by_name:
+            return self.engine.weight_digests(sent)
+        large = {n: d for n, d in sent.items() if sizes.get(n, 0) >= THREADED_DIGEST_BYTES}
+        held = self.engine.weight_digests({n: d for n, d in sent.items() if n not in large})
+        if large:
+            held |= await asyncio.to_thread(self.engine.weight_digests, large)
+        return held
 
     async def sleep(self) -> None:
         async with self._lock:
@@ -193,7 +205,7 @@ class StreamingSampler:
         await self.engine.push(path, version)
         return sent
 
-    async def digests(self, sent: Mapping[str, str]) -> dict[str, int]:
+    async def digests(self, sent: Mapping[str, str], sizes: Mapping[str, int] | None = None) -> dict[str, int]:
         return await self.engine.weight_digests(sent)
 
     async def sleep(self) -> None:

@@ -1,14 +1,18 @@
 """Weights out: a ~100M-parameter model from a DeepSpeed learner to 1 and 2 rollout actors.
 
-The push (``gdpo_ray.run.transports.ObjectStoreTransport``: buckets of the learner's parameters written once into
-Ray's object store, read zero-copy by every actor and copied into its engine) is timed until the
-actors report the new version, against one plain memory copy of the model's bytes. Keys
-(``--json``): ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, and two_over_one (aim < 1.5);
-the same with the prefix ``broadcast_`` for the collective path (``BroadcastTransport``: gloo). One untimed push first warms
-the object store's memory.
+The push (``gdpo_ray.run.transports.push_weights`` over ``ObjectStoreTransport``: buckets of the
+learner's parameters written once into Ray's object store, read zero-copy by every actor and
+loaded into its engine) is timed until every actor generates with the new version, against one
+plain memory copy of the model's bytes, and until the push is attested. Keys (``--json``):
+ratio_to_memcpy_1 (aim <= 3), ratio_to_memcpy_2, two_over_one (aim < 1.5),
+attested_ratio_to_memcpy_1 and _2; the same with the prefix ``broadcast_`` for the collective
+path (``BroadcastTransport``: gloo). Three untimed pushes first fault in the object store's
+memory (a run pays that once; the first push here costs ~1 s more).
 
-Every push is attested: the sender digests each tensor while packing and every actor digests what
-its engine holds (``gdpo_ray.weights.digest``). That pass alone is timed too, over the model's
+Every push is attested (``actors.attestation``): the sender digests the copies it wrote into the
+object store while the actors load them, and every actor digests what its engine holds, on a
+thread, once it generates with them (``gdpo_ray.weights.digest``); the push is attested when the
+driver has both and they agree. The digest pass alone is timed too, over the model's
 tensors on the host, against the same memcpy: digest_s and digest_over_memcpy; and with the digest
 of each tensor rounded to bfloat16 that a sender also takes for an engine holding bfloat16
 (vLLM's): rounded_digest_s and rounded_digest_over_memcpy.
@@ -38,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+WARM_PUSHES = 3  # untimed: the first pushes fault in the object store's pages (~1 s per 384 MB here), once a run
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._smoke import parse_args  # noqa: E402
@@ -109,29 +114,39 @@ def digest_timings(tensors: list, repeats: int, sync=lambda: None) -> dict[str, 
     return {"digest_s": best_of(repeats, plain), "rounded_digest_s": best_of(repeats, rounded)}
 
 
-def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, float, int]:
-    """(best push s, best copy s, last version): one untimed push, then ``args.repeats`` timed
-    pushes (until every actor reports the version), each beside one timed ``copy()``. The
-    actors generate nothing meanwhile (no pump): the push alone is timed."""
+def timed_pushes(transport, rollouts, version: int, args, copy) -> tuple[float, float, float, int]:
+    """(best s until every actor generates with the pushed version, best s until the push is
+    attested, best copy s, last version): WARM_PUSHES untimed pushes, then ``args.repeats``
+    timed ones (``gdpo_ray.run.transports.push_weights``, as a run pushes), each beside one timed
+    ``copy()``. The actors generate nothing meanwhile (no pump): the push alone is timed."""
     import ray
 
-    def push_weights(transport, rollouts, version):
-        rollouts.on_update(version, transport.send(version, rollouts.receivers()).buckets)
-        ray.get([due.ref for due in rollouts.ledger.due])  # every actor's report: it has loaded them
-        rollouts.collect()  # the reports checked against what was sent (attestation)
+    from gdpo_ray.run.transports import push_weights
 
-    n = len(rollouts.slots)
-    version += 1
-    push_weights(transport, rollouts, version)  # warm-up
-    push, copies = [], []
+    def push(version: int) -> tuple[float, float]:
+        start, attested = time.perf_counter(), rollouts.ledger.attested
+        push_weights(transport, rollouts, version)
+        loaded = None
+        while rollouts.ledger.attested == attested:  # every report checked against the sender's digests
+            if loaded is None and all(v == version for v in ray.get([s.handle.policy_version.remote()
+                                                                      for s in rollouts.slots])):
+                loaded = time.perf_counter() - start
+            rollouts.collect()
+            time.sleep(0.0005)
+        done = time.perf_counter() - start
+        return (done if loaded is None else loaded), done
+
+    for _ in range(WARM_PUSHES):
+        version += 1
+        push(version)
+    loads, attests, copies = [], [], []
     for _ in range(args.repeats):
         version += 1
-        start = time.perf_counter()
-        push_weights(transport, rollouts, version)
-        assert ray.get([s.handle.policy_version.remote() for s in rollouts.slots]) == [version] * n
-        push.append(time.perf_counter() - start)
+        loaded, attested = push(version)
+        loads.append(loaded)
+        attests.append(attested)
         copies.append(copy())
-    return min(push), min(copies), version
+    return min(loads), min(attests), min(copies), version
 
 
 def measure_cpu(args, model: str) -> dict:
@@ -173,10 +188,12 @@ def measure_cpu(args, model: str) -> dict:
         ray.get([s.starting for s in rollouts.slots])
         for transport, prefix in ((ObjectStoreTransport(learners, args.bucket_mb << 20), ""),
                                   (BroadcastTransport(learners, args.bucket_mb << 20), "broadcast_")):
-            push, copy, version = timed_pushes(transport, rollouts, version, args, memcpy)
+            push, attested, copy, version = timed_pushes(transport, rollouts, version, args, memcpy)
             results[f"{prefix}push_s_{n}"] = push
+            results[f"{prefix}attested_s_{n}"] = attested
             results[f"{prefix}memcpy_s_{n}"] = copy
             results[f"{prefix}ratio_to_memcpy_{n}"] = push / copy
+            results[f"{prefix}attested_ratio_to_memcpy_{n}"] = attested / copy
         rollouts.shutdown()
     learners.shutdown()
     ray.shutdown()
@@ -242,12 +259,13 @@ def measure_nccl(args, model: str) -> dict:
         rollouts = rollout_group(model, n, actor={"engine_kwargs": {"device": "cuda"}}, num_gpus=share)
         ray.get([s.starting for s in rollouts.slots])
         transport = BroadcastTransport(learners, args.bucket_mb << 20)
-        push, copy, version = timed_pushes(transport, rollouts, version, args, device_copy)
+        push, attested, copy, version = timed_pushes(transport, rollouts, version, args, device_copy)
         if transport.backend != "nccl":
             raise SystemExit(f"the broadcast group fell back to {transport.backend}, not NCCL")
         results[f"nccl_push_s_{n}"] = push
         results[f"nccl_copy_s_{n}"] = copy
         results[f"nccl_ratio_to_copy_{n}"] = push / copy
+        results[f"nccl_attested_ratio_to_copy_{n}"] = attested / copy
         rollouts.shutdown()
     learners.shutdown()
     ray.shutdown()
@@ -262,7 +280,9 @@ def print_cpu(results: dict, repeats: int) -> None:
         for n in (1, 2):
             print(f"  {label:14s} {n} actor(s): {results[f'{prefix}push_s_{n}']:.3f} s = "
                   f"{results[f'{prefix}ratio_to_memcpy_{n}']:.1f}x one memcpy of the bytes "
-                  f"({results[f'{prefix}memcpy_s_{n}']:.3f} s)")
+                  f"({results[f'{prefix}memcpy_s_{n}']:.3f} s); attested after "
+                  f"{results[f'{prefix}attested_s_{n}']:.3f} s = "
+                  f"{results[f'{prefix}attested_ratio_to_memcpy_{n}']:.1f}x")
         print(f"  {label:14s} 2 actors cost {results[f'{prefix}two_over_one']:.2f}x one actor (aim < 1.5)")
     print(f"  digest of every tensor (each side of an attested push): {results['digest_s']:.3f} s = "
           f"{results['digest_over_memcpy']:.1f}x one memcpy ({results['digest_memcpy_s']:.3f} s); with the "

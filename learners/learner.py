@@ -149,6 +149,7 @@ class Learner(LearnerBackend):
         self._packs: dict[int, bool] = {}  # id(model) -> its forward packed (learners/packing.py)
         self.sender = WeightSender(self, adapter_only=bool(cfg.lora), variants=tuple(cfg.digest_variants))
         self.channel = None
+        self._digester, self._digesting, self._pushes = None, {}, 0  # weight_buckets' digests, on a thread
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
             # (under LoRA the reference is the same model with its adapter disabled)
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -370,12 +371,28 @@ class Learner(LearnerBackend):
     # -- weights, checkpoints ----------------------------------------------------------------
 
     def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any] | None:
-        """Rank 0: (ObjectRefs of the weight buckets, what was sent: ``digest.Sent``); None
-        elsewhere. Every rank must call it (sharded weights are gathered one at a time)."""
+        """Rank 0: (ObjectRefs of the weight buckets, what was sent but the digests:
+        ``digest.Sent``, this push's number), the digests being taken meanwhile on a thread from
+        the written copies (``sent_digests(number)``); None elsewhere. Every rank must call it (sharded weights are
+        gathered one at a time)."""
         if self.rank != 0:
             self.sender.take_part()
             return None
-        return self.sender.put_buckets(bucket_bytes)
+        refs, sent = self.sender.put_buckets(bucket_bytes)
+        if self._digester is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._digester = ThreadPoolExecutor(1, thread_name_prefix="weight-digests")
+        self._pushes += 1
+        self._digesting[self._pushes] = self._digester.submit(self.sender.digests_of, refs)
+        self._digesting.pop(self._pushes - 4, None)  # a record nobody asked for (a push abandoned)
+        return refs, sent, self._pushes
+
+    def sent_digests(self, push: int) -> Any:
+        """The full record (``digest.Sent``) of ``weight_buckets``' call number ``push``, once
+        its digests are taken. Called in the concurrency group "digest": it runs beside the
+        next update (the copies digested are the store's, which nothing writes)."""
+        return self._digesting.pop(push).result()
 
     def open_broadcast(self, host: str, port: int, world_size: int) -> str:
         """Rank 0 joins a weight broadcast group as its root (with the rollout actors),

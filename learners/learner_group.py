@@ -67,8 +67,9 @@ class LearnerGroup:
                 f"{PLACEMENT_TIMEOUT_S:g} s: the cluster's free resources are "
                 f"{ray.available_resources()}; ask for less (learners.num_learners, "
                 f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
-        # the backend's class (set_threads runs beside an update, in the concurrency group "dial")
-        cls = ray.remote(concurrency_groups={"dial": 1})(backend)
+        # the backend's class (set_threads runs beside an update, in the concurrency group "dial",
+        # and sent_digests beside the next update, in "digest")
+        cls = ray.remote(concurrency_groups={"dial": 1, "digest": 1})(backend)
         self._updates = 0  # the tickets of the updates: set_threads names the one it is for
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
                             "cuda" if num_gpus_per_learner else "cpu"}}
@@ -108,11 +109,14 @@ class LearnerGroup:
 
     # -- weights out (the transports of gdpo_ray.run.transports drive these) --------------
 
-    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any]:
-        """The weights (under LoRA: the adapter) as buckets in the object store: (their
-        ObjectRefs, what was sent: ``gdpo_ray.weights.digest.Sent``), from rank 0 (the others
-        take part in the gathers of sharded weights)."""
-        return self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any, Any]:
+        """The weights (under LoRA: the adapter) as buckets in the object store, from rank 0
+        (the others take part in the gathers of sharded weights): (their ObjectRefs, what was
+        sent but the digests: ``gdpo_ray.weights.digest.Sent``, the ObjectRef of the full record
+        with the digests, which rank 0 takes from the store's copies while the receivers load
+        them)."""
+        refs, sent, push = self._on_all(lambda learner: learner.weight_buckets.remote(bucket_bytes))[0]
+        return refs, sent, self.learners[0].sent_digests.options(concurrency_group="digest").remote(push)
 
     def broadcast_address(self) -> tuple[str, int]:
         """Where learner rank 0 hosts a broadcast group: its node's address and a free port."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from gdpo_ray.weights.buckets import pack_buckets, pack_flat_buckets
+from gdpo_ray.weights.buckets import bucket_digests, pack_buckets, pack_flat_buckets
 from gdpo_ray.weights.digest import Sent
 
 
@@ -63,25 +63,39 @@ class WeightSender:
             shapes.append(self.backend.full_shape(param))
         return {"names": names, "dtype_names": ["float32"] * len(names), "shapes": shapes}
 
-    def host_buckets(self, bucket_bytes: int) -> Iterator[dict]:
+    def host_buckets(self, bucket_bytes: int, digests: bool = True) -> Iterator[dict]:
         """Buckets on the host: byte ranges of the flat buffers where the parameters live
-        there (the backend's ``flat_weights``), else packed views of the full tensors."""
+        there (the backend's ``flat_weights``), else packed views of the full tensors;
+        ``digests``: each tensor digested as it is packed."""
         flat = self.backend.flat_weights(self._state())
         if flat is not None:
             return (b for data, entries in flat
-                    for b in pack_flat_buckets(data, entries, bucket_bytes, self.variants))
-        return pack_buckets(self.host_tensors(), bucket_bytes, variants=self.variants)
+                    for b in pack_flat_buckets(data, entries, bucket_bytes, self.variants, digests))
+        return pack_buckets(self.host_tensors(), bucket_bytes, variants=self.variants, digests=digests)
 
     def device_buckets(self, bucket_bytes: int) -> Iterator[dict]:
         return pack_buckets(self.device_tensors(), bucket_bytes, on_device=True, variants=self.variants)
 
     def put_buckets(self, bucket_bytes: int) -> tuple[list[Any], Sent]:
         """The host buckets written once into Ray's object store: (their ObjectRefs, what was
-        sent: every tensor's digest and bucket, the bytes)."""
+        sent but the digests: every tensor's bucket, dtype and shape, the bytes). The digests
+        come from ``digests_of`` the written copies, while the receivers load them."""
         import ray
 
         refs, sent = [], Sent()
-        for bucket in self.host_buckets(bucket_bytes):
+        for bucket in self.host_buckets(bucket_bytes, digests=False):
             sent.add_bucket(bucket)
             refs.append(ray.put(bucket))
         return refs, sent
+
+    def digests_of(self, refs: list[Any]) -> Sent:
+        """What was sent in the buckets ``refs`` (``put_buckets``), every tensor's digest taken
+        from the object store's copy (read in place, zero-copy): the bytes the receivers load."""
+        import ray
+
+        sent = Sent()
+        for ref in refs:
+            bucket = ray.get(ref)
+            sent.add_bucket(bucket, *bucket_digests(bucket, self.variants))
+            del bucket  # the store's copy is released as soon as it is digested
+        return sent

@@ -46,11 +46,14 @@ class Pushed:
     bytes: ``gdpo_ray.weights.digest.Sent``); ``buckets``: ObjectRefs each receiver loads (and
     an actor started later), or None when every receiver has loaded the version already;
     ``reports``: the receivers' attestations in hand already (a broadcast's parts); ``replace``:
-    actors to be replaced (their part of a broadcast failed)."""
+    actors to be replaced (their part of a broadcast failed); ``digests``: the ObjectRef of the
+    full record where ``sent`` holds the sizes only (the sender digests the object store's copies
+    while the receivers load them)."""
 
     version: int
     sent: Sent
     buckets: list[ray.ObjectRef] | None = None
+    digests: ray.ObjectRef | None = None
     reports: tuple[tuple[ActorHandle, dict], ...] = ()
     replace: tuple[ActorHandle, ...] = ()
 
@@ -77,8 +80,8 @@ class ObjectStoreTransport:
         self.learners, self.bucket_bytes = learners, bucket_bytes
 
     def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
-        refs, sent = self.learners.weight_buckets(self.bucket_bytes)
-        return Pushed(version, sent, buckets=refs)
+        refs, sent, digests = self.learners.weight_buckets(self.bucket_bytes)
+        return Pushed(version, sent, buckets=refs, digests=digests)
 
     def close(self) -> None:
         """Nothing is held between sends."""
@@ -176,7 +179,7 @@ def push_weights(transport: WeightTransport, rollouts: RolloutGroup, version: in
     arrive (``actors.attestation``)."""
     rollouts.collect()  # actors that died since the last push (their calls failed): replaced
     pushed = transport.send(version, rollouts.receivers())
-    rollouts.ledger.expect(version, pushed.sent)
+    rollouts.ledger.expect(version, pushed.sent if pushed.digests is None else pushed.digests)
     if pushed.replace:
         rollouts.restart(pushed.replace)
     for actor, report in pushed.reports:

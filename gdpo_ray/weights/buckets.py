@@ -1,11 +1,13 @@
 """The weight wire format: a model's parameters in buckets of bounded size.
 
-A bucket is ``{"names", "dtypes", "shapes", "digests", "arrays"}`` with one uint8 array of raw
-bytes per tensor and each tensor's digest (``gdpo_ray.weights.digest``: of its values, their
-positions and its shape, taken while packing, for the attestation of every push) (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
+A bucket is ``{"names", "dtypes", "shapes", "arrays"}`` with one uint8 array of raw bytes per
+tensor (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one array over a
 byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_buckets``:
 DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
-speed). A single tensor larger than the bucket size travels alone. Peak extra memory on the
+speed); with ``digests`` (and ``rounded``), each tensor's digest (``gdpo_ray.weights.digest``: of
+its values, their positions and its shape, for the attestation of every push), taken while
+packing or afterwards from the bucket's own bytes (``bucket_digests``: a sender digests the
+copy it wrote into the object store while the receivers load it). A single tensor larger than the bucket size travels alone. Peak extra memory on the
 sender is one bucket; no whole model is ever gathered into one tensor. Every transport
 (``gdpo_ray.run.transports``) carries these buckets, or tensors in the same order.
 """
@@ -16,34 +18,35 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from gdpo_ray.weights.digest import digest_raw, rounded_digests
+from gdpo_ray.weights.digest import digest_raw, numel, rounded_digests
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
-                 on_device: bool = False, variants: Sequence[str] = ()) -> Iterator[dict]:
+                 on_device: bool = False, variants: Sequence[str] = (), digests: bool = True) -> Iterator[dict]:
     """Buckets of at most ``bucket_bytes`` (one oversized tensor makes a bucket of its own).
 
     A bucket holds byte views of the tensors, not a copy: ``ray.put`` writes them once into the
     object store. (A ZeRO-3 parameter arrives as a gathered copy that the bucket keeps.) The
     views are numpy arrays on the host, or with ``on_device`` uint8 torch tensors left on the
-    tensors' device (CUDA buckets for an NCCL broadcast). ``variants``: the lower precisions
-    whose ``rounded_digests`` each float32 tensor's entry also gets (``rounded``)."""
+    tensors' device (CUDA buckets for an NCCL broadcast). ``digests``: each tensor digested as
+    it is packed; ``variants``: the lower precisions whose ``rounded_digests`` each float32
+    tensor's entry also gets (``rounded``)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
-    bucket: dict = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "arrays": []}
-    size = 0
+    bucket, size = _empty(digests), 0
     for name, tensor in named_tensors:
         flat = tensor.detach() if on_device else tensor.detach().cpu()
         raw = flat.contiguous().view(-1).view(_uint8())
         raw = raw if on_device else raw.numpy()
         if bucket["names"] and size + raw.nbytes > bucket_bytes:
             yield bucket
-            bucket, size = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "arrays": []}, 0
+            bucket, size = _empty(digests), 0
         dtype = str(tensor.dtype).removeprefix("torch.")
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
-        bucket["digests"].append(digest_raw(raw, dtype, tuple(tensor.shape)))
-        bucket["rounded"].append(rounded_digests(flat, dtype, variants))
+        if digests:
+            bucket["digests"].append(digest_raw(raw, dtype, tuple(tensor.shape)))
+            bucket["rounded"].append(rounded_digests(flat, dtype, variants))
         bucket["shapes"].append(tuple(tensor.shape))
         bucket["arrays"].append(raw)
         size += raw.nbytes
@@ -52,12 +55,12 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
 
 
 def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, tuple, int]],
-                      bucket_bytes: int, variants: Sequence[str] = ()) -> Iterator[dict]:
+                      bucket_bytes: int, variants: Sequence[str] = (), digests: bool = True) -> Iterator[dict]:
     """Buckets over one contiguous byte buffer in which the tensors already live (DeepSpeed's
     flat parameter buffers under ZeRO-1/2): each bucket is ONE view of a byte range, ``offsets``
     locate its tensors. ``entries``: (byte offset, name, dtype, shape, nbytes); tied names share
     an offset. One large array per bucket is written into the object store at memory-copy speed,
-    where hundreds of small views are not."""
+    where hundreds of small views are not. ``digests``, ``variants``: as ``pack_buckets``'."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
     bucket, start, end = None, 0, 0
@@ -68,18 +71,38 @@ def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, t
             yield bucket
             bucket = None
         if bucket is None:
-            bucket = {"names": [], "dtypes": [], "shapes": [], "digests": [], "rounded": [], "offsets": []}
+            bucket = _empty(digests) | {"offsets": []}
             start = end = offset
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
-        bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype, shape))
-        bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants, shape))
+        if digests:
+            bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype, shape))
+            bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants, shape))
         bucket["shapes"].append(tuple(shape))
         bucket["offsets"].append(offset - start)
         end = max(end, offset + nbytes)
     if bucket is not None and bucket["names"]:
         bucket["arrays"] = [flat[start:end]]
         yield bucket
+
+
+def _empty(digests: bool) -> dict:
+    return {"names": [], "dtypes": [], "shapes": [], "arrays": []} | (
+        {"digests": [], "rounded": []} if digests else {})
+
+
+def bucket_digests(bucket: dict, variants: Sequence[str] = ()) -> tuple[list[int], list[dict]]:
+    """Each tensor's digest and ``rounded_digests`` (``variants``) from a host bucket's own bytes
+    (numpy arrays: the copy read back from the object store)."""
+    import torch
+
+    out, rounded = [], []
+    for i, (dtype, shape, offset) in enumerate(zip(bucket["dtypes"], bucket["shapes"], bucket_offsets(bucket))):
+        size = numel(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        raw = bucket["arrays"][0][offset:offset + size] if "offsets" in bucket else bucket["arrays"][i]
+        out.append(digest_raw(raw, dtype, shape))
+        rounded.append(rounded_digests(raw, dtype, variants, shape))
+    return out, rounded
 
 
 def bucket_bytes_of(bucket: dict) -> int:

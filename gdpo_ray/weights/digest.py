@@ -16,10 +16,10 @@ rows) reports the digest of the unpadded one. Every other element adds ``R**i`` 
 scrambled value of itself: moving an element (permuted or reversed rows, a transpose, swapped
 shards), swapping the signs of a +x/-x pair, or moving two elements by one ulp in opposite
 directions changes the sum, and so does a reshape to another row length (``S``). One pass over
-the data, in batches of bounded size (``g`` on the elements' own narrow lanes, then one multiply
-and one sum in 64 bits), on the host (numpy) or on the tensor's own device (torch: the same
-arithmetic in signed integers, which wrap alike; ``tests/unit/test_digest.py`` holds the two bit
-for bit together).
+the data: on the host a loop compiled by numba (``gdpo_ray.weights.host_digest``: each element
+read once, in unsigned 64-bit lanes, which wrap), on the tensor's own device torch's array
+operations in batches of bounded size (the same arithmetic in signed integers, which wrap alike;
+``tests/unit/test_digest.py`` holds the two bit for bit together).
 
 Additive by global offset: the digest of elements placed ``o`` positions later is ``R**o`` times
 theirs (``shifted``), so the digest of tensors laid end to end (sharing a row length) is the sum
@@ -58,8 +58,7 @@ VARIANTS = ("bfloat16", "float16")
 
 BASE = 0x9E3779B97F4A7C15  # R: odd, 5 mod 8, so its powers repeat only after 2**62 positions
 SCRAMBLE = 0xBF58476D1CE4E5B9  # K (its low w bits for w-bit elements): odd, so g is a bijection
-WIDTH = 1 << 15  # elements per row of the work (the length of the table of R's powers)
-HOST_BATCH = 1 << 17  # elements per numpy step: 2 MiB of temporaries (float32)
+WIDTH = 1 << 15  # elements per piece of a row (the length of the table of R's powers)
 DEVICE_BATCH = 1 << 22  # elements per torch step on a device: 32 MiB temporaries
 ROUND_BATCH = 1 << 20  # elements converted to another dtype at a time (digest_as, rounded_digests)
 
@@ -94,8 +93,8 @@ def combine(digests: Sequence[int], sizes: Sequence[int]) -> int:
 
 def digest(tensor: Any, offset: int = 0, row_length: int | None = None) -> int:
     """The digest of a torch tensor (any device) or numpy array, in its own dtype (module
-    docstring), computed where the tensor lives (a host tensor by numpy, several times faster
-    there than torch).
+    docstring), computed where the tensor lives (a host tensor by the compiled host loop, several
+    times faster there than torch).
 
     ``row_length`` None: ``tensor`` is a whole tensor (``offset`` shifts it). Otherwise
     ``tensor`` is a part of a whole tensor whose rows are ``row_length`` long, digested where it
@@ -121,7 +120,7 @@ def digest(tensor: Any, offset: int = 0, row_length: int | None = None) -> int:
 
 def device_digest(tensor: Any, offset: int = 0, row_length: int | None = None) -> int:
     """``digest`` by its device code path (torch), wherever the tensor is: on the host it
-    gives what the numpy path gives, bit for bit (``tests/unit/test_digest.py``)."""
+    gives what the host loop gives, bit for bit (``tests/unit/test_digest.py``)."""
     if not numel(tensor.shape):
         return 0  # nothing adds anything, whatever the shape
     length, block = _layout(tuple(tensor.shape), row_length)
@@ -169,53 +168,19 @@ def _powers(base: int, count: int) -> Any:
     return out
 
 
-# --- host (numpy: unsigned integers, which wrap) ----------------------------------------------
+# --- host (numba: gdpo_ray.weights.host_digest) -------------------------------------------------
 
 def _host_sum(ints: Any, first: int, length: int, block: bool) -> int:
-    """sum_i R**(position of i) g(ints[i]) (before S): a block of columns by its rows; a run in
-    rows of WIDTH, then the rest."""
-    if block:
-        return _host_rows(ints.reshape(-1, ints.shape[-1]), first, length)
-    flat = ints.reshape(-1)
-    full = flat.size // WIDTH * WIDTH
-    total = _host_rows(flat[:full].reshape(-1, WIDTH), first, WIDTH) if full else 0
-    if full < flat.size:
-        total += _host_rows(flat[full:].reshape(1, -1), first + full, WIDTH)
-    return total % MOD
+    """sum_i R**(position of i) g(ints[i]) (before S), ``ints`` a contiguous numpy integer array:
+    a block of columns by its rows (row r from ``first + r * length``), a run as one row."""
+    from gdpo_ray.weights.host_digest import rows_sum
 
-
-def _host_rows(ints: Any, first: int, stride: int) -> int:
-    """sum over [r, c] of R**(first + r * stride + c) g(ints[r, c]) of a 2-D integer array, a
-    batch of rows at a time: g in the elements' own width (three operations on narrow lanes),
-    widened, times R**c, summed per row; each row's sum weighed by R**(r * stride) and the
-    batch's by R**(its first position)."""
-    import numpy as np
-
-    rows, cols = ints.shape
-    if not rows or not cols:
+    rows = ints.reshape(-1, ints.shape[-1]) if block else ints.reshape(1, -1)
+    if not rows.size:
         return 0
-    bits = 8 * ints.itemsize
-    lanes = ints.view(f"uint{bits}")
-    scramble, half = np.dtype(lanes.dtype).type(SCRAMBLE % (1 << bits)), np.dtype(lanes.dtype).type(bits // 2)
-    table, total = _powers(BASE, WIDTH), 0
-    for c0 in range(0, cols, WIDTH):
-        width = min(WIDTH, cols - c0)
-        per = max(1, min(rows, HOST_BATCH // width))
-        steps = _powers(pow(BASE, stride, MOD), per)
-        v, t = np.empty((per, width), lanes.dtype), np.empty((per, width), lanes.dtype)
-        wide = v.view(np.uint64) if bits == 64 else np.empty((per, width), np.uint64)
-        for r0 in range(0, rows, per):
-            n = min(per, rows - r0)
-            np.multiply(lanes[r0:r0 + n, c0:c0 + width], scramble, out=v[:n])
-            np.right_shift(v[:n], half, out=t[:n])
-            np.bitwise_xor(v[:n], t[:n], out=v[:n])  # g(b), in the element's width
-            if bits < 64:  # widened with its sign
-                np.copyto(wide[:n].view(np.int64), v[:n].view(f"int{bits}"), casting="unsafe")
-            np.multiply(wide[:n], table[:width], out=wide[:n])  # R**c
-            sums = wide[:n].sum(axis=1, dtype=np.uint64)
-            sums *= steps[:n]  # R**(r * stride)
-            total += int(sums.sum(dtype=np.uint64)) * pow(BASE, first + r0 * stride + c0, MOD)
-    return total % MOD
+    lanes = rows.view(f"uint{8 * ints.itemsize}")  # widened without the sign: g masks to w bits
+    return rows_sum(lanes, _powers(BASE, WIDTH), pow(BASE, first, MOD), pow(BASE, length, MOD),
+                    pow(BASE, WIDTH, MOD), SCRAMBLE) % MOD
 
 
 # --- device (torch: signed integers, which wrap alike) -------------------------------------------
@@ -249,9 +214,10 @@ def _device_sum(ints: Any, first: int, length: int, block: bool) -> int:
 
 
 def _device_rows(ints: Any, first: int, stride: int, acc: Any) -> None:
-    """``_host_rows`` into ``acc`` (an int64 scalar on the device), DEVICE_BATCH elements a step.
-    torch's integers are signed: its products wrap alike, its >> copies the sign bit (masked
-    off here), and its widening keeps the sign, as numpy's copy from a signed view does."""
+    """sum over [r, c] of R**(first + r * stride + c) g(ints[r, c]) into ``acc`` (an int64
+    scalar on the device), DEVICE_BATCH elements a step. torch's integers are signed: its
+    products wrap alike, its >> copies the sign bit (masked off here), and its widening keeps the
+    sign, which the host loop gets by its xor and subtraction."""
     import torch
 
     rows, cols = ints.shape
@@ -415,10 +381,13 @@ class Sent:
 
     def add(self, names: Any, dtypes: Any, digests: Any, nbytes: int, rounded: Any = None,
             shapes: Any = None) -> None:
-        """One bucket's tensors (or one tensor's), ``nbytes`` on the wire; ``rounded``: their
+        """One bucket's tensors (or one tensor's), ``nbytes`` on the wire; ``digests`` None: not
+        taken (a record of the sizes); ``rounded``: their
         ``rounded_digests``, if taken; ``shapes``: theirs (a fused comparison needs them)."""
-        for i, (name, dtype, value) in enumerate(zip(names, dtypes, digests, strict=True)):
-            self.digests[name], self.dtypes[name], self.buckets[name] = int(value), dtype, self.count
+        for i, (name, dtype) in enumerate(zip(names, dtypes, strict=True)):
+            self.dtypes[name], self.buckets[name] = dtype, self.count
+            if digests is not None:
+                self.digests[name] = int(digests[i])
             if rounded and rounded[i]:
                 self.rounded[name] = dict(rounded[i])
             if shapes is not None:
@@ -427,6 +396,8 @@ class Sent:
         self.bytes += int(nbytes)
         self.peak_bytes = max(self.peak_bytes, int(nbytes))
 
-    def add_bucket(self, bucket: dict) -> None:
-        self.add(bucket["names"], bucket["dtypes"], bucket["digests"],
-                 sum(a.nbytes for a in bucket["arrays"]), bucket.get("rounded"), bucket.get("shapes"))
+    def add_bucket(self, bucket: dict, digests: Any = None, rounded: Any = None) -> None:
+        """A bucket, with its own digests or those given (``buckets.bucket_digests``)."""
+        self.add(bucket["names"], bucket["dtypes"], digests if digests is not None else bucket.get("digests"),
+                 sum(a.nbytes for a in bucket["arrays"]), rounded if rounded is not None else bucket.get("rounded"),
+                 bucket.get("shapes"))

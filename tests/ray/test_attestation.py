@@ -156,6 +156,59 @@ def test_weights_lost_with_their_learner_are_a_recovery_not_a_bad_load(ray_clust
     assert ledger.due == []
 
 
+def test_reports_wait_for_the_senders_digests_and_a_dead_sender_is_weights_lost(ray_cluster):
+    """The sender's record may follow the push (its digests of the store's copies, taken while
+    the receivers load them): reports in hand wait for it, never checked against nothing; once
+    it comes a mismatch stops the run; a sender that died before giving it lost the weights."""
+    import time
+
+    from actors.attestation import PushLedger, WeightsLost
+    from gdpo_ray.weights.digest import Sent
+
+    @ray_cluster.remote
+    def record(delay: float, digest: int) -> Sent:
+        time.sleep(delay)
+        sent = Sent()
+        sent.add(["w"], ["float32"], [digest], 4)
+        return sent
+
+    @ray_cluster.remote
+    def report(digest: int) -> dict:
+        return {"version": 1, "digests": {"w": digest}}
+
+    ledger = PushLedger()
+    ledger.expect(1, record.remote(1.5, 7))
+    ledger.awaiting("rollout actor 0", 1, report.remote(8))
+    ray_cluster.wait([ledger.due[0].ref])
+    ledger.poll()  # the report is in, the record is not: nothing is checked, nothing settled
+    assert len(ledger.due) == 1 and ledger.attested == 0
+    deadline = time.monotonic() + 30
+    with pytest.raises(WeightPushFailed, match="rollout actor 0 does not hold the weights version 1 it was sent"):
+        while time.monotonic() < deadline:
+            ledger.poll()
+            time.sleep(0.05)
+    ledger = PushLedger()
+    ledger.expect(2, record.remote(0, 7))
+    ledger.report("rollout actor 0", 2, {"version": 2, "digests": {"w": 7}})  # in hand: waits for the record
+    assert ledger.attested == 1
+
+    @ray_cluster.remote
+    class Learner:
+        def digests(self) -> Sent:
+            time.sleep(600)
+
+    learner = Learner.remote()
+    ledger = PushLedger()
+    ledger.expect(3, learner.digests.remote())
+    ledger.awaiting("rollout actor 0", 3, report.remote(7))
+    ray_cluster.wait([ledger.due[0].ref])
+    ray_cluster.kill(learner)
+    with pytest.raises(WeightsLost, match="the sender of push 1 died before recording its digests"):
+        while True:
+            ledger.poll()
+            time.sleep(0.05)
+
+
 def test_an_engine_holding_the_push_in_bfloat16_is_attested(ray_cluster):
     """The learners send float32; an engine computing in bfloat16 holds each tensor rounded, and
     matches the digests of the rounded tensors the sender took too."""

@@ -208,15 +208,16 @@ def test_a_push_from_fsdp2_learners_reaches_the_rollouts_and_is_attested(ray_clu
         for version in (1, 2):
             group.update(fixed_batch, ADV)
             pushed = push_weights(sender, rollouts, version)
-            ray_cluster.get([d.ref for d in rollouts.ledger.due])  # every actor has loaded it and reported
+            sent = pushed.sent if pushed.digests is None else ray_cluster.get(pushed.digests)
+            rollouts.ledger.settle()  # every actor has loaded it and reported, the sender's digests in
             rollouts.collect()
             held.append((actor_digests(rollouts.receivers()), learner_digests(group)))
         weights = group.get_weights()
     finally:
         group.shutdown()
         rollouts.shutdown()
-    assert set(pushed.sent.dtypes.values()) == {"float32"} and pushed.sent.digests.keys() == weights.keys()
-    assert pushed.sent.bytes == sum(v.nbytes for v in weights.values())
+    assert set(sent.dtypes.values()) == {"float32"} and sent.digests.keys() == weights.keys()
+    assert pushed.sent.bytes == sent.bytes == sum(v.nbytes for v in weights.values())
     if lora is None:
         assert "lm_head.weight" in weights and held[0][0] == [held[0][1][0]] * 2  # the engines' weights
         assert held[1][0] == [held[1][1][0]] * 2 != held[0][0]

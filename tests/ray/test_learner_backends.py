@@ -38,7 +38,7 @@ def test_every_backend_updates_resumes_and_pushes_alike(ray_cluster, tiny_model_
             expected = (group.update(fixed_batch, ADV), group.get_weights())
             ray_cluster.get([s.starting for s in rollouts.slots])
             push_weights(ObjectStoreTransport(group, 64 << 10), rollouts, 1)
-            ray_cluster.get([d.ref for d in rollouts.ledger.due])  # every actor has loaded it and reported
+            rollouts.ledger.settle()  # every actor has loaded it and reported, the sender's digests in
             rollouts.collect()
         finally:
             group.shutdown()

@@ -51,7 +51,6 @@ def small_batches(monkeypatch):
     """Rows of 8 elements and steps of 24: every loop of the digest runs many times on small
     tensors (a tail row, several column pieces, several batches)."""
     monkeypatch.setattr(dg, "WIDTH", 8)
-    monkeypatch.setattr(dg, "HOST_BATCH", 24)
     monkeypatch.setattr(dg, "DEVICE_BATCH", 24)
     monkeypatch.setattr(dg, "ROUND_BATCH", 10)
 
@@ -73,7 +72,7 @@ TENSORS = {
 @pytest.mark.parametrize("batches", ["default", "small"])
 @pytest.mark.parametrize("kind", sorted(TENSORS))
 def test_the_digest_is_the_docstrings_formula_on_both_paths_bit_for_bit(kind, batches, request):
-    """numpy (host), torch (the device path, run here on the host) and the plain loop agree
+    """The host loop (numba), torch (the device path, run here on the host) and the plain loop agree
     exactly, whole or shifted, in batches of any size."""
     if batches == "small":
         request.getfixturevalue("small_batches")

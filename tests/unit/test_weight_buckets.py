@@ -31,3 +31,28 @@ def test_flat_buckets_are_byte_ranges_and_round_trip(bucket_bytes, sizes):
     bucket = next(b for b in buckets if "c" in b["names"])
     assert "tied.c" in bucket["names"]
     assert bucket["offsets"][bucket["names"].index("c")] == bucket["offsets"][bucket["names"].index("tied.c")]
+
+
+@pytest.mark.parametrize("flat_buffer", [True, False])
+def test_digests_of_a_buckets_own_bytes_are_those_taken_while_packing(flat_buffer):
+    """A sender digests the copies it wrote into the object store (``bucket_digests``, with the
+    rounded variants), packed without digests: the same values as digesting while packing, on
+    flat buckets (byte ranges, tied names) and on per-tensor ones (a bfloat16 tensor too)."""
+    from gdpo_ray.weights.buckets import bucket_digests, pack_buckets
+
+    flat, views, entries = flat_model()
+    flat.copy_(torch.randn(40))
+    variants = ("bfloat16", "float16")
+    if flat_buffer:
+        raw = flat.view(torch.uint8).numpy()
+        packed = list(pack_flat_buckets(raw, entries, 64, variants))
+        bare = list(pack_flat_buckets(raw, entries, 64, variants, digests=False))
+    else:
+        tensors = list(views.items()) + [("h", torch.randn(3, 5).bfloat16())]
+        packed = list(pack_buckets(tensors, 64, variants=variants))
+        bare = list(pack_buckets(tensors, 64, variants=variants, digests=False))
+    assert len(bare) == len(packed) > 1 and all("digests" not in b for b in bare)
+    taken = [bucket_digests(without, variants) for without in bare]
+    assert [d for d, _ in taken] == [b["digests"] for b in packed]
+    assert [r for _, r in taken] == [b["rounded"] for b in packed]
+    assert sum(bool(x) for _, r in taken for x in r) == 4  # every float32 tensor has them, bfloat16 none
