@@ -47,8 +47,9 @@ class WeightPushFailed(RuntimeError):
 
 class WeightsLost(WeightPushFailed):
     """A rollout actor could not fetch a push's weights: they were lost with the process that
-    held them, the learner that sent them having died (Ray's ``ObjectLostError``). Not the
-    actor's fault: the driver recovers as from that learner's death, which pushes again."""
+    held them, the learner that sent them having died (Ray's ``ObjectLostError``); or that
+    learner died before giving the digests of what it sent. Not the actor's fault: the driver
+    recovers as from that learner's death, which pushes again."""
 
 
 @dataclasses.dataclass
@@ -92,7 +93,7 @@ class PushLedger:
         """An actor's report of the latest push of ``version``, in hand already (a broadcast's
         part), checked now."""
         push = self._latest.get(version)
-        self._arrived(push, wait=True)
+        self._arrived(push, wait=True)  # a broadcast's record comes with its reports: no wait
         self._check(label, push, version, report)
         self._settled(push)
 
@@ -126,11 +127,11 @@ class PushLedger:
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         ready, now = set(ready), time.monotonic()
         for due in list(self.due):
-            if due.ref in ready and self._arrived(due.push, wait=False):
-                self.due.remove(due)
+            if due.ref in ready:
                 try:
                     report = ray.get(due.ref)
                 except ray.exceptions.RayActorError:  # it died: its replacement reports instead
+                    self.due.remove(due)
                     self._settled(due.push)
                     continue
                 except ray.exceptions.RayTaskError as err:
@@ -140,9 +141,12 @@ class PushLedger:
                     if isinstance(cause, ray.exceptions.ObjectLostError):
                         raise WeightsLost(f"{said}; the learner that sent them is gone") from None
                     raise WeightPushFailed(f"{said}; {WHAT_TO_CHECK}") from None
-                self._check(due.label, due.push, due.version, report)
-                self._settled(due.push)
-            elif now - due.since > self.timeout_s:
+                if self._arrived(due.push, wait=False):  # else checked once the sender's record comes
+                    self.due.remove(due)
+                    self._check(due.label, due.push, due.version, report)
+                    self._settled(due.push)
+                    continue
+            if now - due.since > self.timeout_s:
                 if due.ref in ready:  # the actor reported; the sender's digests did not come
                     raise WeightPushFailed(
                         f"the sender of weights version {due.version} has not given the digests "
@@ -155,8 +159,9 @@ class PushLedger:
 
     def _arrived(self, push: int | None, wait: bool) -> bool:
         """Whether the sender's record of ``push`` is in hand (fetched now if it has arrived, or
-        with ``wait`` until it does). A sender that died before giving it lost the weights too
-        (``WeightsLost``: the driver recovers and pushes again)."""
+        with ``wait`` until it does, at most ``timeout_s``). A sender that died before giving it
+        lost the weights too (``WeightsLost``: the driver recovers and pushes again); one whose
+        digests raised stops the run with the cause."""
         sent = self.sent.get(push) if push is not None else None
         if sent is None or isinstance(sent, Sent):
             return True
@@ -165,10 +170,17 @@ class PushLedger:
         if not wait and not ray.wait([sent], timeout=0, fetch_local=True)[0]:
             return False
         try:
-            self.sent[push] = ray.get(sent)
-        except ray.exceptions.RayError as err:
+            self.sent[push] = ray.get(sent, timeout=self.timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as err:
             raise WeightsLost(f"the sender of push {push} died before recording its digests "
                               f"({str(err).splitlines()[0][:200]})") from None
+        except ray.exceptions.GetTimeoutError:
+            raise WeightPushFailed(f"the sender of push {push} has not given the digests of what it "
+                                   f"sent within {self.timeout_s:g} s: learner rank 0 may be stuck") from None
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None) or err
+            raise WeightPushFailed(f"the sender of push {push} could not digest what it sent: "
+                                   f"{str(cause).splitlines()[0][:400]}") from None
         return True
 
     def _check(self, label: str, push: int | None, version: int, report: dict) -> None:

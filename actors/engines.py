@@ -101,8 +101,10 @@ class EngineTraits:
       keeps each sample's KV for that rollout's next turn, and ``release(keys)`` forgets them
       (a batched call's turn loop passes them for multi-turn rollouts: ``actors.samplers.Round``).
     - ``digests_by_name``: its ``weight_digests`` gives each pushed name's digest alone (no
-      fused keys), so the call may be split: the batched sampler takes the large tensors' on a
-      thread beside generation (``actors.samplers.BatchedSampler.digests``).
+      fused keys), so the call may be split, and it only reads the weights, so it may run on a
+      thread beside ``generate``: the batched sampler takes the large tensors' so
+      (``actors.samplers.BatchedSampler.digests``). A subclass that overrides ``weight_digests``
+      keeps both promises or sets it False.
     """
 
     exact_dtype: bool = False

@@ -165,7 +165,8 @@ class HFEngine:
 
         params = self._held()
         if self.lora:  # a layer whose weight is not the merge of its adapter reports nothing of it
-            stale = {name for name in self._layers if not self.torch.equal(
+            layers = {n.rpartition(".lora_")[0] for n in sent} & self._layers.keys()  # those asked of
+            stale = {name for name in layers if not self.torch.equal(
                 self._layers[name][0].base_layer.weight, self._merged(name))}
             params = {n: p for n, p in params.items() if n.rpartition(".lora_")[0] not in stale}
         return {name: digest_as(params[name].data, dtype) for name, dtype in sent.items() if name in params}

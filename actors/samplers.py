@@ -114,7 +114,8 @@ class BatchedSampler:
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
-        """One call generates (or one push loads) at a time: the engine is a plain object."""
+        """One call generates (or one push loads) at a time: the engine is a plain object (whose
+        ``weight_digests`` alone may run beside, where its traits say ``digests_by_name``)."""
         async with self._lock:
             yield
 

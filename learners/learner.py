@@ -370,14 +370,16 @@ class Learner(LearnerBackend):
 
     # -- weights, checkpoints ----------------------------------------------------------------
 
-    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any] | None:
+    def weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], Any, int] | None:
         """Rank 0: (ObjectRefs of the weight buckets, what was sent but the digests:
         ``digest.Sent``, this push's number), the digests being taken meanwhile on a thread from
-        the written copies (``sent_digests(number)``); None elsewhere. Every rank must call it (sharded weights are
-        gathered one at a time)."""
+        the written copies (``sent_digests(number)``); None elsewhere. Every rank must call it
+        (sharded weights are gathered one at a time)."""
         if self.rank != 0:
             self.sender.take_part()
             return None
+        for earlier in self._digesting.values():  # one push's copies digested at a time: its
+            earlier.exception()  # buckets leave the store before the next ones come (errors kept)
         refs, sent = self.sender.put_buckets(bucket_bytes)
         if self._digester is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -385,7 +387,8 @@ class Learner(LearnerBackend):
             self._digester = ThreadPoolExecutor(1, thread_name_prefix="weight-digests")
         self._pushes += 1
         self._digesting[self._pushes] = self._digester.submit(self.sender.digests_of, refs)
-        self._digesting.pop(self._pushes - 4, None)  # a record nobody asked for (a push abandoned)
+        for old in [p for p in self._digesting if p <= self._pushes - 4]:  # records nobody asked for
+            self._digesting.pop(old)
         return refs, sent, self._pushes
 
     def sent_digests(self, push: int) -> Any:

@@ -17,9 +17,10 @@ scrambled value of itself: moving an element (permuted or reversed rows, a trans
 shards), swapping the signs of a +x/-x pair, or moving two elements by one ulp in opposite
 directions changes the sum, and so does a reshape to another row length (``S``). One pass over
 the data: on the host a loop compiled by numba (``gdpo_ray.weights.host_digest``: each element
-read once, in unsigned 64-bit lanes, which wrap), on the tensor's own device torch's array
-operations in batches of bounded size (the same arithmetic in signed integers, which wrap alike;
-``tests/unit/test_digest.py`` holds the two bit for bit together).
+read once, in unsigned 64-bit lanes, which wrap; numpy's array operations in a process running
+vLLM, ``_compiled``), on the tensor's own device torch's array operations in batches of bounded
+size (the same arithmetic in signed integers, which wrap alike; ``tests/unit/test_digest.py``
+holds the three bit for bit together).
 
 Additive by global offset: the digest of elements placed ``o`` positions later is ``R**o`` times
 theirs (``shifted``), so the digest of tensors laid end to end (sharing a row length) is the sum
@@ -35,8 +36,8 @@ It is a check against silent faults, not a cryptographic hash: arithmetic modulo
 some structure (``R**i`` and ``R**j`` agree in their lowest 2 + v2(i - j) bits, so a change
 moving elements 2**k positions apart goes unseen with probability about 2**(k + 2 - 64)).
 
-The sender computes the digest of what it sends (per tensor, while packing each bucket:
-``gdpo_ray.weights.buckets``); a receiver converts what its engine holds to the sent dtype and
+The sender computes the digest of what it sends (per tensor: of the copies it wrote into the
+object store, or while packing each bucket for a broadcast: ``gdpo_ray.weights.buckets``); a receiver converts what its engine holds to the sent dtype and
 digests that (``digest_as``); ``compare`` names the first tensors that differ. An engine may hold
 a float32 push in a lower precision (vLLM in bfloat16): for such engines the sender also takes
 the digest of each float32 tensor rounded to that precision and back (``rounded_digests``,
@@ -48,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 MOD = 1 << 64
@@ -59,6 +61,7 @@ VARIANTS = ("bfloat16", "float16")
 BASE = 0x9E3779B97F4A7C15  # R: odd, 5 mod 8, so its powers repeat only after 2**62 positions
 SCRAMBLE = 0xBF58476D1CE4E5B9  # K (its low w bits for w-bit elements): odd, so g is a bijection
 WIDTH = 1 << 15  # elements per piece of a row (the length of the table of R's powers)
+HOST_BATCH = 1 << 17  # elements per numpy step (where numba is not loaded): 2 MiB of temporaries
 DEVICE_BATCH = 1 << 22  # elements per torch step on a device: 32 MiB temporaries
 ROUND_BATCH = 1 << 20  # elements converted to another dtype at a time (digest_as, rounded_digests)
 
@@ -168,19 +171,75 @@ def _powers(base: int, count: int) -> Any:
     return out
 
 
-# --- host (numba: gdpo_ray.weights.host_digest) -------------------------------------------------
+# --- host (numba: gdpo_ray.weights.host_digest; numpy where numba may not load) --------------------
 
 def _host_sum(ints: Any, first: int, length: int, block: bool) -> int:
     """sum_i R**(position of i) g(ints[i]) (before S), ``ints`` a contiguous numpy integer array:
-    a block of columns by its rows (row r from ``first + r * length``), a run as one row."""
+    a block of columns by its rows (row r from ``first + r * length``), a run as one row; by the
+    compiled loop, else numpy's array operations in rows of WIDTH."""
+    compiled = _compiled()
+    if compiled is not None:
+        rows = ints.reshape(-1, ints.shape[-1]) if block else ints.reshape(1, -1)
+        if not rows.size:
+            return 0
+        lanes = rows.view(f"uint{8 * ints.itemsize}")  # widened without the sign: g masks to w bits
+        return compiled(lanes, _powers(BASE, WIDTH), pow(BASE, first, MOD), pow(BASE, length, MOD),
+                        pow(BASE, WIDTH, MOD), SCRAMBLE) % MOD
+    if block:
+        return _host_rows(ints.reshape(-1, ints.shape[-1]), first, length)
+    flat = ints.reshape(-1)
+    full = flat.size // WIDTH * WIDTH
+    total = _host_rows(flat[:full].reshape(-1, WIDTH), first, WIDTH) if full else 0
+    if full < flat.size:
+        total += _host_rows(flat[full:].reshape(1, -1), first + full, WIDTH)
+    return total % MOD
+
+
+def _compiled() -> Any:
+    """``host_digest.rows_sum`` (numba), or None in a process that has loaded vLLM: vLLM 0.32's
+    CPU kernel registration, at each engine's start, scans every loaded module and fails on the
+    function wrappers of llvmlite, which numba loads, so a vLLM process keeps to numpy (about
+    1.8x slower). A process that loads vLLM after its first host digest would fail so: rollout
+    actors start their engines first, and learners and drivers run none."""
+    if "vllm" in sys.modules:
+        return None
     from gdpo_ray.weights.host_digest import rows_sum
 
-    rows = ints.reshape(-1, ints.shape[-1]) if block else ints.reshape(1, -1)
-    if not rows.size:
+    return rows_sum
+
+
+def _host_rows(ints: Any, first: int, stride: int) -> int:
+    """sum over [r, c] of R**(first + r * stride + c) g(ints[r, c]) of a 2-D integer array, a
+    batch of rows at a time: g in the elements' own width (three operations on narrow lanes),
+    widened, times R**c, summed per row; each row's sum weighed by R**(r * stride) and the
+    batch's by R**(its first position)."""
+    import numpy as np
+
+    rows, cols = ints.shape
+    if not rows or not cols:
         return 0
-    lanes = rows.view(f"uint{8 * ints.itemsize}")  # widened without the sign: g masks to w bits
-    return rows_sum(lanes, _powers(BASE, WIDTH), pow(BASE, first, MOD), pow(BASE, length, MOD),
-                    pow(BASE, WIDTH, MOD), SCRAMBLE) % MOD
+    bits = 8 * ints.itemsize
+    lanes = ints.view(f"uint{bits}")
+    scramble, half = np.dtype(lanes.dtype).type(SCRAMBLE % (1 << bits)), np.dtype(lanes.dtype).type(bits // 2)
+    table, total = _powers(BASE, WIDTH), 0
+    for c0 in range(0, cols, WIDTH):
+        width = min(WIDTH, cols - c0)
+        per = max(1, min(rows, HOST_BATCH // width))
+        steps = _powers(pow(BASE, stride, MOD), per)
+        v, t = np.empty((per, width), lanes.dtype), np.empty((per, width), lanes.dtype)
+        wide = v.view(np.uint64) if bits == 64 else np.empty((per, width), np.uint64)
+        for r0 in range(0, rows, per):
+            n = min(per, rows - r0)
+            np.multiply(lanes[r0:r0 + n, c0:c0 + width], scramble, out=v[:n])
+            np.right_shift(v[:n], half, out=t[:n])
+            np.bitwise_xor(v[:n], t[:n], out=v[:n])  # g(b), in the element's width
+            if bits < 64:  # widened with its sign
+                np.copyto(wide[:n].view(np.int64), v[:n].view(f"int{bits}"), casting="unsafe")
+            np.multiply(wide[:n], table[:width], out=wide[:n])  # R**c
+            sums = wide[:n].sum(axis=1, dtype=np.uint64)
+            sums *= steps[:n]  # R**(r * stride)
+            total += int(sums.sum(dtype=np.uint64)) * pow(BASE, first + r0 * stride + c0, MOD)
+    return total % MOD
 
 
 # --- device (torch: signed integers, which wrap alike) -------------------------------------------
@@ -314,8 +373,12 @@ def rounded_digests(tensor: Any, dtype: str, variants: Iterable[str],
         return {}
     import torch
 
-    if not hasattr(tensor, "element_size"):  # numpy bytes
-        tensor = torch.from_numpy(tensor)
+    if not hasattr(tensor, "element_size"):  # numpy bytes (an object store's copy: read-only, only read)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(tensor)
     shape = tuple(tensor.shape) if shape is None else tuple(shape)
     flat = tensor.view(torch.float32) if tensor.dtype == torch.uint8 else tensor.detach()
     flat = flat.reshape(-1)

@@ -1,9 +1,10 @@
 """The host half of the weight digest (``gdpo_ray.weights.digest``), compiled by numba: each
 element read once, g and the multiply by its power of R in 64-bit lanes the compiler vectorizes,
-without the GIL (a sender's or receiver's thread digests while another copies). About 1.3x one
+without the GIL (a sender's or receiver's thread digests while another works). About 2x one
 memory copy of the bytes (``benchmarks/weight_sync.py``: digest_over_memcpy), where the same
-arithmetic as numpy's array operations took about 3.5x. Compiled on first use and cached on
-disk, so a process pays only the load."""
+arithmetic as numpy's array operations took about 3.6x. Compiled on first use and cached on
+disk where numba finds a writable place (beside this file, or the user's cache directory), so a
+later process pays only the load; where none is writable, compiled in each process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ import numba
 import numpy as np
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+def _compiled(fn):
+    try:
+        return numba.njit(nogil=True, cache=True, boundscheck=False)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available" (read-only)
+        return numba.njit(nogil=True, boundscheck=False)(fn)
+
+
+@_compiled
 def _run(seg, table, mask, half, sign, scramble):
     """sum_c table[c] * g(seg[c]): g(b) = v ^ (v >> half), v = b * scramble masked to the
     element's w bits, read as signed w bits (``sign`` = 2**(w-1), 0 for 64-bit) and widened."""
@@ -23,7 +31,7 @@ def _run(seg, table, mask, half, sign, scramble):
     return acc
 
 
-@numba.njit(nogil=True, cache=True, boundscheck=False)
+@_compiled
 def _rows(x, table, first, row_step, chunk_step, mask, half, sign, scramble):
     """sum over [r, c] of R**(p(r) + c) g(x[r, c]), p(0) given as ``first`` = R**p(0), each
     next row's R**p(r) the last one's times ``row_step``, a row in pieces of the table's length

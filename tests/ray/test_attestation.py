@@ -208,6 +208,29 @@ def test_reports_wait_for_the_senders_digests_and_a_dead_sender_is_weights_lost(
             ledger.poll()
             time.sleep(0.05)
 
+    @ray_cluster.remote
+    def broken() -> Sent:
+        raise ValueError("no digest today")
+
+    @ray_cluster.remote
+    def failed_load() -> dict:
+        raise RuntimeError("the engine refused the tensor")
+
+    ledger = PushLedger()  # a digest that raised stops the run with its cause: not a lost learner
+    ledger.expect(4, broken.remote())
+    ledger.awaiting("rollout actor 0", 4, report.remote(7))
+    ray_cluster.wait([ledger.due[0].ref])
+    with pytest.raises(WeightPushFailed, match="the sender of push 1 could not digest what it sent: .*no digest today"):
+        ledger.settle()
+    ledger = PushLedger()  # a load that failed is told at once, not after the sender's record
+    late = record.remote(600, 7)
+    ledger.expect(5, late)
+    ledger.awaiting("rollout actor 0", 5, failed_load.remote())
+    ray_cluster.wait([ledger.due[0].ref])
+    with pytest.raises(WeightPushFailed, match="rollout actor 0 failed to load weights version 5: .*refused the tensor"):
+        ledger.poll()
+    ray_cluster.cancel(late, force=True)
+
 
 def test_an_engine_holding_the_push_in_bfloat16_is_attested(ray_cluster):
     """The learners send float32; an engine computing in bfloat16 holds each tensor rounded, and

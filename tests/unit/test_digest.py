@@ -51,6 +51,7 @@ def small_batches(monkeypatch):
     """Rows of 8 elements and steps of 24: every loop of the digest runs many times on small
     tensors (a tail row, several column pieces, several batches)."""
     monkeypatch.setattr(dg, "WIDTH", 8)
+    monkeypatch.setattr(dg, "HOST_BATCH", 24)
     monkeypatch.setattr(dg, "DEVICE_BATCH", 24)
     monkeypatch.setattr(dg, "ROUND_BATCH", 10)
 
@@ -69,11 +70,19 @@ TENSORS = {
 }
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def host(request, monkeypatch):
+    """The host path: the compiled loop, or numpy's (what a process running vLLM uses)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(dg, "_compiled", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("batches", ["default", "small"])
 @pytest.mark.parametrize("kind", sorted(TENSORS))
-def test_the_digest_is_the_docstrings_formula_on_both_paths_bit_for_bit(kind, batches, request):
-    """The host loop (numba), torch (the device path, run here on the host) and the plain loop agree
-    exactly, whole or shifted, in batches of any size."""
+def test_the_digest_is_the_docstrings_formula_on_every_path_bit_for_bit(kind, batches, host, request):
+    """The host loop (numba, or numpy's array operations), torch (the device path, run here on
+    the host) and the plain loop agree exactly, whole or shifted, in batches of any size."""
     if batches == "small":
         request.getfixturevalue("small_batches")
     torch.manual_seed(0)
@@ -83,6 +92,19 @@ def test_the_digest_is_the_docstrings_formula_on_both_paths_bit_for_bit(kind, ba
     if t.dtype != torch.bfloat16:  # numpy has no bfloat16
         assert digest(t.numpy()) == expected
     assert digest(t, 1000) == device_digest(t, 1000) == reference(t, 1000) == shifted(expected, 1000)
+
+
+def test_a_process_running_vllm_keeps_to_numpy(monkeypatch):
+    """vLLM's CPU kernel registration fails on llvmlite's objects, so where vLLM is loaded the
+    host digest does not load numba (and gives the same values)."""
+    import sys
+    import types
+
+    t = torch.randn(5, 7)
+    expected = digest(t)
+    assert dg._compiled() is not None
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    assert dg._compiled() is None and digest(t) == expected
 
 
 def test_one_pinned_value():
@@ -95,7 +117,7 @@ def test_one_pinned_value():
     assert digest(torch.tensor([1.0])) == 0x63806380 * (splitmix64(1) | 1) % MOD == 16436408341167408000
 
 
-def test_parts_where_they_sit_add_up_to_the_whole(small_batches):
+def test_parts_where_they_sit_add_up_to_the_whole(small_batches, host):
     """Row shards, column blocks (each row at offset + r * row_length) and runs of a flat
     tensor, each digested where it sits, sum to the whole's digest; the device path too."""
     torch.manual_seed(1)
