@@ -31,7 +31,7 @@ from gdpo_ray.config import check_value, default
 from gdpo_ray.losses import PolicyLossConfig, policy_loss
 from gdpo_ray.off_policy import Tally
 from gdpo_ray.truncation import Truncation
-from gdpo_ray.weights.digest import VARIANTS
+from gdpo_ray.weights.digest import VARIANTS, warm_host_digest
 from learners.backend import LearnerBackend
 from learners.response_logprobs import response_logprobs
 from learners.packing import packs_exactly
@@ -150,6 +150,8 @@ class Learner(LearnerBackend):
         self.sender = WeightSender(self, adapter_only=bool(cfg.lora), variants=tuple(cfg.digest_variants))
         self.channel = None
         self._digester, self._digesting, self._pushes = None, {}, 0  # weight_buckets' digests, on a thread
+        if self.rank == 0:  # the first push need not wait for the compiled digest
+            warm_host_digest()
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
             # (under LoRA the reference is the same model with its adapter disabled)
             self.ref = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
@@ -378,7 +380,7 @@ class Learner(LearnerBackend):
         if self.rank != 0:
             self.sender.take_part()
             return None
-        for earlier in self._digesting.values():  # one push's copies digested at a time: its
+        for earlier in list(self._digesting.values()):  # one push's copies digested at a time: its
             earlier.exception()  # buckets leave the store before the next ones come (errors kept)
         refs, sent = self.sender.put_buckets(bucket_bytes)
         if self._digester is None:
@@ -387,15 +389,15 @@ class Learner(LearnerBackend):
             self._digester = ThreadPoolExecutor(1, thread_name_prefix="weight-digests")
         self._pushes += 1
         self._digesting[self._pushes] = self._digester.submit(self.sender.digests_of, refs)
-        for old in [p for p in self._digesting if p <= self._pushes - 4]:  # records nobody asked for
-            self._digesting.pop(old)
+        for old in [p for p in list(self._digesting) if p <= self._pushes - 4]:  # nobody asked for them
+            self._digesting.pop(old, None)  # (sent_digests pops the others, on its own thread)
         return refs, sent, self._pushes
 
     def sent_digests(self, push: int) -> Any:
         """The full record (``digest.Sent``) of ``weight_buckets``' call number ``push``, once
         its digests are taken. Called in the concurrency group "digest": it runs beside the
         next update (the copies digested are the store's, which nothing writes)."""
-        return self._digesting.pop(push).result()
+        return self._digesting.pop(push).result()  # (dict operations are atomic: no lock)
 
     def open_broadcast(self, host: str, port: int, world_size: int) -> str:
         """Rank 0 joins a weight broadcast group as its root (with the rollout actors),

@@ -195,6 +195,21 @@ def _host_sum(ints: Any, first: int, length: int, block: bool) -> int:
     return total % MOD
 
 
+def warm_host_digest() -> None:
+    """Loads the compiled host digest (compiles it where numba has no cache yet: a second or
+    two) on a daemon thread, so that a process's first push does not wait for it; nothing in a
+    process running vLLM (``_compiled``). Called by learners and hf rollout actors at start."""
+    import threading
+
+    def warm() -> None:
+        import numpy as np
+
+        for width in ("uint32", "uint16"):  # float32 and bfloat16 pushes
+            _host_sum(np.zeros(2, width), 0, 1, False)
+
+    threading.Thread(target=warm, daemon=True, name="digest-warm-up").start()
+
+
 def _compiled() -> Any:
     """``host_digest.rows_sum`` (numba), or None in a process that has loaded vLLM: vLLM 0.32's
     CPU kernel registration, at each engine's start, scans every loaded module and fails on the
