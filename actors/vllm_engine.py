@@ -47,6 +47,7 @@ import weakref
 from typing import Any, Iterable, Mapping
 
 from actors.engines import EngineTraits, Sample, SamplingParams
+from gdpo_ray.weights.digest import keep_to_numpy
 
 WORKER_EXTENSION = "actors.vllm_worker_ext.WeightsFromFile"
 #: vLLM's greedy threshold (vllm.v1.sample.sampler's _SAMPLING_EPS): below it no temperature is applied
@@ -83,6 +84,7 @@ class VLLMEngine:
         old one)."""
         # the engine core runs in this process (a Ray actor), not in a child process
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        keep_to_numpy()  # before vLLM loads: its kernel registration fails beside numba
         import torch
         from vllm import LLM
 

@@ -65,6 +65,7 @@ from typing import Any, AsyncIterator, Iterable, Mapping
 from actors.engines import SamplingParams, VersionedSample
 from actors.vllm_engine import (WORKER_EXTENSION, Adapter, Adapters, VLLMEngine, lora_engine_kwargs,
                                 one_worker, vllm_truncation, with_weight_transfer, zero_adapter)
+from gdpo_ray.weights.digest import keep_to_numpy
 
 
 class AsyncVLLMEngine:
@@ -80,6 +81,7 @@ class AsyncVLLMEngine:
                  lora: Mapping[str, Any] | None = None, **engine_kwargs: Any) -> None:
         """``lora``: None (full weights) or ``llm.lora``'s PEFT settings (module docstring; with
         it ``max_loras`` defaults to 2 and ``max_cpu_loras`` to max_loras + 1)."""
+        keep_to_numpy()  # before vLLM loads: its kernel registration fails beside numba
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -17,8 +17,8 @@ scrambled value of itself: moving an element (permuted or reversed rows, a trans
 shards), swapping the signs of a +x/-x pair, or moving two elements by one ulp in opposite
 directions changes the sum, and so does a reshape to another row length (``S``). One pass over
 the data: on the host a loop compiled by numba (``gdpo_ray.weights.host_digest``: each element
-read once, in unsigned 64-bit lanes, which wrap; numpy's array operations in a process running
-vLLM, ``_compiled``), on the tensor's own device torch's array operations in batches of bounded
+read once, in unsigned 64-bit lanes, which wrap; numpy's array operations in a process whose
+engine cannot abide numba, ``keep_to_numpy``), on the tensor's own device torch's array operations in batches of bounded
 size (the same arithmetic in signed integers, which wrap alike; ``tests/unit/test_digest.py``
 holds the three bit for bit together).
 
@@ -49,7 +49,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 MOD = 1 << 64
@@ -66,6 +65,7 @@ DEVICE_BATCH = 1 << 22  # elements per torch step on a device: 32 MiB temporarie
 ROUND_BATCH = 1 << 20  # elements converted to another dtype at a time (digest_as, rounded_digests)
 
 _INT_OF_WIDTH = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+_NUMPY_ONLY = False  # keep_to_numpy
 _tables: dict = {}  # (base, count, device) -> torch tensor of powers on that device
 
 
@@ -198,7 +198,7 @@ def _host_sum(ints: Any, first: int, length: int, block: bool) -> int:
 def warm_host_digest() -> None:
     """Loads the compiled host digest (compiles it where numba has no cache yet: a second or
     two) on a daemon thread, so that a process's first push does not wait for it; nothing in a
-    process running vLLM (``_compiled``). Called by learners and hf rollout actors at start."""
+    process that keeps to numpy (``keep_to_numpy``). Called by learners and hf rollout actors at start."""
     import threading
 
     def warm() -> None:
@@ -210,13 +210,20 @@ def warm_host_digest() -> None:
     threading.Thread(target=warm, daemon=True, name="digest-warm-up").start()
 
 
+def keep_to_numpy() -> None:
+    """This process's host digests go through numpy, never numba: what an engine calls, before
+    it loads its library, where that library cannot abide numba's llvmlite in its process (the
+    vLLM engines: vLLM 0.32's CPU kernel registration, at each engine's start, scans every
+    loaded module and fails on llvmlite's function wrappers). numpy is about 1.8x slower."""
+    global _NUMPY_ONLY
+    _NUMPY_ONLY = True
+
+
 def _compiled() -> Any:
-    """``host_digest.rows_sum`` (numba), or None in a process that has loaded vLLM: vLLM 0.32's
-    CPU kernel registration, at each engine's start, scans every loaded module and fails on the
-    function wrappers of llvmlite, which numba loads, so a vLLM process keeps to numpy (about
-    1.8x slower). A process that loads vLLM after its first host digest would fail so: rollout
-    actors start their engines first, and learners and drivers run none."""
-    if "vllm" in sys.modules:
+    """``host_digest.rows_sum`` (numba), or None where the process keeps to numpy
+    (``keep_to_numpy``). An engine that loads such a library after a host digest of its
+    process would fail: rollout actors start their engines first, learners and drivers run none."""
+    if _NUMPY_ONLY:
         return None
     from gdpo_ray.weights.host_digest import rows_sum
 

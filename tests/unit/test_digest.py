@@ -74,7 +74,7 @@ TENSORS = {
 def host(request, monkeypatch):
     """The host path: the compiled loop, or numpy's (what a process running vLLM uses)."""
     if request.param == "numpy":
-        monkeypatch.setattr(dg, "_compiled", lambda: None)
+        monkeypatch.setattr(dg, "_NUMPY_ONLY", True)
     return request.param
 
 
@@ -94,17 +94,19 @@ def test_the_digest_is_the_docstrings_formula_on_every_path_bit_for_bit(kind, ba
     assert digest(t, 1000) == device_digest(t, 1000) == reference(t, 1000) == shifted(expected, 1000)
 
 
-def test_a_process_running_vllm_keeps_to_numpy(monkeypatch):
-    """vLLM's CPU kernel registration fails on llvmlite's objects, so where vLLM is loaded the
-    host digest does not load numba (and gives the same values)."""
-    import sys
-    import types
+def test_a_process_whose_engine_cannot_abide_numba_keeps_to_numpy(monkeypatch):
+    """vLLM's CPU kernel registration fails on llvmlite's objects, so its engines call
+    ``keep_to_numpy`` before loading it: the host digest then never loads numba, and gives the
+    same values."""
+    from actors import vllm_engine, vllm_stream_engine
 
     t = torch.randn(5, 7)
     expected = digest(t)
     assert dg._compiled() is not None
-    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setattr(dg, "_NUMPY_ONLY", False)
+    dg.keep_to_numpy()
     assert dg._compiled() is None and digest(t) == expected
+    assert vllm_engine.keep_to_numpy is vllm_stream_engine.keep_to_numpy is dg.keep_to_numpy
 
 
 def test_one_pinned_value():
