@@ -111,10 +111,6 @@ class BatchedSampler:
     def __init__(self, engine: Any, group_size: int, admit: Callable[[], Awaitable[None]]) -> None:
         self.engine = engine
         self._lock = asyncio.Lock()
-        if traits_of(type(engine)).digests_by_name:  # its first push need not wait for the compiled digest
-            from gdpo_ray.weights.digest import warm_host_digest
-
-            warm_host_digest()
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:

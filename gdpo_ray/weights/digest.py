@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 MOD = 1 << 64
@@ -198,7 +199,8 @@ def _host_sum(ints: Any, first: int, length: int, block: bool) -> int:
 def warm_host_digest() -> None:
     """Loads the compiled host digest (compiles it where numba has no cache yet: a second or
     two) on a daemon thread, so that a process's first push does not wait for it; nothing in a
-    process that keeps to numpy (``keep_to_numpy``). Called by learners and hf rollout actors at start."""
+    process that keeps to numpy (``keep_to_numpy``). Called by learners (rank 0) at start; not by
+    rollout actors, whose process may start a vLLM engine after it (benchmarks, tests)."""
     import threading
 
     def warm() -> None:
@@ -217,6 +219,14 @@ def keep_to_numpy() -> None:
     loaded module and fails on llvmlite's function wrappers). numpy is about 1.8x slower."""
     global _NUMPY_ONLY
     _NUMPY_ONLY = True
+    if "llvmlite" in sys.modules:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "numba (llvmlite) is loaded in this process already (a host weight digest ran here before "
+            "this engine started): vLLM 0.32 on CPU fails to start beside it ('_lib_fn_wrapper' object "
+            "has no attribute 'get'); start vLLM engines before any push in their process, or in a "
+            "process of their own")
 
 
 def _compiled() -> Any:
