@@ -43,9 +43,10 @@ logger = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Pushed:
     """One version sent. ``sent``: what the sender sent (each tensor's digest and bucket, the
-    bytes: ``gdpo_ray.weights.digest.Sent``; without the digests where ``digests`` is given); ``buckets``: ObjectRefs each receiver loads (and
-    an actor started later), or None when every receiver has loaded the version already;
-    ``reports``: the receivers' attestations in hand already (a broadcast's parts); ``replace``:
+    bytes: ``gdpo_ray.weights.digest.Sent``; without the digests where ``digests`` is given);
+    ``buckets``: ObjectRefs each receiver loads (and an actor started later), or None when every
+    receiver has loaded the version already; ``reports``: the receivers' attestations in hand
+    already (a broadcast's parts); ``replace``:
     actors to be replaced (their part of a broadcast failed); ``digests``: the ObjectRef of the
     full record where ``sent`` holds the sizes only (the sender digests the object store's copies
     while the receivers load them)."""

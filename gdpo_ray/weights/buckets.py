@@ -5,10 +5,10 @@ tensor (``pack_buckets``: bf16 travels as bf16, nothing is concatenated), or one
 byte range of a flat buffer with ``offsets`` locating its tensors (``pack_flat_buckets``:
 DeepSpeed's flat parameter storage under ZeRO-1/2, written into the object store at memory-copy
 speed); with ``digests`` (and ``rounded``), each tensor's digest (``gdpo_ray.weights.digest``: of
-its values, their positions and its shape, for the attestation of every push), taken while
-packing or afterwards from the bucket's own bytes (``bucket_digests``: a sender digests the
-copy it wrote into the object store while the receivers load it). A single tensor larger than the bucket size travels alone. Peak extra memory on the
-sender is one bucket; no whole model is ever gathered into one tensor. Every transport
+its values, their positions and its shape, for the attestation of every push), taken from the
+bucket's own bytes (``bucket_digests``) as it is packed, or afterwards (a sender digests the copy
+it wrote into the object store while the receivers load it). A single tensor larger than the
+bucket size travels alone. Peak extra memory on the sender is one bucket; no whole model is ever gathered into one tensor. Every transport
 (``gdpo_ray.run.transports``) carries these buckets, or tensors in the same order.
 """
 
@@ -33,25 +33,21 @@ def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
     tensor's entry also gets (``rounded``)."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
-    bucket, size = _empty(digests), 0
+    bucket, size = _empty(), 0
     for name, tensor in named_tensors:
         flat = tensor.detach() if on_device else tensor.detach().cpu()
         raw = flat.contiguous().view(-1).view(_uint8())
         raw = raw if on_device else raw.numpy()
         if bucket["names"] and size + raw.nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = _empty(digests), 0
-        dtype = str(tensor.dtype).removeprefix("torch.")
+            yield _digested(bucket, digests, variants)
+            bucket, size = _empty(), 0
         bucket["names"].append(name)
-        bucket["dtypes"].append(dtype)
-        if digests:
-            bucket["digests"].append(digest_raw(raw, dtype, tuple(tensor.shape)))
-            bucket["rounded"].append(rounded_digests(flat, dtype, variants))
+        bucket["dtypes"].append(str(tensor.dtype).removeprefix("torch."))
         bucket["shapes"].append(tuple(tensor.shape))
         bucket["arrays"].append(raw)
         size += raw.nbytes
     if bucket["names"]:
-        yield bucket
+        yield _digested(bucket, digests, variants)
 
 
 def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, tuple, int]],
@@ -68,32 +64,35 @@ def pack_flat_buckets(flat: np.ndarray, entries: Sequence[tuple[int, str, str, t
         grows = offset + nbytes > end  # a tied name inside the current range costs nothing
         if bucket is not None and bucket["names"] and grows and offset + nbytes - start > bucket_bytes:
             bucket["arrays"] = [flat[start:end]]
-            yield bucket
+            yield _digested(bucket, digests, variants)
             bucket = None
         if bucket is None:
-            bucket = _empty(digests) | {"offsets": []}
+            bucket = {"names": [], "dtypes": [], "shapes": [], "offsets": []}
             start = end = offset
         bucket["names"].append(name)
         bucket["dtypes"].append(dtype)
-        if digests:
-            bucket["digests"].append(digest_raw(flat[offset:offset + nbytes], dtype, shape))
-            bucket["rounded"].append(rounded_digests(flat[offset:offset + nbytes], dtype, variants, shape))
         bucket["shapes"].append(tuple(shape))
         bucket["offsets"].append(offset - start)
         end = max(end, offset + nbytes)
     if bucket is not None and bucket["names"]:
         bucket["arrays"] = [flat[start:end]]
-        yield bucket
+        yield _digested(bucket, digests, variants)
 
 
-def _empty(digests: bool) -> dict:
-    return {"names": [], "dtypes": [], "shapes": [], "arrays": []} | (
-        {"digests": [], "rounded": []} if digests else {})
+def _empty() -> dict:
+    return {"names": [], "dtypes": [], "shapes": [], "arrays": []}
+
+
+def _digested(bucket: dict, digests: bool, variants: Sequence[str]) -> dict:
+    if digests:
+        bucket["digests"], bucket["rounded"] = bucket_digests(bucket, variants)
+    return bucket
 
 
 def bucket_digests(bucket: dict, variants: Sequence[str] = ()) -> tuple[list[int], list[dict]]:
-    """Each tensor's digest and ``rounded_digests`` (``variants``) from a host bucket's own bytes
-    (numpy arrays: the copy read back from the object store)."""
+    """Each tensor's digest and ``rounded_digests`` (``variants``) from a bucket's own bytes
+    (numpy arrays on the host, as packed or read back from the object store, or uint8 torch
+    tensors on a device)."""
     import torch
 
     out, rounded = [], []
