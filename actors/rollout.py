@@ -159,9 +159,9 @@ class RolloutActor:
         return self.version
 
     def engine_stats(self) -> dict:
-        """Requests in the engine now, its sequence slots, and the pause of every push (s), where
-        the engine counts them (a streaming engine)."""
-        return {key: getattr(self.engine, name) for key, name in
+        """The groups in flight on this actor (``groups``); the requests in the engine now, its
+        sequence slots and the pause of every push (s), where the engine counts them."""
+        return {"groups": len(self._open)} | {key: getattr(self.engine, name) for key, name in
                 (("active", "active"), ("slots", "max_num_seqs"), ("push_pause_s", "pause_s"))
                 if hasattr(self.engine, name)}
 

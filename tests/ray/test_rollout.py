@@ -98,10 +98,12 @@ def test_epoch_accounting_with_an_actor_killed(ray_cluster, tiny_model_dir, tiny
     killed = []
 
     def kill_one(version):
-        # kill an actor while it is generating (with the buffer full, none may be in flight yet)
+        # kill an actor while it is generating (with the buffer full, none may be in flight yet).
+        # A kill lands a moment later, and a call may finish meanwhile (nothing to re-issue then):
+        # again, up to three kills, until one took prompts with it
         busy = [s for s in group.slots if s.starting is None and s.calls
                 and not ray_cluster.wait([c.gen for c in s.calls], timeout=0, fetch_local=False)[0]]
-        if not killed and busy:
+        if len(killed) < 3 and busy and group.stats["reissued"] == 0:
             killed.append(ray_cluster.kill(busy[0].handle))
 
     try:
@@ -190,9 +192,14 @@ def test_generation_in_flight_finishes_on_its_version(ray_cluster, tiny_model_di
     prompts = PromptSource(ROWS).take(4)
     try:
         first = actor.generate.options(num_returns=2).remote(prompts[:2])
-        # arrives while the first call runs: it waits for it (a batched call holds the engine). An
-        # async actor runs a call whose argument is still being fetched after later calls, so the
-        # next call goes out once the push is in
+        # an async actor runs calls in no set order (Ray's out-of-order execution): the push goes
+        # out once the first call has started, and arrives while it runs (a batched call holds the
+        # engine: the push waits for it); the next call goes out once the push is in
+        deadline = time.monotonic() + 120
+        while (not ray_cluster.wait([first[0]], timeout=0, fetch_local=False)[0]
+               and ray_cluster.get(actor.engine_stats.remote())["groups"] == 0):
+            assert time.monotonic() < deadline, "the first call never started"
+            time.sleep(0.005)
         assert ray_cluster.get(actor.set_weights.remote(1, tiny_weights))["version"] == 1
         second = actor.generate.options(num_returns=2).remote(prompts[2:])
         meta1, batch1 = ray_cluster.get(first)
