@@ -45,14 +45,23 @@ class HFEngine:
         pass  # nothing outlives the actor
 
     def __init__(self, model_path: str, dtype: str = "float32", device: str = "cpu",
-                 seed: int = 0, lora: Mapping[str, Any] | None = None) -> None:
+                 seed: int = 0, lora: Mapping[str, Any] | None = None, model: Any = None) -> None:
+        """``model``: a module already built, whose weights this engine shares and never loads
+        into, on its own device, in its own mode outside ``generate`` (a learner's module, with
+        its LoRA layers if it has them: ``generation.engine_in_learner``); ``dtype``, ``device``
+        and ``lora`` are then its own."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        self.lora = lora or None
+        self.shared = model is not None
+        if self.shared:
+            self.model, self.lora = model, None
+            device = next(model.parameters()).device
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            self.lora = lora or None
         if self.lora:
             from peft import get_peft_model
 
@@ -67,7 +76,8 @@ class HFEngine:
                 setattr(peft_model.get_submodule(parent), child, layer.base_layer)
             self.model = peft_model.get_base_model()
             self._merge(self._layers)
-        self.model.to(device).eval()
+        if not self.shared:
+            self.model.to(device).eval()
         self.device = device
         self.eos_ids = _eos_ids(self.model.generation_config.eos_token_id, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -97,11 +107,16 @@ class HFEngine:
             self.kv.reused_tokens += sum(r[0] for r in reused if r is not None)
         self.kv.prefilled_tokens += sum(map(len, prompt_token_ids)) - sum(r[0] for r in reused or [] if r)
         kept = [] if keys is not None else None
-        rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature,
-                      truncation=sampling.truncation, truncated_logprobs=sampling.truncated_logprobs,
-                      max_tokens=sampling.max_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                      generator=self.generator, stop_check=self._stop_check(sampling.stop),
-                      reused=reused, kept=kept)
+        training = self.model.training  # a shared module may be in training mode (dropout)
+        self.model.eval()
+        try:
+            rows = decode(self.model, prompt_token_ids, n, temperature=sampling.temperature,
+                          truncation=sampling.truncation, truncated_logprobs=sampling.truncated_logprobs,
+                          max_tokens=sampling.max_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                          generator=self.generator, stop_check=self._stop_check(sampling.stop),
+                          reused=reused, kept=kept)
+        finally:
+            self.model.train(training)
         for key, (tokens, kv) in zip(keys or [], kept or []):
             if key is not None:
                 self.kv.put(key, tokens, kv)
@@ -135,8 +150,14 @@ class HFEngine:
         device with the right dtype becomes the parameter's storage as it is (zero-copy: for a
         push through the object store, the read-only shared-memory buffer, which generation only
         reads); anything else is converted into fresh memory. With LoRA: the adapter's tensors,
-        under the names PEFT saves them with."""
+        under the names PEFT saves them with. An engine that shares its module takes none: the
+        module is the sender's (an empty load only forgets the KV of the old weights)."""
         import warnings
+
+        named_tensors = list(named_tensors)
+        if self.shared and named_tensors:
+            raise ValueError("this engine shares its module's weights (generation.engine_in_learner): "
+                             "nothing is loaded into it")
 
         self.kv.clear()  # KV of the old weights
         params = self._held()

@@ -77,16 +77,21 @@ class RolloutGroup:
             places them on nodes that offer a custom ``rollout`` resource).
         placement_group: the colocated layout: actor i runs in bundle i of this placement group
             (the learners', whose bundles hold room for it).
+        start: ``start(i, actor_kwargs)`` -> the handle of an actor that serves rollout actor i
+            and that another part of the run owns (a learner hosting the engine in its process:
+            ``generation.engine_in_learner``); such an actor is never killed here.
     """
 
     def __init__(self, actor_kwargs: Mapping[str, Any], num_actors: int, prompts: PromptSource | None,
                  buffer: ArrowBuffer | None, prompts_per_call: int = 1, calls_per_actor: int = 2,
                  num_cpus: float = 1, num_gpus: float = 0,
-                 resources: Mapping[str, float] | None = None, placement_group: Any = None) -> None:
+                 resources: Mapping[str, float] | None = None, placement_group: Any = None,
+                 start: Callable[[int, Mapping[str, Any]], ActorHandle] | None = None) -> None:
         import ray
 
         self._ray = ray
         self._placement_group = placement_group  # colocated: actor i in bundle i
+        self._start = start
         actor_kwargs = dict(actor_kwargs)
         self.streaming = actor_kwargs.get("mode", "batched") == "streaming"
         if self.streaming:
@@ -124,7 +129,8 @@ class RolloutGroup:
                 placement_group=self._placement_group, placement_group_bundle_index=index)
         # each actor its own sampling stream (a restarted one takes up its predecessor's)
         seed = self.actor_kwargs.get("seed", 0) + 7919 * index
-        handle = self._remote.options(**options).remote(**dict(self.actor_kwargs, seed=seed))
+        kwargs = dict(self.actor_kwargs, seed=seed)
+        handle = self._start(index, kwargs) if self._start else self._remote.options(**options).remote(**kwargs)
         if self._weights is not None:
             self.ledger.awaiting(self.label(handle, index), self.version,
                                  handle.set_weights.remote(self.version, self._weights))
@@ -142,7 +148,11 @@ class RolloutGroup:
             slot = waiting[-1] if waiting else self.slots[-1]
             self.slots.remove(slot)
             self._reissue(slot.calls)
-            self._ray.kill(slot.handle)
+            self._kill(slot.handle)
+
+    def _kill(self, handle: ActorHandle) -> None:
+        if self._start is None:  # (an actor served by another part of the run is its to end)
+            self._ray.kill(handle)
 
     def receivers(self) -> list[ActorHandle]:
         """The actors' handles, in slot order (the receivers of a weight push)."""
@@ -298,7 +308,9 @@ class RolloutGroup:
             slot.node_id = self._ray.get(slot.starting)
             slot.starting, slot.failed_starts = None, 0
         except self._ray.exceptions.RayActorError as err:  # died while starting: start another
-            self._ray.kill(slot.handle)
+            if self._start is not None:  # its owner died (a learner): the owner's recovery hosts it anew
+                raise
+            self._kill(slot.handle)
             slot.failed_starts += 1
             if slot.failed_starts >= MAX_FAILED_STARTS:
                 raise RuntimeError(f"rollout actor {self.slots.index(slot)} failed to start "
@@ -311,7 +323,7 @@ class RolloutGroup:
         calls in flight are re-issued, each gets a fresh actor."""
         for slot in [s for s in self.slots if any(s.handle is h for h in handles)]:
             self._reissue(slot.calls)
-            self._ray.kill(slot.handle)
+            self._kill(slot.handle)
             self._replace(slot)
 
     def _replace(self, slot: _Slot) -> None:
@@ -373,7 +385,7 @@ class RolloutGroup:
         """A dead actor: its calls' unreported prompts re-issued, a fresh actor in its place."""
         if slot in self.slots:
             self._reissue(slot.calls)
-            self._ray.kill(slot.handle)
+            self._kill(slot.handle)
             self._replace(slot)
 
     def _take(self, call: _Call, meta: CallMeta) -> None:
@@ -448,7 +460,7 @@ class RolloutGroup:
                 self._ray.get(slot.handle.shutdown.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - the actor may be dead already
                 pass
-            self._ray.kill(slot.handle)
+            self._kill(slot.handle)
         self.slots = []
 
 

@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--no-cold", action="store_true", help="leave out the first runs with empty compile caches")
     parser.add_argument("--side", choices=("ours", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--staleness", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--hosted", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -106,22 +107,23 @@ def main() -> None:
     from gdpo_ray.model_files import resolve_model_path
 
     resolve_model_path(job_config(0, 1, args.steps).model_path)  # built once and cached, outside the timings
-    runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "trl": []}
+    runs: dict[str, list[dict]] = {"ours_async": [], "ours_sync": [], "ours_hosted": [], "trl": []}
     best: dict[str, int] = {}  # run kind -> its faster thread count, tried on the first seed
 
-    def at_best_threads(kind: str, side: str, seed: int, staleness: int = 1) -> None:
+    def at_best_threads(kind: str, side: str, seed: int, staleness: int = 1, hosted: bool = False) -> None:
         if kind not in best:  # the faster of 1 and 2 threads
-            tried = {n: child(args, side, seed, staleness=staleness, threads=n) for n in args.thread_counts}
+            tried = {n: child(args, side, seed, staleness=staleness, threads=n, hosted=hosted) for n in args.thread_counts}
             best[kind] = min(tried, key=lambda n: tried[n]["s_per_step"])
             runs[kind].append(tried[best[kind]])
             runs[f"{kind}_threads"] = [{"threads": n, "s_per_step": r["s_per_step"]} for n, r in tried.items()]
         else:
-            runs[kind].append(child(args, side, seed, staleness=staleness, threads=best[kind]))
+            runs[kind].append(child(args, side, seed, staleness=staleness, threads=best[kind], hosted=hosted))
 
     for seed in range(args.seeds):
         runs["ours_async"].append(child(args, "ours", seed, staleness=1))
         # synchronous: the phases alternate, so an actor may take both cores (training.num_threads)
         at_best_threads("ours_sync", "ours", seed, staleness=0)
+        at_best_threads("ours_hosted", "ours", seed, staleness=0, hosted=True)  # the engine in the learner
         at_best_threads("trl", "trl", seed)  # TRL at its best here
     trl_threads = best["trl"]
     # a user's first run: empty compile caches (a fresh TORCH_EXTENSIONS_DIR), each side at its best
@@ -135,13 +137,15 @@ def main() -> None:
         print_table(report)
 
 
-def child(args, side: str, seed: int, staleness: int = 1, threads: int = 1, cold: bool = False) -> dict:
+def child(args, side: str, seed: int, staleness: int = 1, threads: int = 1, cold: bool = False,
+          hosted: bool = False) -> dict:
     """One run in a process of its own: its measurements, with the parent's wall time and the
-    peak summed PSS of its process tree. ``cold``: with an empty torch extensions cache."""
+    peak summed PSS of its process tree. ``cold``: with an empty torch extensions cache;
+    ``hosted``: ours with ``generation.engine_in_learner`` (max_staleness 0)."""
     with tempfile.TemporaryDirectory(prefix=f"vs-trl-{side}-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, __file__, "--side", side, "--seed", str(seed), "--steps", str(args.steps), "--model", args.model,
-               "--staleness", str(staleness), "--threads", str(threads), "--out", str(out)]
+               "--staleness", str(staleness), "--threads", str(threads), "--out", str(out)] + ["--hosted"] * hosted
         env = dict(os.environ, RAY_AUTH_MODE="disabled", TOKENIZERS_PARALLELISM="false",
                    OMP_NUM_THREADS=str(threads), PYTHONWARNINGS="ignore", TRANSFORMERS_VERBOSITY="error")
         if cold:
@@ -157,10 +161,10 @@ def child(args, side: str, seed: int, staleness: int = 1, threads: int = 1, cold
         result = json.loads(out.read_text())
     ends = np.array(result["step_ends"])
     result.update(wall_s=wall, pss_gib=peak.peak / 2**30, side=side, seed=seed,
-                  staleness=staleness, threads=threads,
+                  staleness=staleness, threads=threads, hosted=hosted,
                   s_per_step=float(np.mean(np.diff(ends[STEADY_FROM - 1:]))),
                   last5={name: float(np.mean([r[name] for r in result["rewards"][-5:]])) for name in REWARDS})
-    print(f"  {side:4s} seed {seed} staleness {staleness} threads {threads}{' (cold)' * cold}: {wall:.1f} s, "
+    print(f"  {side:4s} seed {seed} staleness {staleness} threads {threads}{' (cold)' * cold}{' (hosted)' * hosted}: {wall:.1f} s, "
           f"{result['s_per_step']:.3f} s/step, {result['pss_gib']:.2f} GiB, last 5: "
           + " / ".join(f"{result['last5'][n]:.2f}" for n in REWARDS), file=sys.stderr, flush=True)
     return result
@@ -209,8 +213,9 @@ def summarize(runs: dict, trl_threads: int | None) -> dict:
 
     report: dict = {"seeds": len(runs["trl"]), "trl_threads": trl_threads,
                     "trl_thread_trial": runs.get("trl_threads", []),
-                    "sync_thread_trial": runs.get("ours_sync_threads", [])}
-    for side in ("ours_async", "ours_sync", "trl"):
+                    "sync_thread_trial": runs.get("ours_sync_threads", []),
+                    "hosted_thread_trial": runs.get("ours_hosted_threads", [])}
+    for side in ("ours_async", "ours_sync", "ours_hosted", "trl"):
         for key in ("wall_s", "s_per_step", "pss_gib"):
             report[f"{side}_{key}"] = med(side, key)
         for name in REWARDS:
@@ -218,6 +223,9 @@ def summarize(runs: dict, trl_threads: int | None) -> dict:
         report[f"{side}_startup_s"] = med(side, "startup_s")
     report["async_speedup_vs_trl"] = report["trl_s_per_step"] / report["ours_async_s_per_step"]
     report["sync_speedup_vs_trl"] = report["trl_s_per_step"] / report["ours_sync_s_per_step"]
+    report["hosted_speedup_vs_trl"] = report["trl_s_per_step"] / report["ours_hosted_s_per_step"]
+    report["hosted_pss_ratio_vs_trl"] = report["ours_hosted_pss_gib"] / report["trl_pss_gib"]
+    report["hosted_startup_excess_vs_trl_s"] = report["ours_hosted_startup_s"] - report["trl_startup_s"]
     report["wall_ratio_vs_trl"] = report["ours_async_wall_s"] / report["trl_wall_s"]
     report["pss_ratio_vs_trl"] = report["ours_async_pss_gib"] / report["trl_pss_gib"]
     report["startup_excess_vs_trl_s"] = report["ours_async_startup_s"] - report["trl_startup_s"]
@@ -240,11 +248,13 @@ def print_table(r: dict) -> None:
           + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["sync_thread_trial"]) + "); TRL on "
           f"{r['trl_threads']} thread(s) (the faster of "
           + ", ".join(f"{t['threads']}: {t['s_per_step']:.3f} s/step" for t in r["trl_thread_trial"]) + ")")
-    print("| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | TRL |\n|---|---|---|---|")
+    sides = ("ours_async", "ours_sync", "ours_hosted", "trl")
+    print("| | gdpo-ray (max_staleness 1) | gdpo-ray (max_staleness 0) | gdpo-ray (engine in the learner) | TRL |\n"
+          "|---|---|---|---|---|")
     for label, key, fmt in rows:
-        print(f"| {label} | " + " | ".join(fmt.format(r[f"{s}_{key}"]) for s in ("ours_async", "ours_sync", "trl")) + " |")
+        print(f"| {label} | " + " | ".join(fmt.format(r[f"{s}_{key}"]) for s in sides) + " |")
     print("| rewards, last 5 steps (" + " / ".join(REWARDS) + ") | " + " | ".join(
-        " / ".join(f"{r[f'{s}_{n}_last5']:.2f}" for n in REWARDS) for s in ("ours_async", "ours_sync", "trl")) + " |")
+        " / ".join(f"{r[f'{s}_{n}_last5']:.2f}" for n in REWARDS) for s in sides) + " |")
     if "cold_wall_ratio_vs_trl" in r:
         print(f"first runs, empty compile caches: gdpo-ray {r['ours_cold_wall_s']:.1f} s, {r['ours_cold_pss_gib']:.2f} "
               f"GiB; TRL {r['trl_cold_wall_s']:.1f} s, {r['trl_cold_pss_gib']:.2f} GiB; cold_wall_ratio_vs_trl "
@@ -253,7 +263,9 @@ def print_table(r: dict) -> None:
           f"{r['sync_speedup_vs_trl']:.2f} (aim >= 1.0), wall_ratio_vs_trl {r['wall_ratio_vs_trl']:.2f} "
           f"(aim <= 1.2), pss_ratio_vs_trl {r['pss_ratio_vs_trl']:.2f} (aim <= 2.0), startup_excess_vs_trl_s "
           f"{r['startup_excess_vs_trl_s']:.1f} (aim <= 3), reward_gap_vs_trl "
-          f"{r['reward_gap_vs_trl']:.3f} (aim <= 0.05)")
+          f"{r['reward_gap_vs_trl']:.3f} (aim <= 0.05); the engine in the learner (max_staleness 0): "
+          f"hosted_speedup_vs_trl {r['hosted_speedup_vs_trl']:.2f}, hosted_pss_ratio_vs_trl "
+          f"{r['hosted_pss_ratio_vs_trl']:.2f}, hosted_startup_excess_vs_trl_s {r['hosted_startup_excess_vs_trl_s']:.1f}")
 
 
 def _trl_version() -> str:
@@ -284,7 +296,7 @@ def run_ours(args) -> None:
     from gdpo_ray.run.cli import main as cli
 
     code = cli(["train", PRESET, *OVERRIDES, f"run.steps={args.steps}", f"training.max_staleness={args.staleness}",
-                f"training.num_threads={args.threads}",
+                f"training.num_threads={args.threads}", f"generation.engine_in_learner={str(args.hosted).lower()}",
                 f"debugging.seed={args.seed}", "run.output_dir=runs", "run.checkpoint_at_end=false",
                 "run.export_policy=false"])
     if code:

@@ -109,6 +109,7 @@ FIELDS: dict[str, Field] = {
     "calls_per_actor": Field("generation", 2, "generate calls queued per rollout actor (batched; a streaming actor takes every prompt admission allows)", at_least=1),
     "reward_workers": Field("generation", None, "reward scoring processes per rollout actor (None: training.num_threads, the cores the actor's threads take: scoring runs between its generation and the update)", "int?", at_least=1),
     "colocate": Field("generation", False, "rollout engines share the learners' bundles (GPUs) and sleep during updates"),
+    "engine_in_learner": Field("generation", False, "the hf engine runs in learner rank 0's process and shares its module: nothing is pushed, one process fewer (synchronous runs: max_staleness 0, one learner, one rollout actor; docs/rollouts.md)"),
     # data: the prompts
     "prompts": Field("data", None, "a parquet/jsonl path, task:<name> (built-in synthetic task) or a list of rows", "any", fixed_on_resume=True),
     "num_prompts": Field("data", None, "rows of a task:<name> dataset (default: the task's own)", "int?", at_least=1, at_most=1_000_000, why="the rows of a built-in task are made in memory; a larger dataset belongs in a file", fixed_on_resume=True),

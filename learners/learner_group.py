@@ -40,9 +40,12 @@ class LearnerGroup:
     """N learners in a placement group (gang-scheduled), one process group among them."""
 
     def __init__(self, config: LearnerConfig, num_learners: int = 1, num_cpus_per_learner: float = 1,
-                 num_gpus_per_learner: float = 0, bundle_extra: dict | None = None) -> None:
+                 num_gpus_per_learner: float = 0, bundle_extra: dict | None = None,
+                 host: type | None = None) -> None:
         """``bundle_extra``: resources added to every learner's bundle for a rollout actor placed
-        beside it (the colocated layout: ``RolloutGroup(placement_group=group.pg)``)."""
+        beside it (the colocated layout: ``RolloutGroup(placement_group=group.pg)``, or one
+        hosted in the learner's process); ``host``: a class mixed into the learners' (the
+        methods of a rollout actor served by the learner: ``generation.engine_in_learner``)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -69,6 +72,8 @@ class LearnerGroup:
                 f"learners.num_cpus_per_learner / num_gpus_per_learner) or add nodes") from None
         # the backend's class (set_threads runs beside an update, in the concurrency group "dial",
         # and sent_digests beside the next update, in "digest")
+        if host is not None:
+            backend = type(f"{backend.__name__}With{host.__name__}", (host, backend), {})
         cls = ray.remote(concurrency_groups={"dial": 1, "digest": 1})(backend)
         self._updates = 0  # the tickets of the updates: set_threads names the one it is for
         env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":

@@ -196,7 +196,7 @@ class GDPO(GDPOState, Algorithm):
             config = cls.get_default_config().update_from_dict(config)
         learner = {"CPU": config.num_cpus_per_learner, "GPU": config.num_gpus_per_learner}
         bundles = [{"CPU": config.num_cpus_for_main_process}]
-        if config.colocate:  # each learner's bundle also holds its rollout actor
+        if config.colocate or config.engine_in_learner:  # each learner's bundle also holds its rollout actor
             learner = fields.merge_resources(learner, config.rollout_resources)
         else:
             bundles += [config.rollout_resources] * fields.env_runner_range(config)[0]
@@ -246,7 +246,7 @@ class GDPO(GDPOState, Algorithm):
         self.completion_log, self.last_completions = CompletionLog(self.model_path, self.reward_names, c.log_completions), []
         self.judge_pool = run_judges.start_pool(c, c.seed or 0)  # the judges the rollout actors ask
         try:
-            if c.colocate:  # the rollout actors go into the learners' placement group
+            if c.colocate or c.engine_in_learner:  # the rollout actors go into the learners' placement group (process)
                 self._start_learners()
                 self.rollouts = self._build_rollouts()
             else:  # the rollout actors start while the learners set up (both take seconds)
@@ -273,17 +273,26 @@ class GDPO(GDPOState, Algorithm):
 
     def _start_learners(self) -> None:
         """The learners, and the weight transport (``training.weight_sync``) that sends from them."""
-        from gdpo_ray.run.transports import make_transport
+        from gdpo_ray.run.in_learner import RolloutHost
+        from gdpo_ray.run.transports import SharedTransport, make_transport
         from learners.learner_group import LearnerGroup
 
         c = self.config
-        extra = c.rollout_resources if c.colocate else None
+        extra = c.rollout_resources if c.colocate or c.engine_in_learner else None
         learner_config = dataclasses.replace(c.learner_config, model_path=str(self.model_path),
                                              model_files=self.model_files)
         self.learners = LearnerGroup(learner_config, num_learners=max(1, c.num_learners),
                                      num_cpus_per_learner=c.num_cpus_per_learner,
-                                     num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra)
-        self.transport = make_transport(c.weight_sync, self.learners, c.weight_bucket_bytes)
+                                     num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra,
+                                     host=RolloutHost if c.engine_in_learner else None)
+        self.transport = (SharedTransport(self.learners, c.weight_bucket_bytes) if c.engine_in_learner
+                          else make_transport(c.weight_sync, self.learners, c.weight_bucket_bytes))
+
+    def _host_rollouts(self, index: int, actor_kwargs: dict):
+        """The rollout actor hosted by learner rank 0 (``generation.engine_in_learner``): its handle."""
+        learner = self.learners.learners[0]
+        learner.host_rollouts.remote(actor_kwargs)  # before the group's ready(): one queue of calls
+        return learner
 
     def _build_rollouts(self):
         from actors.rollout_group import RolloutGroup, request_rollout_nodes
@@ -298,7 +307,8 @@ class GDPO(GDPOState, Algorithm):
                             prompts_per_call=c.prompts_per_call, calls_per_actor=c.calls_per_actor,
                             num_cpus=c.num_cpus_per_env_runner, num_gpus=c.num_gpus_per_env_runner,
                             resources=c.custom_resources_per_env_runner,
-                            placement_group=self.learners.pg if c.colocate else None)
+                            placement_group=self.learners.pg if c.colocate else None,
+                            start=self._host_rollouts if c.engine_in_learner else None)
 
     def _callback(self, name: str, **kwargs: Any) -> None:
         from ray.rllib.callbacks.utils import make_callback

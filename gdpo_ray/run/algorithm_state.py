@@ -46,6 +46,8 @@ class GDPOState:
         except Exception:  # noqa: BLE001 - some of them are dead already
             pass
         self._start_learners()
+        if self.config.engine_in_learner:  # the rollout actor lived in the dead learner: hosted anew
+            self.rollouts.restart(self.rollouts.receivers())
         if self._last_checkpoint:
             self.restore_from_path(self._last_checkpoint)
         else:

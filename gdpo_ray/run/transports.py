@@ -53,7 +53,7 @@ class Pushed:
 
     version: int
     sent: Sent
-    buckets: list[ray.ObjectRef] | None = None
+    buckets: list[ray.ObjectRef] | dict | None = None  # {}: nothing to load (``SharedTransport``)
     digests: ray.ObjectRef | None = None
     reports: tuple[tuple[ActorHandle, dict], ...] = ()
     replace: tuple[ActorHandle, ...] = ()
@@ -161,6 +161,24 @@ class BroadcastTransport:
         if failed is not None or broken:
             raise _Broken(broken or [a for a, _ in parts], failed or "a rollout actor died")
         return results, members
+
+
+class SharedTransport:
+    """Nothing to send: the engine is hosted by learner rank 0 and shares its module
+    (``generation.engine_in_learner``, ``gdpo_ray.run.in_learner``). A push is an empty load
+    that gives the engine its version (ordered after the update, before the next call, on the
+    learner's one queue of calls); its report attests an empty record."""
+
+    name = "shared"
+
+    def __init__(self, learners: LearnerGroup, bucket_bytes: int) -> None:
+        self.learners = learners
+
+    def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
+        return Pushed(version, Sent(), buckets={})
+
+    def close(self) -> None:
+        """Nothing is held between sends."""
 
 
 TRANSPORTS: dict[str, type[WeightTransport]] = {"object_store": ObjectStoreTransport, "broadcast": BroadcastTransport}

@@ -67,6 +67,8 @@ def check(config: Any) -> None:
         raise ValueError(f"num_env_runners {list(c.num_env_runners)} is elastic: rollout actors "
                          "are counted by a custom Ray resource of the rollout nodes; use "
                          ".env_runners(custom_resources_per_env_runner={'rollout': 1})")
+    if c.engine_in_learner:
+        _check_engine_in_learner(c, low, high)
     if c.colocate:
         if c.max_staleness != 0:
             raise ValueError(f"colocate=True shares devices between generation and learning, which "
@@ -75,6 +77,28 @@ def check(config: Any) -> None:
             raise ValueError(f"colocate=True puts one rollout actor beside each learner: use "
                              f"num_env_runners == num_learners (got {c.num_env_runners} and "
                              f"{c.num_learners})")
+
+
+def _check_engine_in_learner(c: Any, low: int, high: int) -> None:
+    """generation.engine_in_learner: one learner hosts the one hf engine, synchronously, on a
+    module whose weights it holds whole (``gdpo_ray.run.in_learner``)."""
+    rules = [(c.max_staleness != 0, f"max_staleness={c.max_staleness}: the learner generates and "
+              "learns in turn, so groups cannot overlap an update; use training.max_staleness=0"),
+             (c.engine != "hf", f"engine {c.engine!r}: the hf engine is the one that can share the "
+              "learner's module; use generation.engine=hf"),
+             (max(1, c.num_learners) != 1 or (low, high) != (1, 1),
+              f"num_learners={c.num_learners} and num_env_runners={c.num_env_runners}: learner rank 0 "
+              "hosts the one rollout actor; use learners.num_learners=1 and env_runners.num_env_runners=1"),
+             (c.backend != "deepspeed" or c.zero_stage > 2, f"backend {c.backend!r} with zero_stage="
+              f"{c.zero_stage}: the engine reads the module's whole weights; use learners.backend=deepspeed "
+              "with training.zero_stage <= 2"),
+             (c.colocate, "colocate=true places a rollout actor beside each learner; engine_in_learner "
+              "puts it inside: set one of them"),
+             (c.mode == "streaming", "generation.mode=streaming: the hosted engine generates in "
+              "batches between updates; use generation.mode=batched")]
+    for broken, why in rules:
+        if broken:
+            raise ValueError(f"generation.engine_in_learner=true: {why}")
 
 
 def _check_environment(c: Any, specs: list[RewardSpec], fns: list) -> None:

@@ -59,6 +59,14 @@ def test_defaults_and_sections():
     (lambda c: c.generation(engine="vllm", colocate=True), "use generation.mode='batched' with colocate=True"),
     (lambda c: c.generation(colocate=True).training(max_staleness=1), "use max_staleness=0"),
     (lambda c: c.generation(colocate=True).env_runners(num_env_runners=2), "num_env_runners == num_learners"),
+    # the engine in the learner's process: synchronous, hf, one learner hosting one rollout actor
+    (lambda c: c.generation(engine_in_learner=True).training(max_staleness=1), "use training.max_staleness=0"),
+    (lambda c: c.generation(engine_in_learner=True, engine="vllm"), "use generation.engine=hf"),
+    (lambda c: c.generation(engine_in_learner=True).learners(num_learners=2), "use learners.num_learners=1"),
+    (lambda c: c.generation(engine_in_learner=True).env_runners(num_env_runners=2), "env_runners.num_env_runners=1"),
+    (lambda c: c.generation(engine_in_learner=True).training(zero_stage=3), "training.zero_stage <= 2"),
+    (lambda c: c.generation(engine_in_learner=True).learners(backend="fsdp2"), "use learners.backend=deepspeed"),
+    (lambda c: c.generation(engine_in_learner=True, colocate=True), "set one of them"),
     # tool environments (data.tool_environment) and their reward columns
     (lambda c: c.training(rewards=REWARDS + [{"name": "state", "fn": "environment"}]),
      "rewards ['state'] are an environment's (fn: environment), and no environment is set"),

@@ -1,0 +1,113 @@
+"""The rollout engine inside the learner's process (``generation.engine_in_learner``).
+
+On one machine without an accelerator, a separate rollout actor costs a process (a second copy
+of torch, the model and the tokenizer) and a weight push per step, though the synchronous mode
+never generates and learns at once. Here learner rank 0 hosts the run's one rollout actor: a
+``actors.rollout.RolloutActor`` built in its process on an ``hf`` engine that shares the
+learner's module (``HFEngine(model=...)``: the weights the update just wrote are the weights the
+next call samples from; nothing is pushed, nothing copied). The rollout group sees an actor like
+any other (``stream``, ``complete``, ``set_weights`` and the rest, by the same names): the
+learner's handle, with these methods mixed into its class (``RolloutHost``); a push is an empty
+load that gives the engine its version (``gdpo_ray.run.transports.SharedTransport``).
+
+The learner's actor runs one call at a time, in the order they were sent: an update, the push
+after it and the next generation follow one another, as the synchronous mode wants them. The
+rollout actor's coroutines run on an event loop of their own, on a thread of this process.
+The rollout group never kills this actor: it is the learners' (a learner recovery hosts the
+rollouts again on the new learner, ``GDPO._recover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Iterator, Mapping, Sequence
+
+
+class RolloutHost:
+    """Mixed into the learner's class (``LearnerGroup(host=RolloutHost)``): the rollout actor's
+    methods, served by the ``RolloutActor`` that ``host_rollouts`` builds in this process."""
+
+    _rollouts: Any = None
+    _hosting_error: str | None = None
+
+    def host_rollouts(self, actor_kwargs: Mapping[str, Any]) -> None:
+        """Builds the hosted rollout actor (``RolloutActor``'s arguments) on an hf engine that
+        shares this learner's module; an error is kept for ``ready`` to raise."""
+        from actors.rollout import RolloutActor
+
+        kwargs = dict(actor_kwargs)
+        # the module carries the learner's LoRA layers (if any): the engine generates through them
+        kwargs.update(lora=None, engine="hf", engine_kwargs={"model": self.module})
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="rollouts", daemon=True).start()
+        try:
+            self._rollouts = RolloutActor(**kwargs)
+        except Exception as err:  # noqa: BLE001 - told by ready(), with what failed
+            self._hosting_error = f"{type(err).__name__}: {err}"
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _hosted(self) -> Any:
+        if self._rollouts is None:
+            raise RuntimeError("the learner could not host the rollout engine "
+                               f"(generation.engine_in_learner): {self._hosting_error or 'not asked to'}")
+        return self._rollouts
+
+    def ready(self) -> str:
+        return self._hosted().ready()
+
+    def policy_version(self) -> int:
+        return self._hosted().version
+
+    def settled(self, version: int = 0) -> int:
+        return self._run(self._hosted().settled(version))
+
+    def engine_stats(self) -> dict:
+        return self._hosted().engine_stats()
+
+    def sleep(self) -> None:
+        """(Nothing to free: the engine's weights are the learner's.)"""
+
+    def wake_up(self) -> None:
+        pass
+
+    def set_weights(self, version: int, weights: Any) -> dict:
+        """Becomes ``version``: ``weights`` is empty (``SharedTransport``), the engine holds the
+        learner's weights already."""
+        return self._run(self._hosted().set_weights(version, weights))
+
+    def stream(self, prompts: Sequence[Any]) -> Iterator[Any]:
+        """``RolloutActor.stream``'s items, as a generator of this thread; one that is closed
+        early (the call cancelled) closes the actor's, which cancels its groups."""
+        items = self._hosted().stream(prompts)
+
+        async def following() -> tuple[bool, Any]:
+            try:
+                return True, await items.__anext__()
+            except StopAsyncIteration:
+                return False, None
+
+        try:
+            while True:
+                more, item = self._run(following())
+                if not more:
+                    return
+                yield item
+        finally:
+            self._run(items.aclose())
+
+    def generate(self, prompts: Sequence[Any]) -> tuple:
+        return self._run(self._hosted().generate(prompts))
+
+    def complete(self, prompts: Sequence[Any], n: int, sampling: Mapping[str, Any],
+                 rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list:
+        return self._run(self._hosted().complete(prompts, n, sampling, rows, score))
+
+    def shutdown(self) -> None:
+        """Stops the hosted rollout actor (its reward workers, environments); the learner goes on."""
+        rollouts, self._rollouts = self._rollouts, None
+        if rollouts is not None:
+            self._run(rollouts.shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
