@@ -105,6 +105,8 @@ class EngineTraits:
       thread beside ``generate``: the batched sampler takes the large tensors' so
       (``actors.samplers.BatchedSampler.digests``). A subclass that overrides ``weight_digests``
       keeps both promises or sets it False.
+    - ``shares_module``: it can be built on a torch module it is given (``model=``: a learner's,
+      whose weights it then shares and never loads into: ``generation.engine_in_learner``).
     """
 
     exact_dtype: bool = False
@@ -113,6 +115,7 @@ class EngineTraits:
     model_logits: bool = False
     kv_reuse: bool = False
     digests_by_name: bool = False
+    shares_module: bool = False
 
 
 def traits_of(cls: Any) -> EngineTraits:

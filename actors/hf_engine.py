@@ -29,7 +29,7 @@ class HFEngine:
 
     weight_transfer = False  # weights arrive by load_weights (object store, gloo or NCCL buckets)
     traits = EngineTraits(exact_dtype=True, default_dtype="float32", model_logits=True, kv_reuse=True,
-                          digests_by_name=True)
+                          digests_by_name=True, shares_module=True)
 
     @classmethod
     def check_sampling(cls, sampling: SamplingParams) -> None:

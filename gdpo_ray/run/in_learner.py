@@ -3,8 +3,8 @@
 On one machine without an accelerator, a separate rollout actor costs a process (a second copy
 of torch, the model and the tokenizer) and a weight push per step, though the synchronous mode
 never generates and learns at once. Here learner rank 0 hosts the run's one rollout actor: a
-``actors.rollout.RolloutActor`` built in its process on an ``hf`` engine that shares the
-learner's module (``HFEngine(model=...)``: the weights the update just wrote are the weights the
+``actors.rollout.RolloutActor`` built in its process on an engine that shares the learner's
+module (``EngineTraits.shares_module``: the hf engine, ``HFEngine(model=...)``: the weights the update just wrote are the weights the
 next call samples from; nothing is pushed, nothing copied). The rollout group sees an actor like
 any other (``stream``, ``complete``, ``set_weights`` and the rest, by the same names): the
 learner's handle, with these methods mixed into its class (``RolloutHost``); a push is an empty
@@ -12,7 +12,10 @@ load that gives the engine its version (``gdpo_ray.run.transports.SharedTranspor
 
 The learner's actor runs one call at a time, in the order they were sent: an update, the push
 after it and the next generation follow one another, as the synchronous mode wants them. The
-rollout actor's coroutines run on an event loop of their own, on a thread of this process.
+rollout actor's coroutines run on an event loop of their own, driven by the call's thread (the
+one the updates run on) until the call's coroutine is done: with the loop on a thread of its own
+the demo's step took 0.32 s where it takes 0.26 (generation 0.106 s against 0.082, the update
+0.165 against 0.138: two threads' torch work in one process, each on its own memory).
 The rollout group never kills this actor: it is the learners' (a learner recovery hosts the
 rollouts again on the new learner, ``GDPO._recover``).
 """
@@ -20,7 +23,6 @@ rollouts again on the new learner, ``GDPO._recover``).
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 
@@ -32,22 +34,21 @@ class RolloutHost:
     _hosting_error: str | None = None
 
     def host_rollouts(self, actor_kwargs: Mapping[str, Any]) -> None:
-        """Builds the hosted rollout actor (``RolloutActor``'s arguments) on an hf engine that
+        """Builds the hosted rollout actor (``RolloutActor``'s arguments) on an engine that
         shares this learner's module; an error is kept for ``ready`` to raise."""
         from actors.rollout import RolloutActor
 
         kwargs = dict(actor_kwargs)
         # the module carries the learner's LoRA layers (if any): the engine generates through them
-        kwargs.update(lora=None, engine="hf", engine_kwargs={"model": self.module})
+        kwargs.update(lora=None, engine_kwargs={**kwargs.get("engine_kwargs", {}), "model": self.module})
         self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, name="rollouts", daemon=True).start()
         try:
             self._rollouts = RolloutActor(**kwargs)
         except Exception as err:  # noqa: BLE001 - told by ready(), with what failed
             self._hosting_error = f"{type(err).__name__}: {err}"
 
     def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self._loop.run_until_complete(coroutine)
 
     def _hosted(self) -> Any:
         if self._rollouts is None:
@@ -110,4 +111,4 @@ class RolloutHost:
         rollouts, self._rollouts = self._rollouts, None
         if rollouts is not None:
             self._run(rollouts.shutdown())
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from actors.engines import SamplingParams, engine_class, generation_mode
+from actors.engines import SamplingParams, engine_class, generation_mode, traits_of
 from gdpo_ray import config as fields
 from gdpo_ray.advantages import ESTIMATORS
 from gdpo_ray.eval.pass_at_k import check_ks, parse_ks
@@ -84,8 +84,9 @@ def _check_engine_in_learner(c: Any, low: int, high: int) -> None:
     module whose weights it holds whole (``gdpo_ray.run.in_learner``)."""
     rules = [(c.max_staleness != 0, f"max_staleness={c.max_staleness}: the learner generates and "
               "learns in turn, so groups cannot overlap an update; use training.max_staleness=0"),
-             (c.engine != "hf", f"engine {c.engine!r}: the hf engine is the one that can share the "
-              "learner's module; use generation.engine=hf"),
+             (not traits_of(engine_class(c.engine, generation_mode(c.engine, c.mode))).shares_module,
+              f"engine {c.engine!r} cannot be built on the learner's module (EngineTraits.shares_module); "
+              "use generation.engine=hf"),
              (max(1, c.num_learners) != 1 or (low, high) != (1, 1),
               f"num_learners={c.num_learners} and num_env_runners={c.num_env_runners}: learner rank 0 "
               "hosts the one rollout actor; use learners.num_learners=1 and env_runners.num_env_runners=1"),
