@@ -134,6 +134,7 @@ class RolloutActor:
                                          readers=[s for s in specs if s.name in self.rewards.local],
                                          floors={s.name: s.floor or 0.0 for s in specs})
         self.version, self.channel = 0, None
+        self._order = 0  # the place of the push loaded last in its sender's sequence (set_weights)
         self._open: dict[str, list] = {}  # group_id -> [version its first request entered at or None, task]
         self._push = asyncio.Lock()
         self._pending: set[int] = set()  # versions whose push has arrived and not finished
@@ -152,22 +153,19 @@ class RolloutActor:
 
     async def settled(self, version: int = 0) -> int:
         """The version held once every push that has arrived is loaded, and ``version`` at least
-        (calls run concurrently on this async actor, and one may start before a push sent ahead
-        of it: a caller that must see the engine after a push waits here)."""
+        (a call may start before a push sent ahead of it: a caller that must see it waits here)."""
         async with self._versions:
             await self._versions.wait_for(lambda: not self._pending and self.version >= version)
         return self.version
 
     def engine_stats(self) -> dict:
-        """The groups in flight on this actor (``groups``); the requests in the engine now, its
-        sequence slots and the pause of every push (s), where the engine counts them."""
+        """Groups in flight here; the engine's requests now, slots and pauses (s), where counted."""
         return {"groups": len(self._open)} | {key: getattr(self.engine, name) for key, name in
                 (("active", "active"), ("slots", "max_num_seqs"), ("push_pause_s", "pause_s"))
                 if hasattr(self.engine, name)}
 
     async def sleep(self) -> None:
-        """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep
-        mode); the hf engine keeps its weights where they are."""
+        """Frees the engine's accelerator memory while colocated learners update (vLLM's sleep mode)."""
         await self.sampler.sleep()
 
     async def wake_up(self) -> None:
@@ -175,9 +173,12 @@ class RolloutActor:
 
     # -- weights ---------------------------------------------------------------------------
 
-    async def set_weights(self, version: int, weights: Any) -> dict:
+    async def set_weights(self, version: int, weights: Any, order: int | None = None) -> dict:
         """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of ObjectRefs
-        of weight buckets (``gdpo_ray.weights.buckets``, zero-copy). Returns the attestation."""
+        of weight buckets (``gdpo_ray.weights.buckets``, zero-copy); returns the attestation.
+        ``order``: the push's place in its sender's sequence (``RolloutGroup``'s): one arriving
+        after a later one is skipped, whatever the versions (a restore sends an older version
+        after a newer one); None: its version is its place."""
         from gdpo_ray.weights.buckets import unpack_bucket
         from gdpo_ray.weights.digest import recorded
 
@@ -191,7 +192,7 @@ class RolloutActor:
             await self.sampler.load(recorded(items, sent), version)
             return sent
 
-        return await self._update(version, load, skip_older=True, sizes=sizes)
+        return await self._update(version, load, order=version if order is None else order, sizes=sizes)
 
     async def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> str:
         """Joins the learners' weight broadcast group as ``rank`` (``gdpo_ray.weights.channels``),
@@ -213,25 +214,25 @@ class RolloutActor:
         """One broadcast version into the engine (``actors.samplers``: ``receive``); returns the
         attestation. A broadcast is a collective: every member takes part, whatever its version."""
         channel = self.channel
-        return await self._update(version, lambda: self.sampler.receive(channel, version), skip_older=False)
+        return await self._update(version, lambda: self.sampler.receive(channel, version), order=None)
 
-    async def _update(self, version: int, load: Any, skip_older: bool, sizes: Mapping[str, int] | None = None) -> dict:
+    async def _update(self, version: int, load: Any, order: int | None, sizes: Mapping[str, int] | None = None) -> dict:
         """Runs ``load()`` (which puts ``version`` into the engine and returns what it sent: name
-        -> dtype) as the one push in progress (and, batched, while no call generates), then aborts
-        the groups it left too stale. Returns the attestation ``{"version", "digests"}``: the
-        digests of what the engine holds of every tensor just loaded, read back from the engine,
-        for the driver to compare with the sender's (``actors.attestation``); ``digests`` None
-        where a newer version was held already and this one was skipped; an engine that cannot
-        read its weights back (NotImplementedError) is reported ``unverified``. ``sizes``: name ->
-        bytes of what was loaded (the sampler may digest large tensors beside generation)."""
+        -> dtype) as the one push in progress (and, batched, while no call generates), unless a
+        push of a later ``order`` was loaded already (None: always), then aborts the groups it
+        left too stale. Returns the attestation ``{"version", "digests"}``: the digests of what the
+        engine holds of every tensor just loaded, read back from it, for the driver to compare
+        with the sender's (``actors.attestation``); ``digests`` None where the push was skipped; an
+        engine that cannot read its weights back (NotImplementedError) is reported ``unverified``.
+        ``sizes``: name -> bytes loaded (the sampler may digest large tensors beside generation)."""
         self._pending.add(version)  # before any await: a stream call after this one sees it
         try:
             async with self._push:
-                if self._closed or (skip_older and version <= self.version):
+                if self._closed or (order is not None and order <= self._order):
                     return {"version": self.version, "digests": None}
                 async with self.sampler.exclusive():
                     sent = await load()
-                self.version = int(version)
+                self.version, self._order = int(version), self._order if order is None else order
                 if self.tools is not None:  # a new step: environments that could not start are tried again
                     self.tools.new_step()
                 if self.judging is not None:  # a new step: its rollouts are judged anew
@@ -251,11 +252,10 @@ class RolloutActor:
 
     async def _admit(self) -> None:
         """A group starts decoding only at a version the pushes on their way leave it time to be
-        trained at: the driver pushed version P after its step P, so the group is trained at
-        step P + 1 or later, where it may be at most max_staleness behind P; started at
-        P - max_staleness it would have to make exactly that step, so it waits until the actor
-        is within max(max_staleness - 1, 0) of P (a push lands in a fraction of a step; a fresh
-        actor waits for its first push, from version 0 to the run's)."""
+        trained at: pushed after step P, it is trained at step P + 1 or later, at most
+        max_staleness behind P; started at P - max_staleness it would have to make exactly that
+        step, so it waits until the actor is within max(max_staleness - 1, 0) of P (a push lands
+        in a fraction of a step; a fresh actor waits for its first push)."""
         slack = max(self.max_staleness - 1, 0)
         async with self._versions:
             await self._versions.wait_for(

@@ -105,7 +105,7 @@ class RolloutGroup:
         self.actor_kwargs = actor_kwargs
         self.prompts, self.buffer = prompts, buffer
         self.prompts_per_call, self.calls_per_actor = prompts_per_call, calls_per_actor
-        self.version, self._weights = 0, None
+        self.version, self._weights, self._pushes = 0, None, 0
         self.ledger = PushLedger()  # the attestation of every push
         self.slots: list[_Slot] = []
         self.stats = {"groups": 0, "tokens": 0, "filtered": 0, "actor_restarts": 0, "reissued": 0, "aborted": 0,
@@ -133,7 +133,7 @@ class RolloutGroup:
         handle = self._start(index, kwargs) if self._start else self._remote.options(**options).remote(**kwargs)
         if self._weights is not None:
             self.ledger.awaiting(self.label(handle, index), self.version,
-                                 handle.set_weights.remote(self.version, self._weights))
+                                 handle.set_weights.remote(self.version, self._weights, self._pushes))
         # no work goes to an actor before it has started: prompts wait for a ready one instead
         return _Slot(handle, handle.ready.remote())
 
@@ -173,8 +173,10 @@ class RolloutGroup:
         """Queues new weights on every actor (applied between generations): the refs of a push's
         buckets, or (tests) a ref of a dict of named arrays; ``RolloutActor.set_weights``."""
         self.version, self._weights = version, weights
+        self._pushes += 1  # its place: a push after a restore may send an older version than the last
         for i, slot in enumerate(self.slots):
-            self.ledger.awaiting(self.label(slot.handle, i), version, slot.handle.set_weights.remote(version, weights))
+            self.ledger.awaiting(self.label(slot.handle, i), version,
+                                 slot.handle.set_weights.remote(version, weights, self._pushes))
 
     def label(self, handle: ActorHandle, index: int | None = None) -> str:
         """How messages name an actor: its slot and Ray actor id."""

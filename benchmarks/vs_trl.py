@@ -10,7 +10,9 @@ update per batch, fp32. Each side runs in a process of its own, alternating, per
 ``train`` at max_staleness 1 (one torch thread per actor: the two actors work at once) and at
 max_staleness 0 (its phases alternate, so each actor may take both cores: 1 and 2 threads,
 ``training.num_threads``, are run on the first seed and the faster is kept, printed; 2 pay on
-SmolLM2, not on the demo's tiny model), then TRL (gradient checkpointing off, its fastest thread count: both 1 and 2
+SmolLM2, not on the demo's tiny model), at max_staleness 0 with the engine inside the learner
+(``generation.engine_in_learner``: no rollout actor process, no push; threads tried as for
+max_staleness 0), then TRL (gradient checkpointing off, its fastest thread count: both 1 and 2
 are run on the first seed and the faster is kept; the script prints what it chose). Neither
 side saves a checkpoint or the policy at the end.
 
@@ -20,7 +22,8 @@ summed PSS of the process tree (Ray's daemons and workers included, sampled ever
 sampler itself took ~18% of a core, 8.5 CPU-s per run, and slowed our side 0.39 -> 0.50 s/step), and
 every reward's mean over the last 5 steps. Printed (``--json``: one object): medians over seeds
 and ``async_speedup_vs_trl`` (TRL s/step over ours, max_staleness 1), ``sync_speedup_vs_trl``
-(max_staleness 0), ``wall_ratio_vs_trl`` (our whole run over TRL's), ``pss_ratio_vs_trl`` (our
+(max_staleness 0), ``hosted_speedup_vs_trl``, ``hosted_pss_ratio_vs_trl`` and
+``hosted_startup_excess_vs_trl_s`` (the engine in the learner), ``wall_ratio_vs_trl`` (our whole run over TRL's), ``pss_ratio_vs_trl`` (our
 peak PSS over TRL's), ``reward_gap_vs_trl`` (the largest |ours - TRL| of the last-5-step reward
 means, at max_staleness 1), ``startup_excess_vs_trl_s`` (our start-up to the first step minus
 TRL's, medians), and the first run of each side with empty compile caches (a fresh

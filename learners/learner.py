@@ -68,6 +68,7 @@ class LearnerConfig:
     lora: Any = None  # llm.lora's PEFT settings (gdpo_ray.lora.lora_settings), or None: full weights
     base_model_name: str | None = None  # an exported adapter's base: the hub name, where the model has one
     digest_variants: tuple = VARIANTS  # the engines' possible lower precisions (actors.engines.digest_variants)
+    pushes: bool = True  # weights go out to engines (False: an engine shares the module, nothing is digested)
 
     def __post_init__(self) -> None:
         for name in ("backend", "zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",
@@ -150,7 +151,7 @@ class Learner(LearnerBackend):
         self.sender = WeightSender(self, adapter_only=bool(cfg.lora), variants=tuple(cfg.digest_variants))
         self.channel = None
         self._digester, self._digesting, self._pushes = None, {}, 0  # weight_buckets' digests, on a thread
-        if self.rank == 0:  # the first push need not wait for the compiled digest
+        if self.rank == 0 and cfg.pushes:  # the first push need not wait for the compiled digest
             warm_host_digest()
         if cfg.loss.kl_coef > 0 and not cfg.lora:  # the frozen reference policy of the KL term
             # (under LoRA the reference is the same model with its adapter disabled)

@@ -24,6 +24,7 @@ class ThreadDial:
         self._torch = torch
         self.wanted = self.applied = threads
         self.turns = 0  # how many times the count changed (a metric of the update)
+        self._hooks: list[Any] = []
 
     def set(self, threads: int) -> None:
         self.wanted = threads
@@ -39,8 +40,15 @@ class ThreadDial:
         its backward (a hook on its output's gradient; the gradient passes unchanged)."""
         for module in model.modules():
             if isinstance(module, self._torch.nn.Linear):
-                module.register_forward_pre_hook(self._before_forward)
-                module.register_forward_hook(self._after_forward)
+                self._hooks += [module.register_forward_pre_hook(self._before_forward),
+                                module.register_forward_hook(self._after_forward)]
+
+    def detach(self) -> None:
+        """The hooks off (an update that keeps its threads throughout needs none; and a module
+        that also generates would run them at every token)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     def _before_forward(self, module: Any, args: Any) -> None:
         self.apply()

@@ -164,7 +164,8 @@ class GDPOConfig(AlgorithmConfig):
             loss=PolicyLossConfig.of(self), truncation=Truncation.of(self), seed=self.seed or 0, num_threads=self.num_threads,
             threads_alone=self.threads_alone, lora=self.lora,
             base_model_name=model_files.hub_name(self.model_path),
-            digest_variants=digest_variants(self.engine, self.mode, self.engine_kwargs))
+            digest_variants=digest_variants(self.engine, self.mode, self.engine_kwargs),
+            pushes=not self.engine_in_learner)
 
     @property
     def rollout_actor_kwargs(self) -> dict:

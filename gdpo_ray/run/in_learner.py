@@ -41,6 +41,10 @@ class RolloutHost:
         kwargs = dict(actor_kwargs)
         # the module carries the learner's LoRA layers (if any): the engine generates through them
         kwargs.update(lora=None, engine_kwargs={**kwargs.get("engine_kwargs", {}), "model": self.module})
+        # generation and the update take turns in one process: each takes the threads an update
+        # takes alone (training.threads_alone), from its start (the dial's hooks are not needed)
+        self._threads = self.config.threads_alone or self.config.num_threads
+        self.dial.detach()
         self._loop = asyncio.new_event_loop()
         try:
             self._rollouts = RolloutActor(**kwargs)
@@ -48,7 +52,15 @@ class RolloutHost:
             self._hosting_error = f"{type(err).__name__}: {err}"
 
     def _run(self, coroutine: Any) -> Any:
-        return self._loop.run_until_complete(coroutine)
+        """``coroutine`` run to its end on this thread, at the generation's torch threads."""
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            return self._loop.run_until_complete(coroutine)
+        finally:
+            torch.set_num_threads(threads)
 
     def _hosted(self) -> Any:
         if self._rollouts is None:
@@ -74,10 +86,13 @@ class RolloutHost:
     def wake_up(self) -> None:
         pass
 
-    def set_weights(self, version: int, weights: Any) -> dict:
+    def set_weights(self, version: int, weights: Any, order: int | None = None) -> dict:
         """Becomes ``version``: ``weights`` is empty (``SharedTransport``), the engine holds the
-        learner's weights already."""
-        return self._run(self._hosted().set_weights(version, weights))
+        learner's weights already (checked: its module is this learner's)."""
+        rollouts = self._hosted()
+        if rollouts.engine.model is not self.module:
+            raise RuntimeError("the hosted engine no longer generates from the learner's module")
+        return self._run(rollouts.set_weights(version, weights, order))
 
     def stream(self, prompts: Sequence[Any]) -> Iterator[Any]:
         """``RolloutActor.stream``'s items, as a generator of this thread; one that is closed

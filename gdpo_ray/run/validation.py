@@ -96,7 +96,15 @@ def _check_engine_in_learner(c: Any, low: int, high: int) -> None:
              (c.colocate, "colocate=true places a rollout actor beside each learner; engine_in_learner "
               "puts it inside: set one of them"),
              (c.mode == "streaming", "generation.mode=streaming: the hosted engine generates in "
-              "batches between updates; use generation.mode=batched")]
+              "batches between updates; use generation.mode=batched"),
+             (c.weight_sync != "object_store", f"weight_sync={c.weight_sync!r}: nothing is sent, the "
+              "engine reads the learner's weights; leave training.weight_sync unset"),
+             (bool(c.engine_kwargs), f"engine_kwargs={dict(c.engine_kwargs)}: the engine is the "
+              "learner's module, with its dtype and device; leave generation.engine_kwargs unset"),
+             (c.num_gpus_per_env_runner or c.custom_resources_per_env_runner,
+              "the rollout actor runs in the learner's process, on its devices and node: leave "
+              "env_runners.num_gpus_per_env_runner and custom_resources_per_env_runner unset "
+              "(its CPUs, num_cpus_per_env_runner, are added to the learner's)")]
     for broken, why in rules:
         if broken:
             raise ValueError(f"generation.engine_in_learner=true: {why}")

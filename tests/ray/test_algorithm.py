@@ -282,6 +282,32 @@ def test_a_killed_learner_is_recovered_from_the_last_checkpoint(ray_cluster, tmp
         algo.stop()
 
 
+def test_a_recovery_to_an_older_step_reloads_the_rollout_actors(ray_cluster):
+    """A learner recovery without a checkpoint goes back to the start: the rollout actors, which
+    hold a later version, load the start's weights all the same (a push is placed by its order
+    in the sender's sequence, not by its version), and say they hold version 0."""
+    algo = demo_config().build_algo()
+    try:
+        start = learner_digest(algo)
+        algo.train()
+        algo.train()
+        [actor] = algo.rollouts.receivers()
+        assert actor_digest(actor, 2) != start
+        recover, after = algo._recover, []
+
+        def recover_and_look(err):
+            recover(err)
+            algo.rollouts.ledger.settle()  # the restored weights' reports are in
+            after.append((ray_cluster.get(actor.policy_version.remote()), actor_digest(actor)))
+
+        algo._recover = recover_and_look
+        ray_cluster.kill(algo.learners.learners[0])
+        assert algo.train()["step"] == 3  # step 3's update fails: the start restored, steps 1-3 redone
+        assert after == [(0, start)]
+    finally:
+        algo.stop()
+
+
 def test_a_restore_keeps_its_timeline_under_keep_checkpoints(ray_cluster, tmp_path, caplog):
     """``algo.restore_from_path`` of a step older than the run's newest checkpoint (issue 50): the
     newer ones, of the timeline the restore leaves, are moved aside (named, said once) before a new

@@ -76,3 +76,19 @@ def test_a_killed_learner_hosts_the_engine_again(ray_cluster, tmp_path):
         assert_hosted_step(algo.train())
     finally:
         algo.stop()
+
+
+def test_a_recovery_to_the_start_labels_the_engine_anew(ray_cluster):
+    """Without a checkpoint a recovery goes back to step 0: the new learner's engine says version
+    0 (not the version the group pushed last), so the redone steps' groups are on-policy."""
+    algo = hosted_config().build_algo()
+    try:
+        algo.train()
+        algo.train()
+        ray_cluster.kill(algo.learners.learners[0])
+        result = algo.train()  # steps 1-3 redone from the start
+        assert result["step"] == 3 and result["learner_recoveries"] == 1
+        assert_hosted_step(result)
+        assert ray_cluster.get(algo.learners.learners[0].policy_version.remote()) == 3
+    finally:
+        algo.stop()

@@ -67,6 +67,9 @@ def test_defaults_and_sections():
     (lambda c: c.generation(engine_in_learner=True).training(zero_stage=3), "training.zero_stage <= 2"),
     (lambda c: c.generation(engine_in_learner=True).learners(backend="fsdp2"), "use learners.backend=deepspeed"),
     (lambda c: c.generation(engine_in_learner=True, colocate=True), "set one of them"),
+    (lambda c: c.generation(engine_in_learner=True).training(weight_sync="broadcast"), "nothing is sent"),
+    (lambda c: c.generation(engine_in_learner=True, engine_kwargs={"dtype": "bfloat16"}), "leave generation.engine_kwargs unset"),
+    (lambda c: c.generation(engine_in_learner=True).env_runners(num_gpus_per_env_runner=1), "num_gpus_per_env_runner"),
     # tool environments (data.tool_environment) and their reward columns
     (lambda c: c.training(rewards=REWARDS + [{"name": "state", "fn": "environment"}]),
      "rewards ['state'] are an environment's (fn: environment), and no environment is set"),
