@@ -92,3 +92,21 @@ def test_a_recovery_to_the_start_labels_the_engine_anew(ray_cluster):
         assert ray_cluster.get(algo.learners.learners[0].policy_version.remote()) == 3
     finally:
         algo.stop()
+
+
+def _peft_wrapped(learner) -> bool:
+    from peft import PeftModel
+
+    return isinstance(learner._rollouts.engine.model, PeftModel) and learner._rollouts.engine.model is learner.module
+
+
+def test_lora_generates_through_the_learners_adapter(ray_cluster):
+    """Under llm.lora the engine is the learner's PEFT model: it samples through the adapter the
+    update trains (the ratio stays 1 as the adapter moves)."""
+    algo = hosted_config("llm.lora={r: 8, lora_alpha: 16, target_modules: all-linear}", "training.lr=1e-3").build_algo()
+    try:
+        assert ray_cluster.get(algo.learners.learners[0].__ray_call__.remote(_peft_wrapped))
+        for _ in range(2):
+            assert_hosted_step(algo.train())
+    finally:
+        algo.stop()
