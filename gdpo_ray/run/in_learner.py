@@ -4,11 +4,12 @@ On one machine without an accelerator, a separate rollout actor costs a process 
 of torch, the model and the tokenizer) and a weight push per step, though the synchronous mode
 never generates and learns at once. Here learner rank 0 hosts the run's one rollout actor: a
 ``actors.rollout.RolloutActor`` built in its process on an engine that shares the learner's
-module (``EngineTraits.shares_module``: the hf engine, ``HFEngine(model=...)``: the weights the update just wrote are the weights the
-next call samples from; nothing is pushed, nothing copied). The rollout group sees an actor like
-any other (``stream``, ``complete``, ``set_weights`` and the rest, by the same names): the
-learner's handle, with these methods mixed into its class (``RolloutHost``); a push is an empty
-load that gives the engine its version (``gdpo_ray.run.transports.SharedTransport``).
+module (``EngineTraits.shares_module``: the hf engine, ``HFEngine(model=...)``): the weights the
+update just wrote are the weights the next call samples from; nothing is pushed, nothing
+copied. The rollout group sees an actor like any other (``stream``, ``complete``,
+``set_weights`` and the rest, by the same names): the learner's handle, with these methods mixed
+into its class (``RolloutHost``); a push is an empty load that gives the engine its version
+(``gdpo_ray.run.transports.SharedTransport``).
 
 The learner's actor runs one call at a time, in the order they were sent: an update, the push
 after it and the next generation follow one another, as the synchronous mode wants them. The
@@ -45,11 +46,13 @@ class RolloutHost:
         # takes alone (training.threads_alone), from its start (the dial's hooks are not needed)
         self._threads = self.config.threads_alone or self.config.num_threads
         self.dial.detach()
-        self._loop = asyncio.new_event_loop()
+        self.shutdown()  # one hosted at a time
         try:
             self._rollouts = RolloutActor(**kwargs)
         except Exception as err:  # noqa: BLE001 - told by ready(), with what failed
             self._hosting_error = f"{type(err).__name__}: {err}"
+            return
+        self._loop = asyncio.new_event_loop()
 
     def _run(self, coroutine: Any) -> Any:
         """``coroutine`` run to its end on this thread, at the generation's torch threads."""
