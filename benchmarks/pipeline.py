@@ -8,6 +8,9 @@ learner, local Ray), the same seeds and resources, one after the other:
   (``algo.train()``) outside generation, reward scoring (both measured inside the rollout actor)
   and the learner's forward/backward/step (measured inside the learner). What is left is ours:
   orchestration, the object store, advantages, weight sync, metrics, RLlib's wrapper. Aim < 5%.
+- ``hosted_framework_overhead``: the same, synchronous with the engine inside the learner
+  (``generation.engine_in_learner``: no rollout actor process, no push); ``hosted_over_sync``:
+  its step time over the synchronous one's.
 - ``async_speedup``: groups/s with max_staleness = 1 over max_staleness = 0;
   ``async_efficiency``: that speedup over the ideal (gen + train) / max(gen, train), with gen and
   train the synchronous run's per-step generation+scoring and learner times. Aim >= 0.8.
@@ -34,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._smoke import parse_args  # noqa: E402
 
 
-def run(staleness: int, steps: int, warmup: int, groups: int, group_size: int) -> dict:
+def run(staleness: int, steps: int, warmup: int, groups: int, group_size: int, hosted: bool = False) -> dict:
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
 
     config = apply_sections(GDPOConfig(), load_preset("demo", [
         f"training.max_staleness={staleness}", f"training.prompts_per_step={groups}",
-        f"training.group_size={group_size}"]))
+        f"training.group_size={group_size}", f"generation.engine_in_learner={str(hosted).lower()}"]))
     algo = config.build_algo()
     try:
         for _ in range(warmup):
@@ -79,16 +82,22 @@ def main() -> None:
     try:
         sync = run(0, args.steps, args.warmup, args.groups, args.group_size)
         overlap = run(1, args.steps, args.warmup, args.groups, args.group_size)
+        hosted = run(0, args.steps, args.warmup, args.groups, args.group_size, hosted=True)
     finally:
         ray.shutdown()
 
-    inside = sync["gen"] + sync["train"]
-    overhead = float(np.sum(sync["wall"] - inside) / np.sum(sync["wall"]))
+    def overhead_of(r: dict) -> float:
+        return float(np.sum(r["wall"] - r["gen"] - r["train"]) / np.sum(r["wall"]))
+
+    overhead = overhead_of(sync)
     gen, train = float(sync["gen"].mean()), float(sync["train"].mean())
     ideal = (gen + train) / max(gen, train)
     speedup = overlap["groups_per_s"] / sync["groups_per_s"]
     out = {
         "framework_overhead": round(overhead, 4),
+        "hosted_framework_overhead": round(overhead_of(hosted), 4),
+        "hosted_over_sync": round(float(hosted["wall"].mean() / sync["wall"].mean()), 3),
+        "hosted_step_s": round(float(hosted["wall"].mean()), 4),
         "async_speedup": round(speedup, 3),
         "async_ideal_speedup": round(ideal, 3),
         "async_efficiency": round(speedup / ideal, 3),
@@ -104,7 +113,9 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(f"synchronous step {out['sync_step_s']:.3f} s: generation+scoring {gen:.3f} s, learner "
-          f"compute {train:.3f} s -> framework overhead {overhead:.1%} (aim < 5%)")
+          f"compute {train:.3f} s -> framework overhead {overhead:.1%} (aim < 5%); with the engine in the "
+          f"learner: step {out['hosted_step_s']:.3f} s ({out['hosted_over_sync']:.2f}x), overhead "
+          f"{out['hosted_framework_overhead']:.1%}")
     print(f"max_staleness=1: {out['groups_per_s_async']:.2f} groups/s vs {out['groups_per_s_sync']:.2f} "
           f"synchronous = {speedup:.2f}x; ideal {ideal:.2f}x -> efficiency {speedup / ideal:.2f} (aim >= 0.8)")
 

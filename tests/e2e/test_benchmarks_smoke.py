@@ -34,7 +34,7 @@ SMOKES = {
     "learner.py": ((), {"deepspeed_over_torch", "packed_over_padded", "padding_fraction_demo",
                         "padding_fraction_demo_padded"}),
     "weight_sync.py": ((), {"ratio_to_memcpy_1", "two_over_one", "broadcast_ratio_to_memcpy_1", "digest_over_memcpy"}),
-    "pipeline.py": ((), {"framework_overhead", "async_speedup", "async_efficiency"}),
+    "pipeline.py": ((), {"framework_overhead", "async_speedup", "async_efficiency", "hosted_framework_overhead"}),
     "gdpo_vs_grpo.py": ((), {"gdpo_paper_pass@1", "grpo_paper_pass@1", "gdpo_distinct_groups"}),
     "lora.py": ((), {"push_bytes_ratio", "learner_peak_ratio", "step_time_ratio", "demo_lora_pushes_attested"}),
     "paper_studies.py": (("--out", "{tmp}/out"), {"tool_calling", "math_length"}),
