@@ -76,8 +76,8 @@ class LearnerGroup:
             backend = type(f"{backend.__name__}With{host.__name__}", (host, backend), {})
         cls = ray.remote(concurrency_groups={"dial": 1, "digest": 1})(backend)
         self._updates = 0  # the tickets of the updates: set_threads names the one it is for
-        env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "DS_ACCELERATOR":
-                            "cuda" if num_gpus_per_learner else "cpu"}}
+        env = {"env_vars": {"OMP_NUM_THREADS": str(config.num_threads), "TOKENIZERS_PARALLELISM": "false",
+                            "DS_ACCELERATOR": "cuda" if num_gpus_per_learner else "cpu"}}
         self.learners = [
             cls.options(num_cpus=num_cpus_per_learner, num_gpus=num_gpus_per_learner, runtime_env=env,
                         scheduling_strategy=PlacementGroupSchedulingStrategy(
