@@ -286,7 +286,7 @@ class GDPO(GDPOState, Algorithm):
                                      num_cpus_per_learner=c.num_cpus_per_learner,
                                      num_gpus_per_learner=c.num_gpus_per_learner, bundle_extra=extra,
                                      host=RolloutHost if c.engine_in_learner else None)
-        self.transport = (SharedTransport(self.learners, c.weight_bucket_bytes) if c.engine_in_learner
+        self.transport = (SharedTransport() if c.engine_in_learner
                           else make_transport(c.weight_sync, self.learners, c.weight_bucket_bytes))
 
     def _host_rollouts(self, index: int, actor_kwargs: dict):

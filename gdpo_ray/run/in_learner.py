@@ -6,8 +6,9 @@ never generates and learns at once. Here learner rank 0 hosts the run's one roll
 ``actors.rollout.RolloutActor`` built in its process on an engine that shares the learner's
 module (``EngineTraits.shares_module``: the hf engine, ``HFEngine(model=...)``): the weights the
 update just wrote are the weights the next call samples from; nothing is pushed, nothing
-copied. The rollout group sees an actor like any other (``stream``, ``complete``,
-``set_weights`` and the rest, by the same names): the learner's handle, with these methods mixed
+copied. The rollout group sees an actor like any other (``ready``, ``set_weights``,
+``stream``, ``complete``, ``shutdown``: those a rollout group calls, by the same names; not
+``sleep``, which only the colocated layout calls): the learner's handle, with these methods mixed
 into its class (``RolloutHost``); a push is an empty load that gives the engine its version
 (``gdpo_ray.run.transports.SharedTransport``).
 
@@ -77,18 +78,6 @@ class RolloutHost:
     def policy_version(self) -> int:
         return self._hosted().version
 
-    def settled(self, version: int = 0) -> int:
-        return self._run(self._hosted().settled(version))
-
-    def engine_stats(self) -> dict:
-        return self._hosted().engine_stats()
-
-    def sleep(self) -> None:
-        """(Nothing to free: the engine's weights are the learner's.)"""
-
-    def wake_up(self) -> None:
-        pass
-
     def set_weights(self, version: int, weights: Any, order: int | None = None) -> dict:
         """Becomes ``version``: ``weights`` is empty (``SharedTransport``), the engine holds the
         learner's weights already (checked: its module is this learner's)."""
@@ -116,9 +105,6 @@ class RolloutHost:
                 yield item
         finally:
             self._run(items.aclose())
-
-    def generate(self, prompts: Sequence[Any]) -> tuple:
-        return self._run(self._hosted().generate(prompts))
 
     def complete(self, prompts: Sequence[Any], n: int, sampling: Mapping[str, Any],
                  rows: Sequence[Mapping[str, Any]] | None = None, score: bool = False) -> list:

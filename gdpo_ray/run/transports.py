@@ -171,9 +171,6 @@ class SharedTransport:
 
     name = "shared"
 
-    def __init__(self, learners: LearnerGroup, bucket_bytes: int) -> None:
-        self.learners = learners
-
     def send(self, version: int, receivers: Sequence[ActorHandle]) -> Pushed:
         return Pushed(version, Sent(), buckets={})
 
