@@ -142,11 +142,11 @@ def test_only_the_adapter_is_pushed_and_every_push_is_attested(ray_cluster, tiny
             pushed = push_weights(sender, rollouts, version)
             sent = pushed.sent if pushed.digests is None else ray_cluster.get(pushed.digests)
             assert set(sent.digests) and all(".lora_" in n for n in sent.digests)
+        rollouts.ledger.settle()  # every actor has loaded push 2 and reported (Ray may run a call before it)
         adapter = ray_cluster.get(learners.learners[0].__ray_call__.remote(_named, True))
         learner_lp = ray_cluster.get(learners.learners[0].__ray_call__.remote(_learner_row_logprobs, prompt, response))
         engine_lp = ray_cluster.get([s.handle.__ray_call__.remote(_engine_logprobs, prompt, response)
                                      for s in rollouts.slots])
-        rollouts.ledger.settle()  # every report in, and the sender's digests
         rollouts.collect()
     finally:
         learners.shutdown()
