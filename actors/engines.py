@@ -20,10 +20,10 @@ vocabulary: ``gdpo_ray.truncation``, which the learners apply the same way; an e
 record the one asked for refuses it in ``check_sampling``), and the finish reason. A streaming engine's are ``VersionedSample``s, which add the policy version that sampled
 each token.
 
-``ENGINES`` names the built-in engines' classes per mode (``hf``: batched; ``vllm``: batched and
-streaming); ``engine_class(kind, mode)`` resolves a name or any ``package.module:Class`` and
-checks the class against the mode's protocol when the config is validated, before any actor
-starts. This module imports nothing else of ``actors``.
+``ENGINES`` names the built-in engines' classes per mode (``hf``: batched; ``vllm`` and
+``simulated``, a timing model's stand-in for a large run's engines: batched and streaming);
+``engine_class(kind, mode)`` resolves a name or any ``package.module:Class`` and checks the
+class against the mode's protocol when the config is validated, before any actor starts. This module imports nothing else of ``actors``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,9 @@ class EngineTraits:
       keeps both promises or sets it False.
     - ``shares_module``: it can be built on a torch module it is given (``model=``: a learner's,
       whose weights it then shares and never loads into: ``generation.engine_in_learner``).
+    - ``uses_torch``: False: it computes nothing with torch, so its actor imports none (nor
+      sets torch's threads) and hands it pushed tensors as numpy arrays (``simulated``).
+    - ``simulated``: it takes the timing model's settings (``engine_settings``).
     """
 
     exact_dtype: bool = False
@@ -116,6 +119,8 @@ class EngineTraits:
     kv_reuse: bool = False
     digests_by_name: bool = False
     shares_module: bool = False
+    uses_torch: bool = True
+    simulated: bool = False
 
 
 def traits_of(cls: Any) -> EngineTraits:
@@ -126,6 +131,19 @@ def generation_mode(kind: str, mode: str | None) -> str:
     """``generation.mode``, its default filled in: streaming for an engine of ``ENGINES`` with a
     continuous-batching class (vllm), batched otherwise (a ``package.module:Class`` included)."""
     return mode or ("streaming" if "streaming" in ENGINES.get(kind, {}) else "batched")
+
+
+#: the settings of section ``simulation`` that a simulated engine is built with
+SIMULATION_KWARGS = ("timing", "response_lengths", "time_scale")
+
+
+def engine_settings(kind: str, mode: str | None, engine_kwargs: Mapping[str, Any],
+                    simulation: Mapping[str, Any]) -> dict:
+    """The keyword arguments engine ``kind`` is built with: ``generation.engine_kwargs``, under
+    them, for an engine whose traits say ``simulated``, those of ``simulation`` it takes."""
+    if traits_of(engine_class(kind, generation_mode(kind, mode))).simulated:
+        return {k: simulation[k] for k in SIMULATION_KWARGS if k in simulation} | dict(engine_kwargs)
+    return dict(engine_kwargs)
 
 
 def digest_variants(kind: str, mode: str | None, engine_kwargs: Mapping[str, Any]) -> tuple[str, ...]:
@@ -252,6 +270,8 @@ ENGINES = {
     "hf": {"batched": "actors.hf_engine:HFEngine"},
     "vllm": {"batched": "actors.vllm_engine:VLLMEngine",
              "streaming": "actors.vllm_stream_engine:AsyncVLLMEngine"},
+    "simulated": {"batched": "actors.sim_engine:SimulatedEngine",
+                  "streaming": "actors.sim_engine:SimulatedStreamingEngine"},
 }
 
 

@@ -100,14 +100,16 @@ class RolloutActor:
                  tools_in_system_prompt: str = default("tools_in_system_prompt"),
                  mode: str = "batched", max_staleness: int = 0, judges: Sequence[Any] | None = None,
                  judge_batch_size: int = default("judge_batch_size")) -> None:
-        import torch
-
         from actors.reward import RewardPool
         from gdpo_ray.batch import arrow_without_pandas
         from gdpo_ray.model_files import local_dir
 
         arrow_without_pandas()
-        torch.set_num_threads(num_threads)
+        traits = traits_of(engine_class(engine, mode))
+        if traits.uses_torch:  # (a simulated engine's actor imports no torch)
+            import torch
+
+            torch.set_num_threads(num_threads)
         if group_size < 2:
             raise ValueError(f"group_size must be >= 2; got {group_size}")
         self.group_size, self.chat_template, self.system_prompt = group_size, chat_template, system_prompt
@@ -115,7 +117,7 @@ class RolloutActor:
         self.sampling = SamplingParams(**dict(sampling or {}))
         model_path = local_dir(model_path, model_files)  # a driver-only directory, shipped
         engine_kwargs = dict(engine_kwargs or {})
-        slots = traits_of(engine_class(engine, mode)).adapter_slots
+        slots = traits.adapter_slots
         if lora and slots and mode == "streaming":  # every live adapter version runs in a step
             engine_kwargs = {slots: max_staleness + 1, **engine_kwargs}
         extra = {"lora": dict(lora)} if lora else {}  # an engine without LoRA need not take it
@@ -174,19 +176,19 @@ class RolloutActor:
     # -- weights ---------------------------------------------------------------------------
 
     async def set_weights(self, version: int, weights: Any, order: int | None = None) -> dict:
-        """Loads new weights and becomes ``version``: a name -> tensor dict, or a list of ObjectRefs
-        of weight buckets (``gdpo_ray.weights.buckets``, zero-copy); returns the attestation.
-        ``order``: the push's place in its sender's sequence (``RolloutGroup``'s): one arriving
-        after a later one is skipped, whatever the versions (a restore sends an older version
-        after a newer one); None: its version is its place."""
+        """Loads new weights and becomes ``version``: a name -> tensor dict, or ObjectRefs of weight
+        buckets (``gdpo_ray.weights.buckets``, zero-copy); returns the attestation. ``order``: the
+        push's place in its sender's sequence (``RolloutGroup``'s): one arriving after a later one is
+        skipped, whatever the versions (a restore sends an older one after a newer); None: its version."""
         from gdpo_ray.weights.buckets import unpack_bucket
         from gdpo_ray.weights.digest import recorded
 
         sizes: dict[str, int] = {}
 
         async def load() -> dict[str, str]:
+            host = not traits_of(self.engine).uses_torch  # numpy arrays, for an engine without torch
             items = list(weights.items()) if isinstance(weights, Mapping) else [
-                t for b in await asyncio.gather(*weights) for t in unpack_bucket(b)]
+                t for b in await asyncio.gather(*weights) for t in unpack_bucket(b, host)]
             sizes.update((name, int(t.nbytes)) for name, t in items)
             sent: dict[str, str] = {}
             await self.sampler.load(recorded(items, sent), version)
@@ -233,10 +235,8 @@ class RolloutActor:
                 async with self.sampler.exclusive():
                     sent = await load()
                 self.version, self._order = int(version), self._order if order is None else order
-                if self.tools is not None:  # a new step: environments that could not start are tried again
-                    self.tools.new_step()
-                if self.judging is not None:  # a new step: its rollouts are judged anew
-                    self.judging.new_step()
+                for fresh in filter(None, (self.tools, self.judging)):  # a new step: environments that
+                    fresh.new_step()  # could not start are tried again, its rollouts judged anew
                 oldest = self.version - self.max_staleness
                 for started, task in list(self._open.values()):
                     if started is not None and started < oldest:

@@ -93,7 +93,7 @@ FIELDS: dict[str, Field] = {
     "max_prompt_tokens": Field("llm", 1024, "longer prompts are filtered (not generated), with the reason", at_least=1),
     "lora": Field("llm", None, "LoRA adapters instead of full fine-tuning, in PEFT's names: {r (rank, required), lora_alpha (8), lora_dropout (0.0), target_modules (a list of module names, or all-linear: every linear layer but the output head; the default)}; null or {}: full fine-tuning (gdpo_ray.lora)", "mapping?", fixed_on_resume=True),
     # generation: the rollout engine
-    "engine": Field("generation", "hf", "hf (transformers), vllm, or package.module:Class of an actors.engines.BatchEngine (StreamingEngine with mode streaming)"),
+    "engine": Field("generation", "hf", "hf (transformers), vllm, simulated (no model: tokens at the rates of simulation.timing; docs/scale.md), or package.module:Class of an actors.engines.BatchEngine (StreamingEngine with mode streaming)"),
     "mode": Field("generation", None, "streaming (continuous batching, groups out as they finish, weights in flight; vllm) or batched (one batch per call); default: streaming on vllm, batched otherwise", "str?"),
     "engine_kwargs": Field("generation", {}, "keyword arguments of the engine (e.g. vLLM's gpu_memory_utilization)"),
     "temperature": Field("generation", 1.0, "sampling temperature (the learners use the same)", above=0, why="logits / temperature"),
@@ -128,11 +128,18 @@ FIELDS: dict[str, Field] = {
     "judge_batch_size": Field("judges", 8, "judge messages per engine call of a judge actor (a rollout actor's messages asked together are split into such batches)", at_least=1),
     "judge_decoding": Field("judges", "generate", "how a pool judge gives its verdict: generate (writes it) or scores (the hf engine: each criterion's score the expected value of the scale's integers under the next-token probabilities after {\"<name>\":, as G-Eval; for small judges that cannot write the format)"),
     "judge_max_prompt_tokens": Field("judges", 4096, "a longer judge message is not judged: its criteria are NaN with the reason", at_least=1),
+    # simulation: the timing model of generation.engine / learners.backend simulated (docs/scale.md)
+    "timing": Field("simulation", "llama3-8b-h100", "the simulated engines' and learners' speed: a profile (llama3-8b-h100, llama3-70b-h100x4, qwen3-0.6b-h100: published figures) or {profile, step_s, step_s_per_seq, prefill_tokens_per_s, max_num_seqs, train_tokens_per_s, weight_bytes, load_bytes_per_s} (gdpo_ray.simulation.TimingModel)", "any"),
+    "response_lengths": Field("simulation", {"dist": "lognormal", "tokens": 800, "sigma": 0.8}, "new tokens per simulated response (at most generation.max_tokens): {dist: fixed | uniform | lognormal, tokens (fixed; lognormal's median), sigma, low, high (uniform)}"),
+    "time_scale": Field("simulation", 1.0, "every modelled second (generation, prefill, loads, updates) times this", above=0),
+    "weight_bytes": Field("simulation", 64 << 20, "bytes a simulated learner pushes each step (the model's own, timing.weight_bytes, rarely fits one machine's object store 64 times over)", at_least=1),
+    "weight_tensors": Field("simulation", 128, "tensors the simulated push is cut into (an 8B Llama has 291)", at_least=1),
+    "lora_fraction": Field("simulation", 0.005, "under llm.lora the simulated push is this fraction of weight_bytes (a rank-16 adapter on every linear layer of an 8B Llama: 0.5%)", above=0, at_most=1),
     # learners (RLlib's section, beside its learner fields below): the training engine
-    "backend": Field("learners", "deepspeed", "the learners' training engine: deepspeed (ZeRO stage training.zero_stage) or fsdp2 (torch's fully_shard), or package.module:Class of a learners.learner.Learner (learners.backend)", fixed_on_resume=True),
+    "backend": Field("learners", "deepspeed", "the learners' training engine: deepspeed (ZeRO stage training.zero_stage) or fsdp2 (torch's fully_shard), simulated (no model: the update time of simulation.timing; docs/scale.md), or package.module:Class of a learners.learner.Learner (learners.backend)", fixed_on_resume=True),
 }
 
-SECTIONS = ("training", "llm", "generation", "data", "judges")  # GDPO's own builder sections (a field may be of RLlib's)
+SECTIONS = ("training", "llm", "generation", "data", "judges", "simulation")  # GDPO's own builder sections (a field may be of RLlib's)
 
 
 #: RLlib's own fields that GDPO reads, with GDPO's defaults (``GDPOConfig`` sets them)

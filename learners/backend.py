@@ -41,7 +41,8 @@ from gdpo_ray.registry import import_path
 
 #: ``learners.backend`` -> the learner class (``module:Class``), imported where it runs
 BACKENDS = {"deepspeed": "learners.deepspeed_learner:DeepSpeedLearner",
-            "fsdp2": "learners.fsdp2_learner:FSDP2Learner"}
+            "fsdp2": "learners.fsdp2_learner:FSDP2Learner",
+            "simulated": "learners.sim_learner:SimulatedLearner"}
 
 
 def learner_class(backend: str) -> type:

@@ -69,6 +69,7 @@ class LearnerConfig:
     base_model_name: str | None = None  # an exported adapter's base: the hub name, where the model has one
     digest_variants: tuple = VARIANTS  # the engines' possible lower precisions (actors.engines.digest_variants)
     pushes: bool = True  # weights go out to engines (False: an engine shares the module, nothing is digested)
+    simulation: Any = None  # section simulation's settings (a simulated learner's timing model and push)
 
     def __post_init__(self) -> None:
         for name in ("backend", "zero_stage", "lr", "grad_clip", "micro_batch_tokens", "mini_batches",

@@ -126,6 +126,10 @@ class GDPOConfig(AlgorithmConfig):
         """The judge pool gdpo-ray serves: ``num_judges``, ``num_cpus_per_judge``, ``judge_engine``, ..."""
         return _section(self, "judges", kwargs)
 
+    def simulation(self, **kwargs: Any) -> "GDPOConfig":
+        """The timing model of simulated engines and learners: ``timing``, ``response_lengths``, ..."""
+        return _section(self, "simulation", kwargs)
+
     def validate(self) -> None:
         """GDPO's rules first (their messages name the fix), then RLlib's own. An environment
         class scoring with ``get_reward()`` gets its column if it is not declared, as in TRL
@@ -165,14 +169,19 @@ class GDPOConfig(AlgorithmConfig):
             threads_alone=self.threads_alone, lora=self.lora,
             base_model_name=model_files.hub_name(self.model_path),
             digest_variants=digest_variants(self.engine, self.mode, self.engine_kwargs),
-            pushes=not self.engine_in_learner)
+            pushes=not self.engine_in_learner, simulation=self.simulation_settings)
+
+    @property
+    def simulation_settings(self) -> dict:
+        return {k: getattr(self, k) for k in fields.section_fields("simulation")}
 
     @property
     def rollout_actor_kwargs(self) -> dict:
-        from actors.engines import generation_mode
+        from actors.engines import engine_settings, generation_mode
 
         return dict(model_path=self.model_path, rewards=list(self.rewards), group_size=self.group_size,
-                    engine=self.engine, engine_kwargs=dict(self.engine_kwargs), mode=generation_mode(self.engine, self.mode),
+                    engine=self.engine, mode=generation_mode(self.engine, self.mode),
+                    engine_kwargs=engine_settings(self.engine, self.mode, self.engine_kwargs, self.simulation_settings),
                     sampling=fields.sampling_params(self), chat_template=self.chat_template,
                     system_prompt=self.system_prompt,
                     max_prompt_tokens=self.max_prompt_tokens, reward_workers=self.reward_workers,

@@ -200,6 +200,21 @@ def _check_engine(c: Any) -> None:
         raise ValueError("generation.mode='streaming' keeps requests in flight through every update, "
                          "and colocated engines sleep during updates: use generation.mode='batched' "
                          "with colocate=True")
+    _check_simulation(c, traits_of(cls).simulated, getattr(learner_class(c.backend), "simulated", False))
+
+
+def _check_simulation(c: Any, engine: bool, learner: bool) -> None:
+    """Section ``simulation``, where a simulated engine or learner reads it; a simulated
+    learner's payload is held by simulated engines only."""
+    if learner and not engine:
+        raise ValueError(f"learners.backend={c.backend!r} pushes a payload of simulation.weight_bytes that no "
+                         f"model holds, and generation.engine={c.engine!r} loads a model: use "
+                         "generation.engine='simulated' too (docs/scale.md)")
+    if engine or learner:
+        from gdpo_ray.simulation import ResponseLengths, timing_model
+
+        timing_model(c.timing)
+        ResponseLengths.of(c.response_lengths)
 
 
 #: widest clip range that still acts on GSPO's sequence ratio (a mean of per-token log-ratios,

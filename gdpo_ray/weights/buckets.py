@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from gdpo_ray.weights.digest import digest_raw, numel, rounded_digests
+from gdpo_ray.weights.digest import digest_raw, itemsize, numel, rounded_digests
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
@@ -93,11 +93,9 @@ def bucket_digests(bucket: dict, variants: Sequence[str] = ()) -> tuple[list[int
     """Each tensor's digest and ``rounded_digests`` (``variants``) from a bucket's own bytes
     (numpy arrays on the host, as packed or read back from the object store, or uint8 torch
     tensors on a device)."""
-    import torch
-
     out, rounded = [], []
     for i, (dtype, shape, offset) in enumerate(zip(bucket["dtypes"], bucket["shapes"], bucket_offsets(bucket))):
-        size = numel(shape) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+        size = numel(shape) * itemsize(dtype)
         raw = bucket["arrays"][0][offset:offset + size] if "offsets" in bucket else bucket["arrays"][i]
         out.append(digest_raw(raw, dtype, shape))
         rounded.append(rounded_digests(raw, dtype, variants, shape))
@@ -124,14 +122,18 @@ def tensor_views(data: Any, names: Sequence[str], dtypes: Sequence[str], shapes:
 
     for name, dtype, shape, offset in zip(names, dtypes, shapes, offsets):
         kind = getattr(torch, dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * torch.empty(0, dtype=kind).element_size()
+        size = int(np.prod(shape, dtype=np.int64)) * itemsize(dtype)
         yield name, data[offset:offset + size].view(kind).view(tuple(shape))
 
 
-def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
-    """(name, tensor) views of a bucket's bytes (read-only views when it came from the store)."""
+def unpack_bucket(bucket: dict, host: bool = False) -> list[tuple[str, Any]]:
+    """(name, tensor) views of a bucket's bytes (read-only views when it came from the store);
+    ``host``: numpy arrays instead of torch tensors (no torch imported: an engine whose traits
+    say it uses none), for the dtypes numpy has."""
     import warnings
 
+    if host:
+        return list(_numpy_views(bucket))
     with warnings.catch_warnings():  # tensors over read-only object-store memory: only read
         warnings.simplefilter("ignore", UserWarning)
         if "offsets" in bucket:  # one byte range (pack_flat_buckets)
@@ -140,6 +142,18 @@ def unpack_bucket(bucket: dict) -> list[tuple[str, Any]]:
         return [view for name, dtype, shape, raw in zip(bucket["names"], bucket["dtypes"],
                                                          bucket["shapes"], bucket["arrays"])
                 for view in tensor_views(_bytes(raw), [name], [dtype], [shape], [0])]
+
+
+def _numpy_views(bucket: dict) -> Iterator[tuple[str, np.ndarray]]:
+    offsets = bucket_offsets(bucket)
+    for i, (name, dtype, shape) in enumerate(zip(bucket["names"], bucket["dtypes"], bucket["shapes"])):
+        if dtype == "bfloat16" or dtype.startswith("float8"):
+            raise ValueError(f"{name} was pushed as {dtype}, which numpy does not hold: an engine "
+                             "without torch (simulated) takes float32 pushes")
+        raw = bucket["arrays"][0] if "offsets" in bucket else bucket["arrays"][i]
+        start = offsets[i] if "offsets" in bucket else 0
+        size = numel(shape) * itemsize(dtype)
+        yield name, raw[start:start + size].view(np.dtype(dtype)).reshape(tuple(shape))
 
 
 def _bytes(array: np.ndarray) -> Any:

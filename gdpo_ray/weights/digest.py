@@ -366,12 +366,23 @@ def _conversion_batch(tensor: Any) -> int:
     return ROUND_BATCH if tensor.device.type == "cpu" else DEVICE_BATCH
 
 
+#: bytes per element of torch's dtypes that numpy has no name for
+_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a torch dtype's name ("float32", "bfloat16"), read without torch."""
+    import numpy as np
+
+    return _ITEMSIZE[dtype] if dtype in _ITEMSIZE else np.dtype(dtype).itemsize
+
+
 def _typed(raw: Any, dtype: str) -> Any:
     """A uint8 numpy array or torch tensor of raw bytes, viewed as integers of ``dtype``'s width."""
-    import torch
-
-    width = torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+    width = itemsize(dtype)
     if hasattr(raw, "element_size"):
+        import torch
+
         return raw.view(getattr(torch, _INT_OF_WIDTH[width]))
     return raw.view(_INT_OF_WIDTH[width])
 

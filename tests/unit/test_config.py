@@ -22,7 +22,8 @@ def test_defaults_and_sections():
     assert (config.lr, config.clip_eps_high, config.max_tokens) == (1e-4, 0.3, 64)
     assert config.estimator == "gdpo" and config.max_staleness == 0 and config.eps == 1e-6
     # GDPO's sections, and RLlib's learners section for learners.backend (GDPOConfig.learners())
-    assert all(f.doc and f.section in ("training", "llm", "generation", "data", "judges", "learners") for f in FIELDS.values())
+    assert all(f.doc and f.section in ("training", "llm", "generation", "data", "judges", "simulation", "learners")
+               for f in FIELDS.values())
     # list defaults are not shared between configs
     other = GDPOConfig()
     assert other.rewards == [] and other.rewards is not GDPOConfig().rewards

@@ -87,12 +87,12 @@ def test_registry_resolves_names_per_mode_and_import_paths():
     from actors.vllm_engine import VLLMEngine
     from actors.vllm_stream_engine import AsyncVLLMEngine
 
-    assert set(ENGINES) == {"hf", "vllm"}
+    assert set(ENGINES) == {"hf", "vllm", "simulated"}
     assert engine_class("hf") is HFEngine and engine_class("vllm") is VLLMEngine
     assert engine_class("vllm", "streaming") is AsyncVLLMEngine
     assert engine_class(f"{HERE}:EchoEngine") is EchoEngine
     assert engine_class(f"{HERE}:StreamEcho", "streaming") is StreamEcho
-    with pytest.raises(ValueError, match="unknown engine 'tgi'; known: hf, vllm"):
+    with pytest.raises(ValueError, match="unknown engine 'tgi'; known: hf, vllm, simulated"):
         engine_class("tgi")
     with pytest.raises(ValueError, match="cannot import no_such.mod:E"):
         engine_class("no_such.mod:E")
@@ -104,7 +104,7 @@ def test_a_name_without_a_streaming_class_says_to_batch():
     with pytest.raises(ValueError) as err:
         engine_class("hf", "streaming")
     assert str(err.value) == (
-        "generation.mode='streaming' needs a continuous-batching engine (vllm, or a class of "
+        "generation.mode='streaming' needs a continuous-batching engine (vllm, simulated, or a class of "
         "actors.engines.StreamingEngine); engine 'hf' takes batch calls: use generation.mode='batched' "
         "or generation.engine='vllm'")
 

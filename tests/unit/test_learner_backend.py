@@ -34,7 +34,7 @@ def test_the_field_its_default_and_where_it_is_set():
 
 
 @pytest.mark.parametrize("value, message", [
-    ("megatron", "learners.backend must be one of deepspeed, fsdp2 (or 'package.module:Class' of a "
+    ("megatron", "learners.backend must be one of deepspeed, fsdp2, simulated (or 'package.module:Class' of a "
                  "learners.learner.Learner); got 'megatron'; e.g. learners.backend=fsdp2"),
     ("FSDP2", "learners.backend must be one of deepspeed, fsdp2"),
     (2, "learners.backend must be a string; got 2 (int); e.g. learners.backend=deepspeed"),
