@@ -446,7 +446,7 @@ class RolloutActor:
         if self.tools is not None:  # their rewards are read: the instances serve later rollouts
             self.tools.release([r.trajectory for r in flat])
         batch = build_groups(out, self.rewards.names, self.sampling.metadata())
-        timing = CallTiming(generate_s=generated - start, score_s=time.perf_counter() - generated)
+        timing = CallTiming(generated - start, time.perf_counter() - generated, time.time() + generated - time.perf_counter())
         meta = CallMeta(groups=describe_groups(batch), filtered=filtered,
                         tokens=sum(len(r.trajectory.tokens) for r in flat), timing=timing,
                         judge=self.judging.take_stats() if self.judging is not None else None)

@@ -409,7 +409,8 @@ class RolloutGroup:
                 f"prompts in a row were filtered before generation; the last: "
                 f"{meta.filtered[-1][1]}); raise llm.max_prompt_tokens (within the model's "
                 f"context, minus generation.max_tokens) or shorten the prompts")
-        refs = [dataclasses.replace(g, ref=call.batch) for g in meta.groups]
+        finished_at = meta.timing.finished_at if meta.timing is not None else None
+        refs = [dataclasses.replace(g, ref=call.batch, finished_at=finished_at) for g in meta.groups]
         stale = self.buffer.add(refs)
         self.prompts.reissue(stale)
         self.stats["reissued"] += len(stale)

@@ -359,10 +359,12 @@ def check_group(batch: pa.RecordBatch) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class CallTiming:
-    """Seconds a rollout call spent generating and scoring."""
+    """Seconds a rollout call spent generating and scoring, and when (wall clock, ``time.time()``)
+    its last token was generated."""
 
     generate_s: float
     score_s: float
+    finished_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

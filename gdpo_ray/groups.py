@@ -40,6 +40,7 @@ class GroupRef:
     finish_reason: tuple | None = dataclasses.field(default=None, compare=False, repr=False)  # [G]
     # multi-turn: [G, 4] num_turns, num_tool_calls, tool_errors, tool_timeouts (TURN_COUNTS)
     turns: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    finished_at: float | None = dataclasses.field(default=None, compare=False, repr=False)  # its last token's wall time
 
 
 def describe_groups(batch: pa.RecordBatch, ref: Any = None) -> list[GroupRef]:

@@ -193,6 +193,17 @@ def staleness_metrics(step: int, versions: np.ndarray) -> dict[str, float]:
     return {"staleness/mean": float(lag.mean()), "staleness/max": float(lag.max())}
 
 
+def latency_metrics(finished_at: Sequence[float | None], now: float) -> dict[str, float]:
+    """Seconds from each group's last token (``finished_at``, wall clock; None: not known) to
+    ``now``, the start of the update that trains it: its scoring, its way to the buffer and
+    its wait there. Mean and 95th percentile over the step's groups (none known: nothing)."""
+    waits = np.array([now - f for f in finished_at if f is not None], dtype=np.float64)
+    if not waits.size:
+        return {}
+    return {"timing/group_latency_mean_s": float(waits.mean()),
+            "timing/group_latency_p95_s": float(np.percentile(waits, 95))}
+
+
 def throughput_metrics(tokens: float, samples: int, step_s: float) -> dict[str, float]:
     """Per second of the step's wall time: response tokens and samples (rollouts) trained."""
     per_s = lambda x: x / step_s if step_s > 0 else float("nan")

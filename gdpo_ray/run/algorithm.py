@@ -375,6 +375,7 @@ class GDPO(GDPOState, Algorithm):
             self.reward_watch.check_failures(step + 1, rewards, errors)  # stops a run whose reward always fails
             details = compute_advantage_details(rewards, index, estimator=c.estimator,
                                                 weights=self.reward_weights, eps=c.eps)
+        latency = step_metrics.latency_metrics([g.finished_at for g in groups], time.time())
         with step_metrics.timed(timers, "update"):
             learner_metrics = self._update(groups, np.asarray(details.advantages, np.float32))
         with step_metrics.timed(timers, "push_weights"):
@@ -385,7 +386,7 @@ class GDPO(GDPOState, Algorithm):
             self.counters["trained_groups"] += len(groups)
             values = self._step_metrics(step, groups, rewards, errors, details, dropped)
             values |= step_metrics.failure_metrics(errors, self.reward_names)
-            values.update({f"learner/{k}": v for k, v in learner_metrics.items()})
+            values.update({f"learner/{k}": v for k, v in learner_metrics.items()}, **latency)
             self.last_completions = self.completion_log.samples(groups, details.advantages)
             if c.checkpoint_every and self.policy_version % c.checkpoint_every == 0:
                 self._checkpoint_step()

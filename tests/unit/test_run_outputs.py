@@ -155,3 +155,13 @@ def test_rllibs_api_stack_notice_is_dropped_and_nothing_else(caplog):
     assert [r.getMessage() for r in caplog.records] == ["something else"]
     quiet.install()
     assert len(logger.filters) == len({f.start for f in logger.filters})  # installed once
+
+
+def test_group_latency_is_from_each_groups_last_token_to_the_update():
+    from gdpo_ray.metrics import latency_metrics
+
+    # waits 1, 2, 3, 4 s (one group's time unknown): mean 2.5; the 95th percentile interpolates
+    # between the 3rd and 4th sorted waits at 0.85 of the way: 3 + 0.85 = 3.85
+    assert latency_metrics([99.0, 98.0, None, 97.0, 96.0], 100.0) == {
+        "timing/group_latency_mean_s": 2.5, "timing/group_latency_p95_s": pytest.approx(3.85)}
+    assert latency_metrics([None], 100.0) == {}

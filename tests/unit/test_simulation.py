@@ -2,6 +2,7 @@
 (actors.sim_engine) and the simulated learner (learners.sim_learner), outside Ray."""
 
 import asyncio
+import dataclasses
 import sys
 import time
 
@@ -160,3 +161,30 @@ def test_an_actor_of_the_simulated_engine_imports_no_torch(tiny_model_dir):
             f"e = SimulatedEngine({tiny_model_dir!r}); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_ideal_pipeline_by_hand():
+    from gdpo_ray.pipeline_model import pipeline, step_s
+
+    # one engine, one learner, B = 1 group of G = 1 response of 3 tokens, 1 s a decode step,
+    # a prefill of no time, updates of (1 prompt + 3 response tokens) / 2 tokens/s = 2 s
+    timing = TimingModel(step_s=1.0, step_s_per_seq=0.0, prefill_tokens_per_s=1e12, max_num_seqs=8,
+                         train_tokens_per_s=2.0, weight_bytes=1, load_bytes_per_s=1e30)
+    three = ResponseLengths(dist="fixed", tokens=3)
+    ends = pipeline(timing, three, 1, 1, 1, 1, max_staleness=0, steps=4, max_tokens=100, prompt_tokens=1)
+    assert ends == pytest.approx([5, 10, 15, 20])  # synchronous: generate 3 s, then update 2 s
+    # one step of staleness: two groups decode at once from t=0 (done at 3); updates 3-5, 5-7; the
+    # third group starts at the first push (5) and is done at 8, trained 8-10; the fourth starts
+    # at 7 and is done at 10, trained 10-12: a step of (3 + 2) / 2 s from then on
+    ends = pipeline(timing, three, 1, 1, 1, 1, max_staleness=1, steps=8, max_tokens=100, prompt_tokens=1)
+    assert ends == pytest.approx([5, 7, 10, 12, 15, 17, 20, 22])
+    assert step_s(ends, warmup=2) == pytest.approx((22 - 10) / 5)
+    # a push's load pauses the engine: 1 s after each update before the next group decodes
+    loaded = dataclasses.replace(timing, weight_bytes=10, load_bytes_per_s=10.0)
+    ends = pipeline(loaded, three, 1, 1, 1, 1, max_staleness=0, steps=3, max_tokens=100, prompt_tokens=1)
+    assert ends == pytest.approx([5, 11, 17])
+    # two engines halve the wait for four groups of one step: 2 each, decoded at once
+    ends = pipeline(timing, three, 2, 1, 4, 1, max_staleness=0, steps=2, max_tokens=100, prompt_tokens=1)
+    assert ends == pytest.approx([3 + 8, 11 + 3 + 8])  # 4 x 4 tokens / 2 tokens/s = 8 s an update
+    with pytest.raises(ValueError, match="fewer than 2 past the warm-up"):
+        step_s([1.0, 2.0])
