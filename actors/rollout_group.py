@@ -288,9 +288,11 @@ class RolloutGroup:
                 "rollout/prompts_filtered": float(stats["filtered"]), **self.judge_stats.take()}
 
     def fit_to_cluster(self, low: int, high: int) -> None:
-        """Elastic rollouts (``num_env_runners = [low, high]``): as many actors as the nodes
-        offering the actors' custom resource can hold, within the range; shrinking drops actors
-        still waiting for a node first, and re-issues the prompts of any removed actor."""
+        """Actors on nodes the cluster reports dead replaced (``replace_lost``); elastic rollouts
+        (``num_env_runners = [low, high]``): as many actors as the nodes offering the actors'
+        custom resource can hold, within the range; shrinking drops actors still waiting for a
+        node first, and re-issues the prompts of any removed actor."""
+        self.replace_lost()
         if low == high:
             return
         need = self._options["resources"]
@@ -304,6 +306,16 @@ class RolloutGroup:
             room = min(int(free.get(k, 0) // v) for k, v in need.items() if v)
             if room > 0:
                 self.resize(min(high, current + room))
+
+    def replace_lost(self) -> None:
+        """Actors on a node the cluster reports dead (its raylet lost) are replaced, their calls
+        re-issued, without waiting for a call of theirs to fail: an idle one has none."""
+        placed = [s for s in self.slots if s.starting is None and s.node_id is not None]
+        if not placed or self._start is not None:  # (a hosted actor's owner is the learners')
+            return
+        alive = {n["NodeID"] for n in self._ray.nodes() if n["Alive"]}
+        for slot in [s for s in placed if s.node_id not in alive]:
+            self._actor_lost(slot)
 
     def _started(self, slot: _Slot) -> None:
         try:
@@ -331,6 +343,7 @@ class RolloutGroup:
     def _replace(self, slot: _Slot) -> None:
         fresh = self._start_actor(self.slots.index(slot))
         slot.handle, slot.starting, slot.calls = fresh.handle, fresh.starting, []  # failed_starts kept
+        slot.node_id = None  # (until it has started, somewhere)
         slot.restarts += 1
         self.stats["actor_restarts"] += 1
 

@@ -12,7 +12,9 @@ staleness, the timing model of Llama-3.1-8B on H100s, every modelled second time
   batching, updates, pushes, the long tail of the responses included), times ``time_scale``
   (aim >= 0.9 at 64);
 - ``push_fanout_64_over_1``: the time from a push's start until every actor has loaded and
-  attested it (``PushLedger.settle``), at 64 actors over 1 (aim <= 4); the pushes of these runs
+  attested it (``PushLedger.settle``), at 64 actors over 1 (aim <= 4), and the machine's CPU
+  seconds meanwhile (``push_cpu_s``: each actor fetches and digests the payload, which a
+  cluster does on 64 nodes at once and 2 cores do one after another); the pushes of these runs
   leave out the engines' modelled load pause (the same for 1 or 64, and the engine's own);
 - ``group_latency_p95_s_N``: from a group's last token to the start of the update that trains
   it (its scoring, its way to the buffer, its wait there);
@@ -20,9 +22,12 @@ staleness, the timing model of Llama-3.1-8B on H100s, every modelled second time
 - the rollout side's CPU per step (every other process of the machine), which on a cluster is
   each rollout node's own: on 2 cores it bounds what 64 actors can do here.
 
-    python benchmarks/scale.py [--json] [--actors 1 4 16 64] [--steps 5] [--warmup 2]
-                               [--groups-per-actor 2] [--group-size 8] [--time-scale 0.5]
-                               [--plot scale.png] [--smoke]
+    python benchmarks/scale.py [--json] [--actors 1 4 16 64] [--steps 4] [--warmup 2]
+                               [--groups-per-actor 2] [--group-size 8] [--time-scale 1.0]
+                               [--plot scale.png] [--nodes] [--smoke]
+
+``--nodes``: the same harness on a multi-node cluster started on this machine, 20 to 24 elastic
+rollout actors, a rollout node lost mid-run and two added (``run_nodes``).
 
 ``--smoke``: 1 and 2 actors, one step each after none of warm-up, short responses.
 """
@@ -30,6 +35,7 @@ staleness, the timing model of Llama-3.1-8B on H100s, every modelled second time
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -47,6 +53,7 @@ from benchmarks._smoke import parse_args  # noqa: E402
 PROFILE = "llama3-8b-h100"
 WEIGHT_BYTES = 64 << 20
 MAX_TOKENS = 4096
+NODES_GROW_S = 180.0  # how long --nodes trains on, at most, for the lost actors' replacements to be placed
 SMOKE = {"actors": [1, 2], "steps": 1, "warmup": 0, "groups_per_actor": 1, "group_size": 2,
          "lengths": "{dist: uniform, low: 4, high: 32}", "time_scale": 0.05}
 
@@ -127,17 +134,19 @@ def learners_for(actors: int) -> int:
     return max(1, actors // 4)
 
 
-def fanout_s(algo, pushes: int = 3) -> float:
-    """Median seconds from a push's start until every actor has loaded and attested it."""
+def fanout(algo, pushes: int = 3) -> tuple[float, float]:
+    """Median seconds from a push's start until every actor has loaded and attested it, and the
+    median CPU seconds the whole machine spent meanwhile (the push's and the generation beside it)."""
     from gdpo_ray.run.transports import push_weights
 
-    times = []
+    times, cpu = [], []
     for k in range(pushes):
-        start = time.perf_counter()
+        start, before = time.perf_counter(), other_cpu_s() + time.process_time()
         push_weights(algo.transport, algo.rollouts, algo.policy_version + 1 + k)
         algo.rollouts.ledger.settle()
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        cpu.append(other_cpu_s() + time.process_time() - before)
+    return float(np.median(times)), float(np.median(cpu))
 
 
 def run(actors: int, args: argparse.Namespace) -> dict:
@@ -145,6 +154,7 @@ def run(actors: int, args: argparse.Namespace) -> dict:
     from gdpo_ray.run.presets import apply_sections, load_preset
     started = time.perf_counter()
     algo = apply_sections(GDPOConfig(), load_preset("demo", overrides(actors, args))).build_algo()
+    built = time.perf_counter() - started
     try:
         for _ in range(args.warmup):
             algo.train()
@@ -159,14 +169,14 @@ def run(actors: int, args: argparse.Namespace) -> dict:
                              latency_p95_s=result["timing/group_latency_p95_s"],
                              staleness_mean=result["staleness/mean"], staleness_max=result["staleness/max"]))
         peak = store.stop()
-        fanout = fanout_s(algo)
+        push_s, push_cpu_s = fanout(algo)
     finally:
         algo.stop()
     mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
     # rank 0's tokens are its share, 1/learners, of every prompt and response
     prompt_tokens = max(1.0, (mean["learner_tokens"] * learners_for(actors) - mean["tokens"]) / mean["rollouts"])
     mean["ideal_s"] = ideal_step_s(actors, args, prompt_tokens) * args.time_scale
-    return {"actors": actors, "start_s": round(time.perf_counter() - started, 1),
+    return {"actors": actors, "build_s": round(built, 1), "run_s": round(time.perf_counter() - started, 1),
             "step_wall_s": mean["wall_s"], "tokens_per_step": mean["tokens"],
             "driver_cpu_s_per_step": mean["driver_cpu_s"],
             "driver_overhead_frac": mean["driver_cpu_s"] / mean["wall_s"],
@@ -174,7 +184,69 @@ def run(actors: int, args: argparse.Namespace) -> dict:
             "ideal_step_s": mean["ideal_s"], "async_efficiency": mean["ideal_s"] / mean["wall_s"],
             "group_latency_p95_s": float(np.mean([r["latency_p95_s"] for r in rows])),
             "staleness_mean": mean["staleness_mean"], "staleness_max": max(r["staleness_max"] for r in rows),
-            "push_fanout_s": fanout, "object_store_peak_bytes": peak}
+            "push_fanout_s": push_s, "push_cpu_s": push_cpu_s, "object_store_peak_bytes": peak}
+
+
+def run_nodes(args: argparse.Namespace) -> dict:
+    """``--nodes``: rollout actors on rollout nodes of a multi-node cluster on this machine (a
+    raylet each, with resources of its own; the driver and the learners on the head), elastic
+    within ``[20, 24]``, one per unit of the nodes' ``rollout`` resource: 5 nodes of 4 hold 20.
+    After the warm-up one node is removed (its raylet dies with its 4 actors: their groups are
+    re-issued, and the 4 replacements wait for room while the 16 others go on), then two nodes
+    join (the 4 replacements start there, and the group grows to 24 on 6 nodes). Every step must
+    still train its B groups, and every prompt handed out must be trained, filtered or in flight:
+    nothing lost."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from gdpo_ray import GDPOConfig
+    from gdpo_ray.run.presets import apply_sections, load_preset
+
+    env = {"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    rollout_nodes = [cluster.add_node(num_cpus=2, resources={"rollout": 4}) for _ in range(5)]
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env=env)
+    groups = args.groups_per_actor * 20
+    config = apply_sections(GDPOConfig(), load_preset("demo", overrides(20, args) + [
+        "env_runners.num_env_runners=[20,24]", "env_runners.custom_resources_per_env_runner={rollout: 1}"]))
+    algo = config.build_algo()
+    steps = []
+    try:
+        for phase, then in (("20 actors on 5 nodes", lambda: cluster.remove_node(rollout_nodes[0], allow_graceful=False)),
+                            ("a node lost", lambda: [cluster.add_node(num_cpus=2, resources={"rollout": 4})
+                                                     for _ in range(2)]),
+                            ("two nodes added", None)):
+            deadline = time.monotonic() + NODES_GROW_S
+            for k in itertools.count():
+                r = algo.train()
+                steps.append({k: r[k] for k in ("step", "groups", "rollout/actors", "rollout/nodes",
+                                                 "rollout/reissued", "rollout/actor_restarts")} | {"phase": phase})
+                if then is not None and k + 1 >= max(args.warmup, 2):
+                    break
+                if then is None and k >= 1 and (((r["rollout/actors"], r["rollout/nodes"]) == (24, 6)
+                                                 and r["rollout/actor_restarts"] >= 4) or time.monotonic() > deadline):
+                    break  # the lost node's 4 replaced and every actor placed (a new raylet starts its
+                    # workers one or two at a time: on a busy machine that takes tens of seconds)
+            if then is not None:
+                then()
+        p = algo.prompts
+        outcomes = [o for e in range(p.epoch + 1) for o in p.outcomes(e).values()]
+        accounted = p.in_flight == len(algo.buffer) + algo.rollouts.in_flight
+        trained = outcomes.count("trained")
+    finally:
+        algo.stop()
+        ray.shutdown()
+        cluster.shutdown()
+    every = all(s["groups"] == groups for s in steps)
+    last = steps[-1]
+    return {"steps": steps, "every_step_trained_B": every, "trained_groups": trained,
+            "expected_trained": groups * len(steps), "prompts_accounted": accounted,
+            "reissued": last["rollout/reissued"], "actor_restarts": last["rollout/actor_restarts"],
+            "grown_to": [last["rollout/actors"], last["rollout/nodes"]],
+            "nothing_lost": bool(accounted and every and trained == groups * len(steps)),
+            "recovered": bool(accounted and every and trained == groups * len(steps)
+                              and last["rollout/actor_restarts"] >= 4
+                              and [last["rollout/actors"], last["rollout/nodes"]] == [24, 6])}
 
 
 def plot(results: list[dict], path: str) -> None:
@@ -204,18 +276,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--groups-per-actor", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lengths", default="{dist: lognormal, tokens: 800, sigma: 0.8}")
-    parser.add_argument("--time-scale", type=float, default=0.5)
+    parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--plot", default="scale.png")
+    parser.add_argument("--nodes", action="store_true", help="the multi-node run with a node lost and two added "
+                        "(instead of the single-node sizes)")
     args = parse_args(parser, SMOKE)
 
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if args.nodes:
+        out = run_nodes(args) | {"smoke": args.smoke}
+        print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+        return
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}})
     results = []

@@ -44,6 +44,9 @@ SMOKES = {
     "off_policy.py": ((), {"runs", "steps"}),
     "judges.py": ((), {"judge_overhead_sync", "judge_overhead_overlapped", "hidden_fraction",
                        "pool_hidden_fraction", "judge_calls_per_s_per_actor"}),
+    "scale.py": (("--plot", "{tmp}/scale.png"), {"driver_overhead_frac_1", "async_efficiency_2",
+                                                   "group_latency_p95_s_2", "object_store_peak_bytes_2",
+                                                   "push_fanout_last_over_first"}),
     "vs_trl.py": ((), {"async_speedup_vs_trl", "sync_speedup_vs_trl", "wall_ratio_vs_trl", "pss_ratio_vs_trl",
                        "reward_gap_vs_trl"}),
 }
@@ -108,3 +111,13 @@ def test_every_benchmark_has_a_smoke():
     assert scripts == set(SMOKES) | set(VLLM_SMOKES)
     for name in scripts:
         assert "parse_args(parser," in (BENCHMARKS / name).read_text(), f"{name} takes no --smoke"
+
+
+@pytest.mark.slow
+def test_the_scale_benchmark_loses_a_rollout_node_and_nothing_else(tmp_path):
+    """``scale.py --nodes``: a multi-node cluster on this machine loses a rollout node mid-run (its
+    actors replaced once room returns, their groups re-issued) and gains two: every step trains
+    its B groups, every prompt is accounted for, and the group ends at 24 actors on 6 nodes."""
+    result = run_smoke("scale.py", ("--nodes",), tmp_path)
+    check(result, {"nothing_lost", "recovered", "steps"})
+    assert result["nothing_lost"] and result["recovered"], {k: v for k, v in result.items() if k != "steps"}
