@@ -29,6 +29,10 @@ staleness, the timing model of Llama-3.1-8B on H100s, every modelled second time
 ``--nodes``: the same harness on a multi-node cluster started on this machine, 20 to 24 elastic
 rollout actors, a rollout node lost mid-run and two added (``run_nodes``).
 
+It ends with the model of a large run (``large_run``: Llama-3.1-8B on 256 H100s split between
+rollout engines and learners; 16 GPUs under ``--smoke``), from the pipeline model and this run's
+measured driver costs.
+
 ``--smoke``: 1 and 2 actors, one step each after none of warm-up, short responses.
 """
 
@@ -249,6 +253,45 @@ def run_nodes(args: argparse.Namespace) -> dict:
                               and [last["rollout/actors"], last["rollout/nodes"]] == [24, 6])}
 
 
+#: the modelled large run: B groups of G responses a step, prompts of this many tokens, responses
+#: the default lognormal (median 800) capped at max_tokens; the rollout share of the GPUs per row
+LARGE = {"groups": 512, "group_size": 16, "prompt_tokens": 128, "max_tokens": 8192}
+ROLLOUT_SHARES = (0.5, 0.75, 0.875)
+
+
+def large_run(results: list[dict], gpus: int, groups: int) -> list[dict]:
+    """The model of a large run (docs/scale.md): Llama-3.1-8B on ``gpus`` H100s, split into
+    rollout engines (a GPU each) and learner ranks, ``groups`` groups a step, max_staleness 0
+    and 1. Per row: the pipeline model's ideal step (``gdpo_ray.pipeline_model``, the push's
+    load pause of 16 GB at 20 GB/s included), the learners' share of it, and the framework's
+    serial time per step: this run's measured driver CPU per step, extrapolated along a
+    least-squares line in the number of rollout actors (assumed all on the critical path); the
+    predicted step is their sum."""
+    from gdpo_ray.pipeline_model import pipeline, step_s
+    from gdpo_ray.simulation import ResponseLengths, timing_model
+
+    timing, lengths = timing_model(PROFILE), ResponseLengths()
+    n = np.array([r["actors"] for r in results], dtype=float)
+    cpu = np.array([r["driver_cpu_s_per_step"] for r in results])
+    slope, intercept = np.polyfit(n, cpu, 1) if len(set(n)) > 1 else (0.0, float(cpu[0]))
+    mean_length = float(lengths.draw(np.random.default_rng(0), 200_000, LARGE["max_tokens"]).mean())
+    tokens = groups * LARGE["group_size"] * (mean_length + LARGE["prompt_tokens"])
+    rows = []
+    for share in ROLLOUT_SHARES:
+        engines = int(gpus * share)
+        learners = gpus - engines
+        for eta in (0, 1):
+            ends = pipeline(timing, lengths, engines, learners, groups, LARGE["group_size"], eta, 8,
+                            LARGE["max_tokens"], LARGE["prompt_tokens"])
+            ideal = step_s(ends, warmup=3)
+            framework = max(0.0, intercept + slope * engines)
+            rows.append({"rollout_gpus": engines, "learner_gpus": learners, "max_staleness": eta,
+                         "ideal_step_s": round(ideal, 2), "update_s": round(timing.update_s(tokens / learners), 2),
+                         "framework_s": round(framework, 3), "predicted_step_s": round(ideal + framework, 2),
+                         "framework_share": round(framework / (ideal + framework), 4)})
+    return rows
+
+
 def plot(results: list[dict], path: str) -> None:
     import matplotlib
 
@@ -306,6 +349,9 @@ def main() -> None:
     first, last = results[0], results[-1]
     out = {"runs": results, "push_fanout_last_over_first": last["push_fanout_s"] / first["push_fanout_s"],
            "smoke": args.smoke, "plot": args.plot}
+    gpus = 16 if args.smoke else 256
+    groups = LARGE["groups"] * gpus // 256
+    out["large_run"] = dict(LARGE, gpus=gpus, groups=groups, rows=large_run(results, gpus, groups))
     for r in results:
         for key in ("driver_overhead_frac", "async_efficiency", "group_latency_p95_s", "object_store_peak_bytes"):
             out[f"{key}_{r['actors']}"] = r[key]
