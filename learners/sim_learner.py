@@ -109,7 +109,9 @@ class SimulatedLearner(Learner):
             return None
         refs, sent = self.sender.put_buckets(bucket_bytes)
         self._pushes += 1
-        self._digests = {self._pushes: self.sender.digests_of(refs)}
+        self._digests[self._pushes] = self.sender.digests_of(refs)
+        for old in [p for p in self._digests if p <= self._pushes - 4]:  # nobody asked for them
+            del self._digests[old]
         return refs, sent, self._pushes
 
     def sent_digests(self, push: int) -> Any:

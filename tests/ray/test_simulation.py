@@ -44,3 +44,24 @@ def test_a_simulated_learner_needs_simulated_engines():
         simulated_config("simulation.timing=gpt5").validate()
     with pytest.raises(ValueError, match="has no field 'median'"):
         simulated_config("simulation.response_lengths={median: 3}").validate()
+
+
+def test_actors_on_a_node_reported_dead_are_replaced(ray_cluster, monkeypatch):
+    """An actor whose node the cluster reports dead is replaced at the next step's check, with
+    no call of its own failing first (an idle actor of a lost raylet has none)."""
+    algo = simulated_config("env_runners.num_env_runners=2").build_algo()
+    try:
+        algo.train()
+        group = algo.rollouts
+        lost = group.slots[0].handle
+        nodes = ray_cluster.nodes()
+        monkeypatch.setattr(ray_cluster, "nodes", lambda: [dict(n, Alive=False) for n in nodes])
+        group.replace_lost()
+        monkeypatch.undo()
+        assert group.stats["actor_restarts"] == 2 and lost not in group.receivers()
+        assert [s.node_id for s in group.slots] == [None, None]  # placed anew once started
+        results = [algo.train() for _ in range(2)]
+    finally:
+        algo.stop()
+    assert [r["step"] for r in results] == [2, 3] and results[-1]["rollout/actors"] == 2
+    assert all(r["groups"] == 4 for r in results)
