@@ -156,6 +156,7 @@ def fanout(algo, pushes: int = 3) -> tuple[float, float]:
 def run(actors: int, args: argparse.Namespace) -> dict:
     from gdpo_ray import GDPOConfig
     from gdpo_ray.run.presets import apply_sections, load_preset
+
     started = time.perf_counter()
     algo = apply_sections(GDPOConfig(), load_preset("demo", overrides(actors, args))).build_algo()
     built = time.perf_counter() - started
