@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from gdpo_ray.weights.digest import digest_raw, itemsize, numel, rounded_digests
+from gdpo_ray.weights.digest import digest_raw, numel, rounded_digests
+from gdpo_ray.weights.dtypes import itemsize, numpy_dtype
 
 
 def pack_buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int,
@@ -147,13 +148,11 @@ def unpack_bucket(bucket: dict, host: bool = False) -> list[tuple[str, Any]]:
 def _numpy_views(bucket: dict) -> Iterator[tuple[str, np.ndarray]]:
     offsets = bucket_offsets(bucket)
     for i, (name, dtype, shape) in enumerate(zip(bucket["names"], bucket["dtypes"], bucket["shapes"])):
-        if dtype == "bfloat16" or dtype.startswith("float8"):
-            raise ValueError(f"{name} was pushed as {dtype}, which numpy does not hold: an engine "
-                             "without torch (simulated) takes float32 pushes")
+        kind = numpy_dtype(dtype, name)
         raw = bucket["arrays"][0] if "offsets" in bucket else bucket["arrays"][i]
         start = offsets[i] if "offsets" in bucket else 0
         size = numel(shape) * itemsize(dtype)
-        yield name, raw[start:start + size].view(np.dtype(dtype)).reshape(tuple(shape))
+        yield name, raw[start:start + size].view(kind).reshape(tuple(shape))
 
 
 def _bytes(array: np.ndarray) -> Any:

@@ -52,6 +52,8 @@ import math
 import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from gdpo_ray.weights.dtypes import itemsize
+
 MOD = 1 << 64
 FUSED = "+"  # joins the names of pushed tensors an engine holds as one: "a+b+c"
 
@@ -364,17 +366,6 @@ def digest_as(tensor: Any, dtype: str, offset: int = 0, row_length: int | None =
 def _conversion_batch(tensor: Any) -> int:
     """Elements converted at a time: ROUND_BATCH on the host, DEVICE_BATCH on a device."""
     return ROUND_BATCH if tensor.device.type == "cpu" else DEVICE_BATCH
-
-
-#: bytes per element of torch's dtypes that numpy has no name for
-_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1}
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element of a torch dtype's name ("float32", "bfloat16"), read without torch."""
-    import numpy as np
-
-    return _ITEMSIZE[dtype] if dtype in _ITEMSIZE else np.dtype(dtype).itemsize
 
 
 def _typed(raw: Any, dtype: str) -> Any:

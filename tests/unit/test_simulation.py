@@ -188,3 +188,13 @@ def test_the_ideal_pipeline_by_hand():
     assert ends == pytest.approx([3 + 8, 11 + 3 + 8])  # 4 x 4 tokens / 2 tokens/s = 8 s an update
     with pytest.raises(ValueError, match="fewer than 2 past the warm-up"):
         step_s([1.0, 2.0])
+
+
+def test_a_push_numpy_cannot_hold_is_refused_by_name():
+    from gdpo_ray.weights.buckets import pack_flat_buckets, unpack_bucket
+    from gdpo_ray.weights.dtypes import itemsize
+
+    assert (itemsize("bfloat16"), itemsize("float32"), itemsize("int64")) == (2, 4, 8)
+    [bucket] = pack_flat_buckets(np.zeros(8, np.uint8), [(0, "w", "bfloat16", (4,), 8)], 1 << 10, digests=False)
+    with pytest.raises(ValueError, match="w was pushed as bfloat16, which numpy does not hold"):
+        unpack_bucket(bucket, host=True)
